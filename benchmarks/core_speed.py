@@ -1,0 +1,65 @@
+"""How fast the simulator answers (issue 2's targets), recorded as data.
+
+    python benchmarks/core_speed.py            # writes benchmarks/results/core_speed.json
+
+Targets: count-only flash2 at N = 65536, d = 128, B_r = B_c = 64 under 1 s; flash2 with
+values at N = 4096, d = 64 under 2 s; 200 SRAM sizes through the closed forms under 50 ms.
+Each figure is the median of several runs after one warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import flashsim  # noqa: E402
+from _provenance import provenance  # noqa: E402
+
+OUT = pathlib.Path(__file__).resolve().parent / "results" / "core_speed.json"
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    Q, K, V = (rng.standard_normal((4096, 64)) for _ in range(3))
+    big = flashsim.plan("flash2", 65536, 128, block_rows=64, block_cols=64, sram="1MiB")
+    values = flashsim.plan("flash2", 4096, 64, block_rows=64, block_cols=64, sram="1MiB")
+    sizes = np.unique(np.geomspace(16 * 1024, 1024 * 1024, 200).astype(int))
+
+    def sweep():
+        for m in sizes:
+            flashsim.plan("flash1", 4096, 64, sram=int(m)).closed_form()
+
+    results = [
+        {"what": "count-only flash2, N=65536, d=128, B_r=B_c=64", "target_s": 1.0,
+         "seconds": median_seconds(big.count, 5)},
+        {"what": "flash2 with float64 values, N=4096, d=64, B_r=B_c=64", "target_s": 2.0,
+         "seconds": median_seconds(lambda: values.run(Q, K, V), 3)},
+        {"what": f"{len(sizes)} SRAM sizes (16 KiB to 1 MiB) through flash1's closed form "
+                 "with default blocks, N=4096, d=64", "target_s": 0.05,
+         "seconds": median_seconds(sweep, 5)},
+    ]
+    for r in results:
+        r["met"] = r["seconds"] < r["target_s"]
+        print(f"{r['seconds'] * 1e3:9.1f} ms  (target {r['target_s'] * 1e3:.0f} ms)  {r['what']}")
+    OUT.write_text(json.dumps({"provenance": provenance(), "results": results}, indent=2) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

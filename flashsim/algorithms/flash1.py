@@ -1,0 +1,136 @@
+"""FlashAttention forward (Dao et al., 2022, Algorithm 1): outer loop over K/V blocks.
+
+Versions: one, line for line the paper's Algorithm 1. O, l and m start in HBM (written as
+0, 0 and -inf); for every K/V block j, every Q block i loads Q_i, O_i, l_i, m_i, updates them
+with the tile S_ij = tau Q_i K_j^T and writes O_i, l_i, m_i back.
+
+Traffic per head, with b bytes per element, T_c = ceil(N/B_c) and 4-byte statistics:
+
+    read  K, V: N d b each             R = sum_j rows(j), the Q rows visited
+    read  Q, O: R d b each             rows(j) = N; causal: N - floor(j B_c / B_r) B_r
+    read  l, m: 4 R each
+    write O: R d b + N d b             (the + N d b, and + 4 N for l and m, is the
+    write l, m: 4 R + 4 N each          initialisation of line 2)
+
+Without a mask R = T_c N, so Q and O cross T_c = N / B_c times: with the paper's
+B_c = ceil(M / 4d) that is Theta(N^2 d^2 / M) (Theorem 2), and doubling M halves it.
+FLOPs: 4 d sum_j c_j rows(j), with c_j the columns of block j (4 N^2 d without a mask).
+SRAM working set: b (2 B_c d + 2 B_r d + B_r B_c) + 16 B_r
+(K_j, V_j, Q_i, O_i, S_ij and four statistics vectors: l_i, m_i, m~_ij, l~_ij).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..units import STAT_BYTES
+from ._common import (apply_causal_mask, block_extent, causal_start_i, cdiv, exp_diff,
+                      matmul_flops)
+
+OUTPUTS = ("O", "l", "m")
+
+
+def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
+    r, c = block_rows, block_cols
+    return b * (2 * c * d + 2 * r * d + r * c) + 4 * STAT_BYTES * r
+
+
+def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
+    """The paper's rule B_c = ceil(M / 4d), B_r = min(B_c, d) with M in elements, capped at
+    N, then B_c shrunk until the whole working set (which the paper's rule leaves out of
+    its budget: the S_ij tile and the statistics) fits in ``sram`` bytes."""
+    m_elems = sram // b
+    Bc = min(cdiv(m_elems, 4 * d), n)
+    while Bc > 0:
+        Br = min(Bc, d, n)
+        if working_set_bytes(Br, Bc, d, b) <= sram:
+            return Br, Bc
+        # Largest B_c that fits with this B_r (the working set is linear in B_c).
+        fit = (sram - b * 2 * Br * d - 4 * STAT_BYTES * Br) // (b * (2 * d + Br))
+        Bc = min(Bc - 1, max(fit, 0))
+    return 0, 0
+
+
+def build(plan) -> Nest:
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    b, tau, causal = plan.elem_bytes, 1.0 / math.sqrt(plan.head_dim), plan.causal
+    tensors = {
+        "Q": Tensor("Q", N, d, b), "K": Tensor("K", N, d, b), "V": Tensor("V", N, d, b),
+        "O": Tensor("O", N, d, b),
+        "l": Tensor("l", N, 1, STAT_BYTES), "m": Tensor("m", N, 1, STAT_BYTES),
+    }
+
+    def s_tile(sram, ctx):
+        S = tau * (sram["Q_i"] @ np.swapaxes(sram["K_j"], -1, -2))    # (.., B_r, B_c)
+        if causal:
+            apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
+        sram["S_ij"] = S
+
+    def tile_softmax(sram, ctx):
+        S = sram["S_ij"]
+        sram["mt_ij"] = S.max(axis=-1, keepdims=True)                 # m~_ij = rowmax(S_ij)
+        P = exp_diff(S, sram["mt_ij"])                                # P~_ij = exp(S_ij - m~_ij)
+        sram["lt_ij"] = P.sum(axis=-1, keepdims=True)                 # l~_ij = rowsum(P~_ij)
+        sram["S_ij"] = P
+
+    def update(sram, ctx):
+        m_i, l_i, mt, lt = sram["m_i"], sram["l_i"], sram["mt_ij"], sram["lt_ij"]
+        m_new = np.maximum(m_i, mt)
+        a, bt = exp_diff(m_i, m_new), exp_diff(mt, m_new)            # e^{m_i - m_new}, e^{m~ - m_new}
+        l_new = a * l_i + bt * lt
+        O = (l_i * a * sram["O_i"] + bt * (sram["S_ij"] @ sram["V_j"])) / l_new
+        sram["O_i"], sram["l_i"], sram["m_i"] = O, l_new, m_new
+
+    init = Loop("i", Br, N, label="initialise O = 0, l = 0, m = -inf in HBM", body=(
+        Alloc("O_i", "i", d, b, 0.0),
+        Alloc("l_i", "i", 1, STAT_BYTES, 0.0),
+        Alloc("m_i", "i", 1, STAT_BYTES, -np.inf),
+        Store("O_i", "O", rows="i"),
+        Store("l_i", "l", rows="i"),
+        Store("m_i", "m", rows="i"),
+    ))
+    inner = Loop("i", Br, N, label="Q blocks: O_i, l_i, m_i read and written each time",
+                 start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
+                 body=(
+                     Load("Q_i", "Q", rows="i"),
+                     Load("O_i", "O", rows="i"),
+                     Load("l_i", "l", rows="i"),
+                     Load("m_i", "m", rows="i"),
+                     Alloc("S_ij", "i", "j", b),
+                     Alloc("mt_ij", "i", 1, STAT_BYTES),
+                     Alloc("lt_ij", "i", 1, STAT_BYTES),
+                     Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d)),
+                     Compute("m~_ij = rowmax S_ij; P~_ij = exp(S_ij - m~_ij); "
+                             "l~_ij = rowsum P~_ij", tile_softmax),
+                     Compute("m_new = max(m_i, m~_ij); l_new = e^(m_i-m_new) l_i + "
+                             "e^(m~_ij-m_new) l~_ij; O_i = diag(l_new)^-1 (diag(l_i) "
+                             "e^(m_i-m_new) O_i + e^(m~_ij-m_new) P~_ij V_j)",
+                             update, matmul_flops("i", "j", d)),
+                     Store("O_i", "O", rows="i"),
+                     Store("l_i", "l", rows="i"),
+                     Store("m_i", "m", rows="i"),
+                 ))
+    outer = Loop("j", Bc, N, label="K/V blocks (outer)", body=(
+        Load("K_j", "K", rows="j"),
+        Load("V_j", "V", rows="j"),
+        inner,
+    ))
+    return Nest(tensors, (init, outer))
+
+
+def closed_form(plan) -> tuple[dict, dict, int]:
+    """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
+    N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
+    j = np.arange(cdiv(N, Bc))
+    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
+    R = int(rows.sum())
+    s = STAT_BYTES
+    read = {"Q": R * d * b, "K": N * d * b, "V": N * d * b, "O": R * d * b,
+            "l": s * R, "m": s * R}
+    write = {"Q": 0, "K": 0, "V": 0, "O": R * d * b + N * d * b,
+             "l": s * R + s * N, "m": s * R + s * N}
+    flops = int(4 * d * (block_extent(j, Bc, N) * rows).sum())
+    return read, write, flops

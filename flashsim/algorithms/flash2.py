@@ -1,0 +1,118 @@
+"""FlashAttention-2 forward (Dao, 2023, Algorithm 1): outer loop over Q blocks.
+
+Versions: one. Each Q block i is one thread block on a GPU. It keeps Q_i, the unnormalised
+output O_i and the statistics m_i, l_i in SRAM while K_j, V_j stream through; the division
+by l_i waits until the end (deferred rescaling), and only O and the logsumexp L are written.
+
+Traffic per head, with b bytes per element, T_r = ceil(N/B_r) and 4-byte statistics:
+
+    read  Q: N d b           read  K, V: C d b each     C = sum_i cols(i)
+    write O: N d b           write L: 4 N
+    cols(i) = N; causal: min(N, (floor((min((i+1) B_r, N) - 1) / B_c) + 1) B_c)
+
+so without a mask K and V are read T_r times: 2 N^2 d b / B_r, which falls as B_r grows.
+FLOPs: 4 d sum_i r_i cols(i), with r_i the rows of block i (4 N^2 d without a mask).
+SRAM working set: b (2 B_r d + 2 B_c d + B_r B_c) + 8 B_r  (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..units import STAT_BYTES
+from ._common import (apply_causal_mask, block_extent, causal_stop_j, cdiv, exp_diff,
+                      matmul_flops)
+
+OUTPUTS = ("O", "L")
+
+
+def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
+    r, c = block_rows, block_cols
+    return b * (2 * r * d + 2 * c * d + r * c) + 2 * STAT_BYTES * r
+
+
+def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
+    """B_r = B_c = the largest multiple of 16 (tensor-core friendly) whose working set fits
+    in ``sram`` bytes; below 16, the largest that fits. Capped at N."""
+    # b B^2 + (4 b d + 8) B - sram <= 0
+    lin = 4 * b * d + 2 * STAT_BYTES
+    B = int((-lin + math.sqrt(lin * lin + 4 * b * sram)) / (2 * b))
+    while B > 0 and working_set_bytes(B, B, d, b) > sram:
+        B -= 1
+    if B >= 16:
+        B -= B % 16
+    B = min(B, n)
+    return B, B
+
+
+def build(plan) -> Nest:
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    b, tau, causal = plan.elem_bytes, 1.0 / math.sqrt(plan.head_dim), plan.causal
+    tensors = {
+        "Q": Tensor("Q", N, d, b), "K": Tensor("K", N, d, b), "V": Tensor("V", N, d, b),
+        "O": Tensor("O", N, d, b), "L": Tensor("L", N, 1, STAT_BYTES),
+    }
+
+    def s_tile(sram, ctx):
+        S = tau * (sram["Q_i"] @ np.swapaxes(sram["K_j"], -1, -2))    # (.., B_r, B_c)
+        if causal:
+            apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
+        sram["S_ij"] = S
+
+    def online_update(sram, ctx):
+        m_i, S = sram["m_i"], sram["S_ij"]
+        m_new = np.maximum(m_i, S.max(axis=-1, keepdims=True))       # running max
+        P = exp_diff(S, m_new)                                       # P~_ij, unnormalised
+        alpha = exp_diff(m_i, m_new)                                 # rescale old state
+        sram["l_i"] = alpha * sram["l_i"] + P.sum(axis=-1, keepdims=True)
+        sram["O_i"] = alpha * sram["O_i"] + P @ sram["V_j"]
+        sram["m_i"] = m_new
+        sram["S_ij"] = P
+
+    def finish(sram, ctx):
+        sram["O_i"] = sram["O_i"] / sram["l_i"]                      # deferred rescale
+        sram["L_i"] = sram["m_i"] + np.log(sram["l_i"])              # logsumexp
+
+    inner = Loop("j", Bc, N, label="K/V blocks streamed through SRAM",
+                 stop=(lambda ctx: causal_stop_j(ctx.idx["i"], Br, Bc, N)) if causal else None,
+                 body=(
+                     Load("K_j", "K", rows="j"),
+                     Load("V_j", "V", rows="j"),
+                     Alloc("S_ij", "i", "j", b),
+                     Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d)),
+                     Compute("m_new = max(m_i, rowmax S_ij); P_ij = exp(S_ij - m_new); "
+                             "alpha = exp(m_i - m_new); l_i = alpha l_i + rowsum P_ij; "
+                             "O_i = alpha O_i + P_ij V_j; m_i = m_new",
+                             online_update, matmul_flops("i", "j", d)),
+                 ))
+    body = (Loop("i", Br, N, label="Q blocks (one thread block each)", body=(
+        Load("Q_i", "Q", rows="i"),
+        Alloc("O_i", "i", d, b, 0.0),
+        Alloc("m_i", "i", 1, STAT_BYTES, -np.inf),
+        Alloc("l_i", "i", 1, STAT_BYTES, 0.0),
+        inner,
+        Alloc("L_i", "i", 1, STAT_BYTES),
+        Compute("O_i = O_i / l_i; L_i = m_i + log l_i", finish),
+        Store("O_i", "O", rows="i"),
+        Store("L_i", "L", rows="i"),
+    )),)
+    return Nest(tensors, body)
+
+
+def closed_form(plan) -> tuple[dict, dict, int]:
+    """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
+    N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
+    i = np.arange(cdiv(N, Br))
+    if plan.causal:
+        last_row = np.minimum((i + 1) * Br, N) - 1
+        cols = np.minimum(N, (last_row // Bc + 1) * Bc)
+    else:
+        cols = np.full(len(i), N)
+    C = int(cols.sum())
+    read = {"Q": N * d * b, "K": C * d * b, "V": C * d * b, "O": 0, "L": 0}
+    write = {"Q": 0, "K": 0, "V": 0, "O": N * d * b, "L": STAT_BYTES * N}
+    flops = int(4 * d * (block_extent(i, Br, N) * cols).sum())
+    return read, write, flops

@@ -1,0 +1,201 @@
+"""Standard attention (FlashAttention paper, Algorithm 0), as eager frameworks run it.
+
+Versions: one, with optional extra elementwise passes.
+
+    kernel 1  S = Q K^T        for each Q block i (Q_i resident): for each K block j:
+                               load K_j, store S_ij. The 1/sqrt(d) scale rides in the
+                               matmul (cuBLAS's alpha) unless a separate ``scale`` pass asks.
+    passes    scale, mask      each a full read and write of the N x N matrix, in the order
+                               given, as eager PyTorch launches ``S / sqrt(d)`` and
+                               ``masked_fill``.
+    kernel 2  P = softmax(S)   R whole rows at a time, R = floor(M / (N b + 8)): read once,
+                               write once. When not even one row fits in SRAM, the kernel
+                               streams each row block twice (online max/sum, then normalise):
+                               S is read twice.
+    kernel 3  O = P V          for each Q block i (O_i accumulated in SRAM): for each j:
+                               load P_ij and V_j; store O_i.
+
+A causal mask does not shrink the work: like eager code, S is computed in full and the mask
+is applied inside the softmax (or by the ``mask`` pass). The tiles of kernels 1 and 3 are
+fixed (default 64 x 64, cuBLAS-like, halved only when they do not fit), so the traffic does
+not depend on M except through the softmax's row fit.
+
+Traffic per head, with b bytes per element and T_r = ceil(N / B_r):
+
+    read  Q: N d b          read  K, V: T_r N d b each      write O: N d b
+    each N x N matrix (S, then one per pass, then P): written N^2 b, read N^2 b
+    (S-before-softmax read 2 N^2 b when a row does not fit)
+
+The paper's Theta(N d + N^2) is this with the K/V re-reads folded in: they add
+2 N^2 d b / B_r, a fraction d / B_r of one N x N pass each.
+FLOPs: 4 N^2 d (the two matmuls). SRAM working set: b (B_r d + B_c d + B_r B_c) for
+kernels 1 and 3; R (N b + 8) for kernel 2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import FlashsimError
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..units import STAT_BYTES
+from ._common import apply_causal_mask, cdiv, exp_diff, matmul_flops
+
+OUTPUTS = ("O",)
+PASSES = ("scale", "mask")
+# The tile an eager matmul uses: fixed, like a cuBLAS kernel's, and independent of M.
+MATMUL_TILE = 64
+
+
+def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
+    """Kernels 1 and 3 (kernel 2 picks its rows to fit)."""
+    r, c = block_rows, block_cols
+    return b * (r * d + c * d + r * c)
+
+
+def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
+    B = MATMUL_TILE
+    while B > 0 and working_set_bytes(min(B, n), min(B, n), d, b) > sram:
+        B //= 2
+    return min(B, n), min(B, n)
+
+
+def softmax_rows(n: int, sram: int, b: int) -> int:
+    """Whole rows of S that kernel 2 holds at once (0: a row does not fit)."""
+    return min(n, sram // (n * b + 2 * STAT_BYTES))
+
+
+def matrices(extra_passes) -> list[str]:
+    """Names of the N x N matrices in HBM, in order: S, one per extra pass, then P."""
+    return ["S"] + [{"scale": "S_scaled", "mask": "S_masked"}[p] for p in extra_passes] + ["P"]
+
+
+def build(plan) -> Nest:
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    b, tau, causal = plan.elem_bytes, 1.0 / math.sqrt(plan.head_dim), plan.causal
+    passes = tuple(plan.extra_passes)
+    mats = matrices(passes)
+    tensors = {"Q": Tensor("Q", N, d, b), "K": Tensor("K", N, d, b),
+               "V": Tensor("V", N, d, b), "O": Tensor("O", N, d, b)}
+    tensors.update({name: Tensor(name, N, N, b) for name in mats})
+    scale_in_matmul = 1.0 if "scale" in passes else tau
+
+    def s_tile(sram, ctx):
+        sram["S_ij"] = scale_in_matmul * (sram["Q_i"] @ np.swapaxes(sram["K_j"], -1, -2))
+
+    kernel1 = Loop("i", Br, N, label="kernel 1: S = Q K^T", body=(
+        Load("Q_i", "Q", rows="i"),
+        Loop("j", Bc, N, body=(
+            Load("K_j", "K", rows="j"),
+            Alloc("S_ij", "i", "j", b),
+            Compute("S_ij = Q_i K_j^T", s_tile, matmul_flops("i", "j", d)),
+            Store("S_ij", "S", rows="i", cols="j"),
+        )),
+    ))
+
+    def elementwise(name: str):
+        def fn(sram, ctx):
+            if name == "scale":
+                sram["X_ij"] = tau * sram["X_ij"]
+            elif causal:      # mask: masked_fill with the causal mask
+                apply_causal_mask(sram["X_ij"], ctx.range("i"), ctx.range("j"))
+        return fn
+
+    pass_loops = tuple(
+        Loop("i", Br, N, label=f"pass: {name}", body=(Loop("j", Bc, N, body=(
+            Load("X_ij", src, rows="i", cols="j"),
+            Compute(f"{name} S_ij", elementwise(name)),
+            Store("X_ij", dst, rows="i", cols="j"),
+        )),))
+        for name, src, dst in zip(passes, mats[:-2], mats[1:-1]))
+
+    last = mats[-2]
+    R = plan.softmax_rows
+    if R >= 1:
+        def row_softmax(sram, ctx):
+            S = sram["S_r"]
+            if causal:
+                apply_causal_mask(S, ctx.range("r"), (0, N))
+            sram["m_r"] = S.max(axis=-1, keepdims=True)
+            P = np.exp(S - sram["m_r"])
+            sram["l_r"] = P.sum(axis=-1, keepdims=True)
+            sram["S_r"] = P / sram["l_r"]
+
+        kernel2 = Loop("r", R, N, label="kernel 2: P = softmax(S), whole rows", body=(
+            Load("S_r", last, rows="r"),
+            Alloc("m_r", "r", 1, STAT_BYTES),
+            Alloc("l_r", "r", 1, STAT_BYTES),
+            Compute("m_r = rowmax S_r; l_r = rowsum exp(S_r - m_r); P_r = exp(S_r - m_r) / l_r",
+                    row_softmax),
+            Store("S_r", "P", rows="r"),
+        ))
+    else:
+        def stats(sram, ctx):
+            S = sram["S_ij"]
+            if causal:
+                apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
+            m_new = np.maximum(sram["m_i"], S.max(axis=-1, keepdims=True))
+            sram["l_i"] = (exp_diff(sram["m_i"], m_new) * sram["l_i"]
+                           + exp_diff(S, m_new).sum(axis=-1, keepdims=True))
+            sram["m_i"] = m_new
+
+        def normalise(sram, ctx):
+            S = sram["S_ij"]
+            if causal:
+                apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
+            sram["S_ij"] = exp_diff(S, sram["m_i"]) / sram["l_i"]
+
+        kernel2 = Loop("i", Br, N, label="kernel 2: P = softmax(S), rows too long for SRAM",
+                       body=(
+                           Alloc("m_i", "i", 1, STAT_BYTES, -np.inf),
+                           Alloc("l_i", "i", 1, STAT_BYTES, 0.0),
+                           Loop("j", Bc, N, body=(
+                               Load("S_ij", last, rows="i", cols="j"),
+                               Compute("online m_i, l_i over S_ij", stats),
+                           )),
+                           Loop("j", Bc, N, body=(
+                               Load("S_ij", last, rows="i", cols="j"),
+                               Compute("P_ij = exp(S_ij - m_i) / l_i", normalise),
+                               Store("S_ij", "P", rows="i", cols="j"),
+                           )),
+                       ))
+
+    def pv(sram, ctx):
+        sram["O_i"] = sram["O_i"] + sram["P_ij"] @ sram["V_j"]
+
+    kernel3 = Loop("i", Br, N, label="kernel 3: O = P V", body=(
+        Alloc("O_i", "i", d, b, 0.0),
+        Loop("j", Bc, N, body=(
+            Load("P_ij", "P", rows="i", cols="j"),
+            Load("V_j", "V", rows="j"),
+            Compute("O_i += P_ij V_j", pv, matmul_flops("i", "j", d)),
+        )),
+        Store("O_i", "O", rows="i"),
+    ))
+    return Nest(tensors, (kernel1,) + pass_loops + (kernel2, kernel3))
+
+
+def closed_form(plan) -> tuple[dict, dict, int]:
+    """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
+    N, d, Br, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.elem_bytes
+    Tr, nd, nn = cdiv(N, Br), N * d * b, N * N * b
+    mats = matrices(plan.extra_passes)
+    read = {"Q": nd, "K": Tr * nd, "V": Tr * nd, "O": 0}
+    write = {"Q": 0, "K": 0, "V": 0, "O": nd}
+    for name in mats:
+        read[name], write[name] = nn, nn
+    if plan.softmax_rows == 0:
+        read[mats[-2]] = 2 * nn
+    return read, write, 4 * N * N * d
+
+
+def check_passes(extra_passes) -> tuple:
+    passes = tuple(extra_passes)
+    for p in passes:
+        if p not in PASSES:
+            raise FlashsimError(f"unknown extra pass {p!r}: choose from {', '.join(PASSES)}")
+    if len(set(passes)) != len(passes):
+        raise FlashsimError(f"extra passes repeat a name: {','.join(passes)}")
+    return passes

@@ -1,0 +1,341 @@
+"""An algorithm's loop nest, described once, and the engines that read it.
+
+Each algorithm in ``flashsim.algorithms`` builds a :class:`Nest`: the tensors that live in
+HBM, and a tree of loops whose leaves say which tile is loaded into SRAM, what is computed
+on the tiles in SRAM, and which tile is stored back, in order. Everything else reads that
+one description:
+
+* :func:`execute` runs it with real values (NumPy arrays, any leading batch dimensions) and
+  counts every byte that crosses between HBM and SRAM, by tensor and direction;
+* :func:`count` gives the same counts without the arithmetic, fast enough for N = 65536
+  (innermost loops are summed with NumPy instead of stepped through);
+* :func:`walk` yields the steps in order, which is what the notebooks draw and what a GPU
+  kernel with the same tiles should do.
+
+A loop runs over the blocks of one index: ``Loop("i", block=B_r, extent=N)`` visits
+``i = 0 .. ceil(N / B_r) - 1`` and block ``i`` covers rows ``i*B_r`` up to
+``min((i+1)*B_r, N)``; the last block may be short (ragged). A tile names the loop
+variables that select its rows and columns; ``None`` means the whole dimension.
+Buffers live in SRAM from the op that creates them to the end of the loop iteration
+(or nest) in which they were created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Union
+
+import numpy as np
+
+from .errors import SramOverflowError
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A matrix that lives in HBM: ``rows x cols`` elements of ``elem_bytes`` each."""
+    name: str
+    rows: int
+    cols: int
+    elem_bytes: int
+
+
+@dataclass(frozen=True)
+class Load:
+    """Copy a tile of ``tensor`` from HBM into SRAM buffer ``buf`` (counted as an HBM read)."""
+    buf: str
+    tensor: str
+    rows: str | None = None
+    cols: str | None = None
+
+
+@dataclass(frozen=True)
+class Store:
+    """Copy SRAM buffer ``buf`` to a tile of ``tensor`` in HBM (counted as an HBM write)."""
+    buf: str
+    tensor: str
+    rows: str | None = None
+    cols: str | None = None
+
+
+@dataclass(frozen=True)
+class Alloc:
+    """Create SRAM buffer ``buf`` of ``rows`` x ``cols`` elements filled with ``fill``; no HBM
+    traffic. ``rows`` is a loop variable (its block's extent); ``cols`` is one too, or a
+    number of columns."""
+    buf: str
+    rows: str
+    cols: str | int
+    elem_bytes: int
+    fill: float = 0.0
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Arithmetic on buffers already in SRAM. ``fn(sram, ctx)`` updates ``sram`` in place;
+    ``flops(ext)`` counts matmul FLOPs from the extents ``ext(var)`` of the current blocks
+    (it must also accept NumPy arrays of extents, for :func:`count`)."""
+    name: str
+    fn: Callable[[dict, "Ctx"], None]
+    flops: Callable[[Callable], object] | None = None
+
+
+@dataclass(frozen=True)
+class Loop:
+    """``for var in range(start(ctx), stop(ctx))`` over blocks of ``block`` rows of an
+    ``extent``-row dimension. ``start``/``stop`` default to all blocks; causal algorithms
+    use them to skip fully masked tiles."""
+    var: str
+    block: int
+    extent: int
+    body: tuple
+    start: Callable[["Ctx"], int] | None = None
+    stop: Callable[["Ctx"], int] | None = None
+    label: str = ""
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.extent // self.block)
+
+
+Op = Union[Load, Store, Alloc, Compute, Loop]
+
+
+@dataclass(frozen=True)
+class Nest:
+    """One algorithm's whole schedule: HBM tensors and the ops, in program order."""
+    tensors: dict
+    body: tuple
+
+
+class Ctx:
+    """The current block index of every enclosing loop, and the rows each block covers."""
+
+    def __init__(self) -> None:
+        self.idx: dict[str, int] = {}
+        self.loops: dict[str, Loop] = {}
+
+    def range(self, var: str) -> tuple[int, int]:
+        """``(lo, hi)``: the half-open row range of the current block of ``var``."""
+        loop, i = self.loops[var], self.idx[var]
+        lo = i * loop.block
+        return lo, min(lo + loop.block, loop.extent)
+
+    def extent(self, var: str) -> int:
+        lo, hi = self.range(var)
+        return hi - lo
+
+
+def _span(ctx: Ctx, var: str | None, full: int) -> tuple[int, int]:
+    return (0, full) if var is None else ctx.range(var)
+
+
+def _loop_range(loop: Loop, ctx: Ctx) -> range:
+    start = 0 if loop.start is None else loop.start(ctx)
+    stop = loop.blocks if loop.stop is None else loop.stop(ctx)
+    return range(max(start, 0), min(stop, loop.blocks))
+
+
+@dataclass
+class Step:
+    """One op as :func:`walk` meets it: the op, the live context, and for loads, stores and
+    allocations the rows/cols of the tile and its bytes."""
+    op: Op
+    ctx: Ctx
+    rows: tuple[int, int] | None = None
+    cols: tuple[int, int] | None = None
+    nbytes: int = 0
+    freed: tuple = ()
+
+
+def walk(nest: Nest) -> Iterator[Step]:
+    """Every op in program order (loops unrolled). ``Step.ctx`` is live: copy what you keep.
+
+    After the last op of a scope, a ``Step`` whose ``op`` is the scope's Loop (or None for
+    the whole nest) carries ``freed``: the buffers released there.
+    """
+    ctx = Ctx()
+    yield from _walk(nest.body, nest.tensors, ctx)
+
+
+def _walk(ops: tuple, tensors: dict, ctx: Ctx, owner: Loop | None = None) -> Iterator[Step]:
+    created: list[str] = []
+    for op in ops:
+        if isinstance(op, (Load, Store)):
+            t = tensors[op.tensor]
+            rows, cols = _span(ctx, op.rows, t.rows), _span(ctx, op.cols, t.cols)
+            nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * t.elem_bytes
+            if isinstance(op, Load) and op.buf not in created:
+                created.append(op.buf)
+            yield Step(op, ctx, rows, cols, nbytes)
+        elif isinstance(op, Alloc):
+            rows = ctx.range(op.rows)
+            cols = (0, op.cols) if isinstance(op.cols, int) else ctx.range(op.cols)
+            created.append(op.buf)
+            yield Step(op, ctx, rows, cols,
+                       (rows[1] - rows[0]) * (cols[1] - cols[0]) * op.elem_bytes)
+        elif isinstance(op, Compute):
+            yield Step(op, ctx)
+        elif isinstance(op, Loop):
+            ctx.loops[op.var] = op
+            for i in _loop_range(op, ctx):
+                ctx.idx[op.var] = i
+                yield from _walk(op.body, tensors, ctx, op)
+            ctx.idx.pop(op.var, None)
+            ctx.loops.pop(op.var)
+        else:  # pragma: no cover - a nest is built by our own code
+            raise TypeError(f"not an op: {op!r}")
+    yield Step(owner, ctx, freed=tuple(created))
+
+
+@dataclass
+class Counts:
+    """Bytes by tensor and direction, matmul FLOPs and the SRAM peak, for one head."""
+    read: dict = field(default_factory=dict)
+    write: dict = field(default_factory=dict)
+    flops: int = 0
+    sram_peak: int = 0
+
+
+def execute(nest: Nest, hbm: dict, sram_limit: int | None = None) -> Counts:
+    """Run ``nest`` with values. ``hbm`` maps tensor names to arrays of shape
+    ``(..., rows, cols)``; outputs are written into it. Returns the counts for one head
+    (the leading batch dimensions share one schedule)."""
+    counts = Counts({n: 0 for n in nest.tensors}, {n: 0 for n in nest.tensors})
+    sram: dict[str, np.ndarray] = {}
+    sizes: dict[str, int] = {}
+    for step in walk(nest):
+        op = step.op
+        if isinstance(op, Load):
+            (r0, r1), (c0, c1) = step.rows, step.cols
+            sram[op.buf] = hbm[op.tensor][..., r0:r1, c0:c1].copy()
+            sizes[op.buf] = step.nbytes
+            counts.read[op.tensor] += step.nbytes
+        elif isinstance(op, Store):
+            (r0, r1), (c0, c1) = step.rows, step.cols
+            hbm[op.tensor][..., r0:r1, c0:c1] = sram[op.buf]
+            counts.write[op.tensor] += step.nbytes
+        elif isinstance(op, Alloc):
+            batch = next(iter(hbm.values())).shape[:-2]
+            shape = (step.rows[1] - step.rows[0], step.cols[1] - step.cols[0])
+            sram[op.buf] = np.full(batch + shape, op.fill)
+            sizes[op.buf] = step.nbytes
+        elif isinstance(op, Compute):
+            op.fn(sram, step.ctx)
+            if op.flops is not None:
+                counts.flops += int(op.flops(step.ctx.extent))
+        if step.freed:
+            for buf in step.freed:
+                sram.pop(buf, None)
+                sizes.pop(buf, None)
+        elif isinstance(op, (Load, Alloc)):
+            counts.sram_peak = max(counts.sram_peak, sum(sizes.values()))
+            if sram_limit is not None and counts.sram_peak > sram_limit:
+                raise SramOverflowError(
+                    f"SRAM holds {counts.sram_peak} B after loading {op.buf}, more than "
+                    f"M = {sram_limit} B")
+    return counts
+
+
+def count(nest: Nest) -> Counts:
+    """The counts :func:`execute` would give, without values and without stepping through
+    innermost loops one block at a time."""
+    counts = Counts({n: 0 for n in nest.tensors}, {n: 0 for n in nest.tensors})
+    _count(nest.body, nest.tensors, Ctx(), counts, 0)
+    return counts
+
+
+def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: int) -> int:
+    """Count ``ops`` in context ``ctx`` with ``resident`` bytes already in SRAM from outer
+    scopes; returns the bytes this scope holds at its end (freed by the caller)."""
+    held = 0
+    for op in ops:
+        if isinstance(op, (Load, Store)):
+            t = tensors[op.tensor]
+            rows, cols = _span(ctx, op.rows, t.rows), _span(ctx, op.cols, t.cols)
+            nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * t.elem_bytes
+            if isinstance(op, Load):
+                counts.read[op.tensor] += nbytes
+                held += nbytes
+                counts.sram_peak = max(counts.sram_peak, resident + held)
+            else:
+                counts.write[op.tensor] += nbytes
+        elif isinstance(op, Alloc):
+            cols = op.cols if isinstance(op.cols, int) else ctx.extent(op.cols)
+            held += ctx.extent(op.rows) * cols * op.elem_bytes
+            counts.sram_peak = max(counts.sram_peak, resident + held)
+        elif isinstance(op, Compute):
+            if op.flops is not None:
+                counts.flops += int(op.flops(ctx.extent))
+        elif isinstance(op, Loop):
+            ctx.loops[op.var] = op
+            blocks = _loop_range(op, ctx)
+            if any(isinstance(o, Loop) for o in op.body):
+                for i in blocks:
+                    ctx.idx[op.var] = i
+                    _count(op.body, tensors, ctx, counts, resident + held)
+            elif len(blocks):
+                _count_leaf(op, blocks, tensors, ctx, counts, resident + held)
+            ctx.idx.pop(op.var, None)
+            ctx.loops.pop(op.var)
+    return held
+
+
+def _count_leaf(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Counts,
+                resident: int) -> None:
+    """All iterations of an innermost loop at once: each extent of ``loop.var`` becomes a
+    NumPy array over the iterations and every count is a sum over it."""
+    idx = np.arange(blocks.start, blocks.stop, dtype=np.int64)
+    lo = idx * loop.block
+    ext_var = np.minimum(lo + loop.block, loop.extent) - lo
+
+    def ext(var: str):
+        return ext_var if var == loop.var else ctx.extent(var)
+
+    def span(var: str | None, full: int):
+        return full if var is None else ext(var)
+
+    held = np.zeros(len(idx), dtype=np.int64)
+    for op in loop.body:
+        if isinstance(op, (Load, Store)):
+            t = tensors[op.tensor]
+            nbytes = span(op.rows, t.rows) * span(op.cols, t.cols) * t.elem_bytes
+            nbytes = np.broadcast_to(nbytes, idx.shape)
+            if isinstance(op, Load):
+                counts.read[op.tensor] += int(nbytes.sum())
+                held = held + nbytes
+                counts.sram_peak = max(counts.sram_peak, resident + int(held.max()))
+            else:
+                counts.write[op.tensor] += int(nbytes.sum())
+        elif isinstance(op, Alloc):
+            cols = op.cols if isinstance(op.cols, int) else ext(op.cols)
+            held = held + np.broadcast_to(ext(op.rows) * cols * op.elem_bytes, idx.shape)
+            counts.sram_peak = max(counts.sram_peak, resident + int(held.max()))
+        elif isinstance(op, Compute) and op.flops is not None:
+            counts.flops += int(np.broadcast_to(op.flops(ext), idx.shape).sum())
+
+
+def working_set(nest: Nest) -> list[tuple[str, int]]:
+    """The buffers resident at the SRAM peak with full-size blocks, ``[(buf, bytes), ...]``.
+
+    Checked before a plan runs; the peak that :func:`execute` tracks equals their sum."""
+    best: list[tuple[str, int]] = []
+
+    def visit(ops: tuple, outer: list[tuple[str, int]], blocks: dict[str, int]) -> None:
+        nonlocal best
+        here = list(outer)
+        for op in ops:
+            if isinstance(op, Load):
+                t = nest.tensors[op.tensor]
+                r = t.rows if op.rows is None else blocks[op.rows]
+                c = t.cols if op.cols is None else blocks[op.cols]
+                here.append((op.buf, r * c * t.elem_bytes))
+            elif isinstance(op, Alloc):
+                cols = op.cols if isinstance(op.cols, int) else blocks[op.cols]
+                here.append((op.buf, blocks[op.rows] * cols * op.elem_bytes))
+            elif isinstance(op, Loop):
+                visit(op.body, here, {**blocks, op.var: min(op.block, op.extent)})
+            if sum(b for _, b in here) > sum(b for _, b in best):
+                best = list(here)
+
+    visit(nest.body, [], {})
+    return best

@@ -1,0 +1,225 @@
+"""A plan: one algorithm, one shape, one SRAM size, validated; and the report it produces.
+
+    p = flashsim.plan("flash2", seq_len=4096, head_dim=64, gpu="h200")
+    p.count()            # exact HBM traffic, no arithmetic
+    O, rep = p.run(Q, K, V)   # real float64 values, and the same counts
+    p.closed_form()      # the same numbers from the formulas beside each algorithm
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from . import nest as _nest
+from .algorithms import ALGORITHMS, standard
+from .errors import FlashsimError, SramOverflowError
+from .presets import GPU, gpu as _gpu, roofline_time
+from .units import dtype_bytes, parse_size, positive_int
+
+DEFAULT_GPU = "h200"
+
+
+@dataclass(frozen=True)
+class Plan:
+    algorithm: str
+    seq_len: int
+    head_dim: int
+    batch: int
+    heads: int
+    dtype: str
+    sram_bytes: int
+    block_rows: int
+    block_cols: int
+    causal: bool
+    extra_passes: tuple
+    gpu: GPU | None
+    softmax_rows: int = 0          # standard only: whole rows of S per softmax block
+
+    @property
+    def elem_bytes(self) -> int:
+        return dtype_bytes(self.dtype)
+
+    @property
+    def module(self):
+        return ALGORITHMS[self.algorithm]
+
+    def nest(self) -> _nest.Nest:
+        """The loop nest: the one description of this algorithm's schedule."""
+        return self.module.build(self)
+
+    def working_set(self) -> list[tuple[str, int]]:
+        """SRAM buffers resident at the peak, with their bytes."""
+        return list(self._working_set)
+
+    @cached_property
+    def _working_set(self) -> tuple:
+        return tuple(_nest.working_set(self.nest()))
+
+    def count(self) -> "Report":
+        """Exact traffic without values (innermost loops summed with NumPy)."""
+        return self._report(_nest.count(self.nest()))
+
+    def closed_form(self) -> "Report":
+        """The same report from the closed-form formulas (SRAM peak from the working set)."""
+        read, write, flops = self.module.closed_form(self)
+        peak = sum(b for _, b in self.working_set())
+        return self._report(_nest.Counts(read, write, flops, peak))
+
+    def run(self, Q, K, V) -> tuple[np.ndarray, "Report"]:
+        """Run with values. Q, K, V: (..., N, d) with N = seq_len, d = head_dim; the leading
+        dimensions are independent heads. Returns O (..., N, d) in float64 and the report;
+        every intermediate the algorithm writes to HBM is in ``report.hbm``."""
+        Q, K, V = _check_inputs(Q, K, V, self.seq_len, self.head_dim)
+        if int(np.prod(Q.shape[:-2])) != self.batch * self.heads:
+            raise FlashsimError(
+                f"inputs hold {int(np.prod(Q.shape[:-2]))} heads (shape {Q.shape}) but the "
+                f"plan has batch x heads = {self.batch * self.heads}")
+        nest = self.nest()
+        hbm = {"Q": Q, "K": K, "V": V}
+        lead = Q.shape[:-2]
+        for name, t in nest.tensors.items():
+            if name not in hbm:
+                # Poisoned: an element the algorithm forgets to write stays NaN.
+                hbm[name] = np.full(lead + (t.rows, t.cols), np.nan)
+        counts = _nest.execute(nest, hbm, sram_limit=self.sram_bytes)
+        report = self._report(counts)
+        report.hbm.update(hbm)
+        return hbm["O"], report
+
+    def trace(self) -> list[dict]:
+        """Every load, store and compute in order, as plain records (for pictures)."""
+        out = []
+        for step in _nest.walk(self.nest()):
+            op = step.op
+            if isinstance(op, (_nest.Load, _nest.Store, _nest.Alloc, _nest.Compute)):
+                out.append({
+                    "op": type(op).__name__.lower(), "buf": getattr(op, "buf", None),
+                    "tensor": getattr(op, "tensor", None), "name": getattr(op, "name", None),
+                    "rows": step.rows, "cols": step.cols, "bytes": step.nbytes,
+                    "blocks": dict(step.ctx.idx),
+                })
+            elif step.freed:
+                out.append({"op": "free", "bufs": step.freed, "blocks": dict(step.ctx.idx)})
+        return out
+
+    def _report(self, c: _nest.Counts) -> "Report":
+        heads = self.batch * self.heads
+        per_tensor = {name: {"read_bytes": heads * c.read.get(name, 0),
+                             "write_bytes": heads * c.write.get(name, 0)}
+                      for name in dict.fromkeys(list(c.read) + list(c.write))}
+        return Report(self, per_tensor, heads * c.flops, c.sram_peak)
+
+
+@dataclass
+class Report:
+    """Traffic of one run, totalled over batch x heads. ``sram_peak_bytes`` is per block."""
+    plan: Plan
+    per_tensor: dict
+    flops: int
+    sram_peak_bytes: int
+    max_abs_error: float | None = None
+    hbm: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def hbm_read_bytes(self) -> int:
+        return sum(t["read_bytes"] for t in self.per_tensor.values())
+
+    @property
+    def hbm_write_bytes(self) -> int:
+        return sum(t["write_bytes"] for t in self.per_tensor.values())
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.hbm_read_bytes + self.hbm_write_bytes
+
+    @property
+    def predicted_time_s(self) -> float | None:
+        p = self.plan
+        return None if p.gpu is None else roofline_time(self.hbm_bytes, self.flops, p.gpu, p.dtype)
+
+    def to_dict(self) -> dict:
+        p = self.plan
+        d = {
+            "algorithm": p.algorithm, "seq_len": p.seq_len, "head_dim": p.head_dim,
+            "batch": p.batch, "heads": p.heads, "dtype": p.dtype, "causal": p.causal,
+            "extra_passes": list(p.extra_passes), "sram_bytes": p.sram_bytes,
+            "block_rows": p.block_rows, "block_cols": p.block_cols,
+            "hbm_read_bytes": self.hbm_read_bytes, "hbm_write_bytes": self.hbm_write_bytes,
+            "hbm_bytes": self.hbm_bytes, "flops": self.flops, "per_tensor": self.per_tensor,
+            "sram_peak_bytes": self.sram_peak_bytes,
+        }
+        if p.algorithm == "standard":
+            d["softmax_rows"] = p.softmax_rows
+        if p.gpu is not None:
+            d["gpu"] = p.gpu.name
+            d["predicted_time_s"] = self.predicted_time_s
+        if self.max_abs_error is not None:
+            d["max_abs_error"] = self.max_abs_error
+        return d
+
+
+def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
+         dtype: str = "fp32", sram: int | str | None = None, gpu: str | None = None,
+         block_rows: int | None = None, block_cols: int | None = None, causal: bool = False,
+         extra_passes=()) -> Plan:
+    """Validate a configuration and choose block sizes.
+
+    M (``sram``, bytes or a size such as ``"100KiB"``) comes from ``sram`` if given, else
+    from the ``gpu`` preset (default ``"h200"`` when neither is given). Block sizes default
+    to each algorithm's rule (see its module); a plan whose working set does not fit in M
+    raises SramOverflowError with the breakdown.
+    """
+    if algorithm not in ALGORITHMS:
+        raise FlashsimError(
+            f"unknown algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
+    N = positive_int(seq_len, "seq_len")
+    d = positive_int(head_dim, "head_dim")
+    batch, heads = positive_int(batch, "batch"), positive_int(heads, "heads")
+    b = dtype_bytes(dtype)
+    preset = _gpu(gpu) if gpu is not None else (_gpu(DEFAULT_GPU) if sram is None else None)
+    M = parse_size(sram) if sram is not None else preset.sram_per_block
+    passes = standard.check_passes(extra_passes)
+    if passes and algorithm != "standard":
+        raise FlashsimError(
+            f"extra passes ({','.join(passes)}) are for standard attention; "
+            f"{algorithm} fuses scaling and masking")
+    module = ALGORITHMS[algorithm]
+    Br0, Bc0 = module.default_blocks(N, d, M, b)
+    Br = Br0 if block_rows is None else positive_int(block_rows, "block_rows")
+    Bc = Bc0 if block_cols is None else positive_int(block_cols, "block_cols")
+    if Br == 0 or Bc == 0:
+        raise SramOverflowError(
+            f"no {algorithm} tiles fit in SRAM of M = {M} B at head_dim {d} in {dtype}: "
+            f"even 1 x 1 blocks need {module.working_set_bytes(1, 1, d, b)} B")
+    rows = standard.softmax_rows(N, M, b) if algorithm == "standard" else 0
+    p = Plan(algorithm, N, d, batch, heads, dtype, M, Br, Bc, bool(causal), passes, preset,
+             rows)
+    ws = p.working_set()
+    need = sum(size for _, size in ws)
+    if need > M:
+        parts = " + ".join(f"{name} {size}" for name, size in ws)
+        raise SramOverflowError(
+            f"{algorithm} with B_r={Br}, B_c={Bc} needs {need} B of SRAM "
+            f"({parts}) but M = {M} B; use smaller blocks or more SRAM")
+    return p
+
+
+def _check_inputs(Q, K, V, n: int, d: int):
+    arrays = []
+    for name, x in (("Q", Q), ("K", K), ("V", V)):
+        a = np.asarray(x)
+        if a.dtype.kind not in "fiu":
+            raise FlashsimError(f"{name} must hold real numbers, got dtype {a.dtype}")
+        a = a.astype(np.float64)
+        if a.ndim < 2 or a.shape[-2:] != (n, d):
+            raise FlashsimError(f"{name} has shape {a.shape}; expected (..., {n}, {d})")
+        if not np.isfinite(a).all():
+            raise FlashsimError(f"{name} contains NaN or Inf")
+        arrays.append(a)
+    if not (arrays[0].shape == arrays[1].shape == arrays[2].shape):
+        raise FlashsimError(
+            f"Q, K, V shapes differ: {arrays[0].shape}, {arrays[1].shape}, {arrays[2].shape}")
+    return arrays

@@ -1,0 +1,76 @@
+"""Hardware presets and the roofline time estimate.
+
+Each preset gives what the traffic model needs: how much shared memory one thread block may
+use (the SRAM size M), the L2 size, HBM bandwidth and the dense peak rates. Sources are the
+vendors' datasheets and the CUDA C++ Programming Guide's table of per-block shared memory
+(compute capability 8.0: 163 KiB, 8.9: 99 KiB, 9.0: 227 KiB), except where a preset says
+"measured".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import FlashsimError
+
+KiB, MB = 1024, 10**6
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    sms: int
+    sram_per_block: int          # bytes of shared memory one block may use (opt-in maximum)
+    l2_bytes: int
+    hbm_bandwidth: float         # bytes/s
+    peak_tensor_fp16: float      # dense FLOP/s, fp16/bf16 inputs, fp32 accumulate
+    peak_fp32: float             # FLOP/s on the plain fp32 units (no TF32)
+    source: str
+
+    def peak_flops(self, dtype: str) -> float:
+        """The rate that bounds attention's matmuls in ``dtype``."""
+        return self.peak_fp32 if dtype == "fp32" else self.peak_tensor_fp16
+
+
+GPUS: dict[str, GPU] = {
+    "a100-40gb": GPU(
+        "NVIDIA A100 40GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MB,
+        hbm_bandwidth=1555e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
+        source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
+    "a100-80gb": GPU(
+        "NVIDIA A100 80GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MB,
+        hbm_bandwidth=2039e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
+        source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
+    "h100": GPU(
+        "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MB,
+        hbm_bandwidth=3.35e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
+        source="NVIDIA H100 datasheet (2023); CUDA Programming Guide, cc 9.0"),
+    "h200": GPU(
+        "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MB,
+        hbm_bandwidth=4.8e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
+        source="NVIDIA H200 datasheet (2024); L2 and SM count measured on the project's "
+               "H200 (torch.cuda.get_device_properties, shared/gpu-notes.md); "
+               "CUDA Programming Guide, cc 9.0"),
+    "rtx4090": GPU(
+        "NVIDIA GeForce RTX 4090", sms=128, sram_per_block=99 * KiB, l2_bytes=72 * MB,
+        hbm_bandwidth=1008e9, peak_tensor_fp16=165.2e12, peak_fp32=82.6e12,
+        source="NVIDIA Ada Lovelace architecture whitepaper v1.1 (fp16 tensor rate with "
+               "fp32 accumulate); CUDA Programming Guide, cc 8.9"),
+}
+
+
+def gpu(name: str) -> GPU:
+    """The preset called ``name`` (case-insensitive)."""
+    try:
+        return GPUS[str(name).lower()]
+    except KeyError:
+        raise FlashsimError(
+            f"unknown GPU {name!r}: choose one of {', '.join(GPUS)}") from None
+
+
+def roofline_time(hbm_bytes: float, flops: float, preset: GPU, dtype: str) -> float:
+    """Seconds: the larger of moving the bytes at full bandwidth and doing the FLOPs at peak.
+
+    A floor, not a forecast: it assumes perfect overlap and every SM busy.
+    """
+    return max(hbm_bytes / preset.hbm_bandwidth, flops / preset.peak_flops(dtype))

@@ -1,0 +1,78 @@
+"""One fixed-format table for every run, so standard and tiled results line up row by row."""
+
+from __future__ import annotations
+
+from .units import format_bytes
+
+_RULE = "-" * 72
+
+
+def _row(label: str, *cells: str) -> str:
+    return f"{label:<22}" + "".join(f"{c:>25}" for c in cells)
+
+
+def _cell(n: int) -> str:
+    return f"{n:,}" if n < 10**6 else f"{n:,} ({format_bytes(n)})"
+
+
+def format_report(rep) -> str:
+    """The table ``flashsim io`` prints: HBM bytes by tensor and direction, totals, SRAM
+    peak, FLOPs and, with a GPU preset, the roofline time."""
+    p = rep.plan
+    head = (f"{p.algorithm}  N={p.seq_len} d={p.head_dim} batch={p.batch} heads={p.heads} "
+            f"{p.dtype}{' causal' if p.causal else ''}"
+            f"{' +' + ','.join(p.extra_passes) if p.extra_passes else ''}\n"
+            f"M = {p.sram_bytes:,} B of SRAM   B_r = {p.block_rows}   B_c = {p.block_cols}"
+            + (f"   softmax rows = {p.softmax_rows}" if p.algorithm == "standard" else ""))
+    lines = [head, _RULE, _row("HBM traffic", "read bytes", "write bytes")]
+    for name, t in rep.per_tensor.items():
+        if t["read_bytes"] or t["write_bytes"]:
+            lines.append(_row(f"  {name}", _cell(t["read_bytes"]), _cell(t["write_bytes"])))
+    lines += [
+        _row("  total", _cell(rep.hbm_read_bytes), _cell(rep.hbm_write_bytes)),
+        _RULE,
+        _row("HBM bytes (r+w)", _cell(rep.hbm_bytes)),
+        _row("SRAM peak / block", _cell(rep.sram_peak_bytes)),
+        _row("FLOPs (matmuls)", f"{rep.flops:,}"),
+    ]
+    if rep.predicted_time_s is not None:
+        lines.append(_row(f"roofline time", f"{rep.predicted_time_s * 1e3:.4f} ms"))
+        lines.append(f"  (on {p.gpu.name}: max(bytes / {p.gpu.hbm_bandwidth / 1e12:.2f} TB/s, "
+                     f"FLOPs / {p.gpu.peak_flops(p.dtype) / 1e12:.1f} TFLOP/s))")
+    if rep.max_abs_error is not None:
+        lines.append(_row("max |O - O_ref|", f"{rep.max_abs_error:.3e}"))
+    return "\n".join(lines)
+
+
+def format_compare(reports) -> str:
+    """Several algorithms for one shape, side by side: the one-screen answer."""
+    reports = list(reports)
+    p = reports[0].plan
+    width = 22 + 20 * len(reports)
+    head = (f"N={p.seq_len} d={p.head_dim} batch={p.batch} heads={p.heads} {p.dtype}"
+            f"{' causal' if p.causal else ''}   M = {p.sram_bytes:,} B of SRAM")
+
+    def row(label, cells):
+        return f"{label:<22}" + "".join(f"{c:>20}" for c in cells)
+
+    names = list(dict.fromkeys(n for r in reports for n in r.per_tensor))
+    lines = [head, "-" * width, row("", [r.plan.algorithm for r in reports]),
+             row("B_r x B_c", [f"{r.plan.block_rows} x {r.plan.block_cols}" for r in reports]),
+             "-" * width]
+    for name in names:
+        for direction, key in (("read", "read_bytes"), ("write", "write_bytes")):
+            vals = [r.per_tensor.get(name, {}).get(key, 0) for r in reports]
+            if any(vals):
+                lines.append(row(f"{name} {direction}", [f"{v:,}" for v in vals]))
+    base = reports[0].hbm_bytes
+    lines += ["-" * width,
+              row("HBM bytes (r+w)", [f"{r.hbm_bytes:,}" for r in reports]),
+              row("", [format_bytes(r.hbm_bytes) for r in reports]),
+              row(f"vs {reports[0].plan.algorithm}", [f"{r.hbm_bytes / base:.3f}x" for r in reports]),
+              row("SRAM peak / block", [f"{r.sram_peak_bytes:,}" for r in reports]),
+              row("FLOPs (matmuls)", [f"{r.flops:,}" for r in reports])]
+    if all(r.predicted_time_s is not None for r in reports):
+        lines.append(row("roofline time (ms)", [f"{r.predicted_time_s * 1e3:.4f}" for r in reports]))
+    if all(r.max_abs_error is not None for r in reports):
+        lines.append(row("max |O - O_ref|", [f"{r.max_abs_error:.2e}" for r in reports]))
+    return "\n".join(lines)

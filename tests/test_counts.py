@@ -1,0 +1,116 @@
+"""Counted traffic equals the closed forms, exactly, for every algorithm and shape."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import flashsim
+from flashsim import nest
+
+ALGS = ["standard", "flash1", "flash2"]
+
+# (N, d, B_r, B_c): square, ragged in one or both blocks, blocks larger than N, 1-wide.
+SHAPES = [
+    (64, 16, 16, 16), (100, 16, 16, 32), (97, 8, 12, 20), (33, 4, 32, 8), (40, 8, 64, 64),
+    (17, 3, 5, 7), (128, 32, 32, 16), (50, 10, 1, 7), (31, 5, 31, 1), (129, 16, 64, 32),
+]
+
+
+def _plan(alg, N, d, Br, Bc, causal, passes=()):
+    return flashsim.plan(alg, N, d, block_rows=Br, block_cols=Bc, causal=causal,
+                         sram="1MiB", extra_passes=passes, batch=2, heads=3)
+
+
+CASES = [(alg, *shape, causal) for alg, shape, causal
+         in itertools.product(ALGS, SHAPES, [False, True])]
+
+
+@pytest.mark.parametrize("alg,N,d,Br,Bc,causal", CASES)
+def test_count_equals_closed_form(alg, N, d, Br, Bc, causal):
+    p = _plan(alg, N, d, Br, Bc, causal)
+    counted, formula = p.count(), p.closed_form()
+    assert counted.per_tensor == formula.per_tensor
+    assert counted.flops == formula.flops
+    assert counted.sram_peak_bytes == formula.sram_peak_bytes
+
+
+def test_grid_has_at_least_50_shapes_with_ragged_and_causal():
+    assert len(CASES) >= 50
+    assert any(N % Br or N % Bc for _, N, _, Br, Bc, _ in CASES)
+    assert any(c for *_, c in CASES)
+
+
+@pytest.mark.parametrize("passes", [(), ("scale",), ("mask",), ("scale", "mask"), ("mask", "scale")])
+@pytest.mark.parametrize("sram", ["1MiB", "6KiB"])   # 6 KiB: a row of S does not fit
+def test_standard_passes_and_row_fit_match_closed_form(passes, sram):
+    p = flashsim.plan("standard", 2000, 8, block_rows=32, block_cols=32, sram=sram,
+                      extra_passes=passes)
+    assert (p.softmax_rows == 0) == (sram == "6KiB")
+    assert p.count().per_tensor == p.closed_form().per_tensor
+
+
+@settings(max_examples=60, deadline=None)
+@given(alg=st.sampled_from(ALGS), N=st.integers(1, 300), d=st.integers(1, 64),
+       Br=st.integers(1, 80), Bc=st.integers(1, 80), causal=st.booleans())
+def test_count_equals_closed_form_random(alg, N, d, Br, Bc, causal):
+    p = flashsim.plan(alg, N, d, block_rows=Br, block_cols=Bc, causal=causal, sram="4MiB")
+    assert p.count().per_tensor == p.closed_form().per_tensor
+    assert p.count().flops == p.closed_form().flops
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_values_run_counts_what_count_only_counts(alg, causal):
+    """The stepping engine (with values) and the summing engine agree byte for byte."""
+    p = _plan(alg, 70, 8, 16, 24, causal)
+    rng = np.random.default_rng(1)
+    Q, K, V = (rng.standard_normal((2, 3, 70, 8)) for _ in range(3))
+    _, ran = p.run(Q, K, V)
+    counted = p.count()
+    assert ran.per_tensor == counted.per_tensor
+    assert ran.flops == counted.flops
+    assert ran.sram_peak_bytes == counted.sram_peak_bytes == sum(b for _, b in p.working_set())
+
+
+def test_causal_skips_tiles():
+    for alg in ("flash1", "flash2"):
+        full, causal = _plan(alg, 256, 16, 32, 32, False), _plan(alg, 256, 16, 32, 32, True)
+        assert causal.count().flops < full.count().flops
+        assert causal.count().hbm_bytes < full.count().hbm_bytes
+    # 8 x 8 blocks, causal: 36 tiles of 64 are visited.
+    p = _plan("flash2", 256, 16, 32, 32, True)
+    assert p.count().flops == 2 * 3 * 36 * 4 * 32 * 32 * 16
+
+
+def test_byte_totals_scale_with_batch_and_heads():
+    one = flashsim.plan("flash2", 128, 16, sram="64KiB").count()
+    many = flashsim.plan("flash2", 128, 16, sram="64KiB", batch=3, heads=5).count()
+    assert many.hbm_bytes == 15 * one.hbm_bytes
+    assert many.flops == 15 * one.flops
+    assert many.sram_peak_bytes == one.sram_peak_bytes
+
+
+@pytest.mark.parametrize("dtype,b", [("fp32", 4), ("fp16", 2), ("bf16", 2)])
+def test_dtype_sets_bytes_but_statistics_stay_fp32(dtype, b):
+    p = flashsim.plan("flash2", 64, 16, dtype=dtype, block_rows=16, block_cols=16, sram="1MiB")
+    t = p.count().per_tensor
+    assert t["Q"]["read_bytes"] == 64 * 16 * b
+    assert t["L"]["write_bytes"] == 64 * 4
+
+
+def test_trace_walks_the_same_loads_as_the_count():
+    p = flashsim.plan("flash2", 40, 4, block_rows=16, block_cols=16, causal=True, sram="1MiB")
+    loads = [e for e in p.trace() if e["op"] == "load"]
+    # Q blocks of 16, 16, 8 rows see 1, 2 and 3 K/V blocks: 3 Q loads + 2 * 6 K/V loads.
+    assert [e["tensor"] for e in loads].count("Q") == 3
+    assert [e["tensor"] for e in loads].count("K") == 6
+    assert sum(e["bytes"] for e in loads) == p.count().hbm_read_bytes
+    assert loads[-1]["rows"] == (32, 40) and loads[-1]["blocks"] == {"i": 2, "j": 2}
+
+
+def test_working_set_names_the_buffers():
+    names = [n for n, _ in flashsim.plan("flash1", 256, 32, sram="1MiB").working_set()]
+    assert names == ["K_j", "V_j", "Q_i", "O_i", "l_i", "m_i", "S_ij", "mt_ij", "lt_ij"]
+    assert isinstance(flashsim.plan("flash1", 256, 32, sram="1MiB").nest(), nest.Nest)

@@ -1,0 +1,134 @@
+"""The model's claims: Theorem 2, the compulsory floor, block rules, presets, bad input."""
+
+import numpy as np
+import pytest
+
+import flashsim
+from flashsim import FlashsimError, SramOverflowError, parse_size
+from flashsim.algorithms import ALGORITHMS
+
+N, D = 4096, 64
+
+
+def test_theorem2_doubling_M_about_halves_flash1_traffic():
+    # From 128 KiB up, B_r = d and B_c = ceil(M / 4d) grows with M (below that B_r < d).
+    sizes = [parse_size(s) for s in ("128KiB", "256KiB", "512KiB", "1MiB")]
+    traffic = [flashsim.plan("flash1", N, D, sram=m).count().hbm_bytes for m in sizes]
+    for small, big in zip(traffic, traffic[1:]):
+        assert 0.45 < big / small < 0.6, big / small
+
+
+def test_standard_traffic_does_not_depend_on_M():
+    counts = {flashsim.plan("standard", N, D, sram=m).count().hbm_bytes
+              for m in ("64KiB", "100KiB", "228KiB", "1MiB", "16MiB")}
+    assert len(counts) == 1
+
+
+@pytest.mark.parametrize("alg", list(ALGORITHMS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sram", ["16KiB", "100KiB", "1MiB", "64MiB"])
+def test_no_algorithm_goes_below_the_compulsory_floor(alg, causal, sram):
+    rep = flashsim.plan(alg, 1000, 64, sram=sram, causal=causal, dtype="fp16").count()
+    t = rep.per_tensor
+    nd = 1000 * 64 * 2
+    for name in "QKV":
+        assert t[name]["read_bytes"] >= nd
+    assert t["O"]["write_bytes"] >= nd
+    assert rep.hbm_bytes >= 4 * nd
+
+
+def test_flash_beats_standard_by_a_wide_margin():
+    # The paper's setting: fp16, M about 100 KB.
+    std = flashsim.plan("standard", N, D, sram="100KiB", dtype="fp16").count().hbm_bytes
+    for alg in ("flash1", "flash2"):
+        hbm = flashsim.plan(alg, N, D, sram="100KiB", dtype="fp16").count().hbm_bytes
+        assert hbm < std / 4
+
+
+def test_flash1_default_blocks_follow_the_paper_when_they_fit():
+    # M = 1 MiB fp32 = 262144 elements: B_c = ceil(M / 4d) = 1024, B_r = min(B_c, d) = 64.
+    p = flashsim.plan("flash1", 8192, 64, sram="1MiB")
+    assert (p.block_rows, p.block_cols) == (64, 1024)
+    # M = 100 KiB: the rule gives B_c = 100, whose working set (with S_ij and the
+    # statistics, which the rule leaves out) overflows, so B_c shrinks to the largest fit.
+    f = ALGORITHMS["flash1"].working_set_bytes
+    q = flashsim.plan("flash1", 8192, 64, sram="100KiB")
+    assert f(64, 100, 64, 4) > 102400
+    assert q.block_rows == 64 and q.block_cols < 100
+    assert f(64, q.block_cols, 64, 4) <= 102400 < f(64, q.block_cols + 1, 64, 4)
+
+
+@pytest.mark.parametrize("alg", list(ALGORITHMS))
+@pytest.mark.parametrize("sram", ["8KiB", "48KiB", "100KiB", "227KiB"])
+@pytest.mark.parametrize("d", [16, 64, 128])
+def test_default_blocks_fit_and_formula_matches_nest(alg, sram, d):
+    p = flashsim.plan(alg, 2048, d, sram=sram)
+    ws = sum(b for _, b in p.working_set())
+    assert ws <= p.sram_bytes
+    formula = ALGORITHMS[alg].working_set_bytes(p.block_rows, p.block_cols, d, 4)
+    if alg == "standard":   # the softmax kernel may set the peak
+        assert ws == max(formula, p.softmax_rows * (2048 * 4 + 8))
+    else:
+        assert ws == formula
+
+
+def test_flash2_blocks_are_the_largest_multiple_of_16_that_fits():
+    p = flashsim.plan("flash2", 4096, 64, sram="100KiB")
+    f = ALGORITHMS["flash2"].working_set_bytes
+    assert p.block_rows == p.block_cols and p.block_rows % 16 == 0
+    assert f(p.block_rows + 16, p.block_rows + 16, 64, 4) > 100 * 1024
+
+
+def test_presets_and_roofline():
+    for key, g in flashsim.GPUS.items():
+        assert g.source and g.sms > 0 and g.sram_per_block > 0 and g.l2_bytes > 0
+        assert g.peak_tensor_fp16 > g.peak_fp32 or key == "rtx4090" and g.peak_tensor_fp16 > 0
+    rep = flashsim.plan("flash2", N, D, gpu="h200").count()
+    g = flashsim.GPUS["h200"]
+    assert rep.plan.sram_bytes == g.sram_per_block
+    assert rep.predicted_time_s == max(rep.hbm_bytes / g.hbm_bandwidth, rep.flops / g.peak_fp32)
+    assert flashsim.plan("flash2", N, D, sram="100KiB").count().predicted_time_s is None
+
+
+@pytest.mark.parametrize("text,value", [("100KiB", 102400), ("228KB", 228000), ("1MiB", 2**20),
+                                        ("65536", 65536), ("48K", 49152), ("1.5KiB", 1536)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(seq_len=0), "seq_len"), (dict(seq_len=-5), "seq_len"), (dict(head_dim=2.5), "head_dim"),
+    (dict(seq_len=True), "seq_len"), (dict(dtype="fp8"), "dtype"), (dict(gpu="tpu"), "GPU"),
+    (dict(sram="12 parsecs"), "size"), (dict(sram="0KiB"), "positive"),
+    (dict(sram="0.5B"), "whole"), (dict(block_rows=0), "block_rows"),
+    (dict(extra_passes=("scale",), algorithm="flash2"), "standard"),
+    (dict(extra_passes=("dropout",), algorithm="standard"), "dropout"),
+    (dict(algorithm="flash3"), "algorithm"),
+])
+def test_bad_input_is_one_clear_error(kwargs, words):
+    args = dict(algorithm="flash2", seq_len=64, head_dim=16) | kwargs
+    with pytest.raises(FlashsimError, match=words):
+        flashsim.plan(args.pop("algorithm"), args.pop("seq_len"), args.pop("head_dim"), **args)
+
+
+def test_tiles_too_big_for_sram_are_refused_with_a_breakdown():
+    with pytest.raises(SramOverflowError, match=r"SRAM.*Q_i 16384.*K_j") as e:
+        flashsim.plan("flash2", 1024, 64, block_rows=64, block_cols=64, sram="32KiB")
+    assert "M = 32768 B" in str(e.value)
+    with pytest.raises(SramOverflowError, match="SRAM"):
+        flashsim.plan("flash2", 1024, 4096, sram="16KiB")
+
+
+def test_bad_arrays_are_refused_before_anything_runs():
+    p = flashsim.plan("flash2", 8, 4, sram="1MiB")
+    good = np.ones((8, 4))
+    bad = good.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(FlashsimError, match="NaN or Inf"):
+        p.run(good, bad, good)
+    with pytest.raises(FlashsimError, match="shape"):
+        p.run(good, np.ones((8, 5)), good)
+    with pytest.raises(FlashsimError, match="heads"):
+        p.run(*(np.ones((2, 8, 4)),) * 3)
+    with pytest.raises(FlashsimError, match="real numbers"):
+        p.run(good, good.astype(complex), good)
