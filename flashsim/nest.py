@@ -83,7 +83,9 @@ class Compute:
 class Loop:
     """``for var in range(start(ctx), stop(ctx))`` over blocks of ``block`` rows of an
     ``extent``-row dimension. ``start``/``stop`` default to all blocks; causal algorithms
-    use them to skip fully masked tiles."""
+    use them to skip fully masked tiles. ``parallel`` marks a loop whose iterations are
+    separate thread blocks on a GPU (a top-level loop is one kernel launch); the traffic
+    counts do not depend on it, the L2 and time models do."""
     var: str
     block: int
     extent: int
@@ -91,6 +93,7 @@ class Loop:
     start: Callable[["Ctx"], int] | None = None
     stop: Callable[["Ctx"], int] | None = None
     label: str = ""
+    parallel: bool = False
 
     @property
     def blocks(self) -> int:

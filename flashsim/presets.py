@@ -26,6 +26,7 @@ class GPU:
     peak_tensor_fp16: float      # dense FLOP/s, fp16/bf16 inputs, fp32 accumulate
     peak_fp32: float             # FLOP/s on the plain fp32 units (no TF32)
     source: str
+    sram_per_sm: int = 0         # shared memory of one SM, shared by its resident blocks
 
     def peak_flops(self, dtype: str) -> float:
         """The rate that bounds attention's matmuls in ``dtype``."""
@@ -36,24 +37,29 @@ GPUS: dict[str, GPU] = {
     "a100-40gb": GPU(
         "NVIDIA A100 40GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MB,
         hbm_bandwidth=1555e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
+        sram_per_sm=164 * KiB,
         source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
     "a100-80gb": GPU(
         "NVIDIA A100 80GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MB,
         hbm_bandwidth=2039e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
+        sram_per_sm=164 * KiB,
         source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
     "h100": GPU(
         "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MB,
         hbm_bandwidth=3.35e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
+        sram_per_sm=228 * KiB,
         source="NVIDIA H100 datasheet (2023); CUDA Programming Guide, cc 9.0"),
     "h200": GPU(
         "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MB,
         hbm_bandwidth=4.8e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
+        sram_per_sm=228 * KiB,
         source="NVIDIA H200 datasheet (2024); L2 and SM count measured on the project's "
                "H200 (torch.cuda.get_device_properties, shared/gpu-notes.md); "
                "CUDA Programming Guide, cc 9.0"),
     "rtx4090": GPU(
         "NVIDIA GeForce RTX 4090", sms=128, sram_per_block=99 * KiB, l2_bytes=72 * MB,
         hbm_bandwidth=1008e9, peak_tensor_fp16=165.2e12, peak_fp32=82.6e12,
+        sram_per_sm=100 * KiB,
         source="NVIDIA Ada Lovelace architecture whitepaper v1.1 (fp16 tensor rate with "
                "fp32 accumulate); CUDA Programming Guide, cc 8.9"),
 }

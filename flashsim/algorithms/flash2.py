@@ -88,7 +88,8 @@ def build(plan) -> Nest:
                              "O_i = alpha O_i + P_ij V_j; m_i = m_new",
                              online_update, matmul_flops("i", "j", d)),
                  ))
-    body = (Loop("i", Br, N, label="Q blocks (one thread block each)", body=(
+    body = (Loop("i", Br, N, label="Q blocks (one thread block each)",
+                 parallel=True, body=(
         Load("Q_i", "Q", rows="i"),
         Alloc("O_i", "i", d, b, 0.0),
         Alloc("m_i", "i", 1, STAT_BYTES, -np.inf),

@@ -85,7 +85,7 @@ def build(plan) -> Nest:
     def s_tile(sram, ctx):
         sram["S_ij"] = scale_in_matmul * (sram["Q_i"] @ np.swapaxes(sram["K_j"], -1, -2))
 
-    kernel1 = Loop("i", Br, N, label="kernel 1: S = Q K^T", body=(
+    kernel1 = Loop("i", Br, N, label="kernel 1: S = Q K^T", parallel=True, body=(
         Load("Q_i", "Q", rows="i"),
         Loop("j", Bc, N, body=(
             Load("K_j", "K", rows="j"),
@@ -104,7 +104,7 @@ def build(plan) -> Nest:
         return fn
 
     pass_loops = tuple(
-        Loop("i", Br, N, label=f"pass: {name}", body=(Loop("j", Bc, N, body=(
+        Loop("i", Br, N, label=f"pass: {name}", parallel=True, body=(Loop("j", Bc, N, body=(
             Load("X_ij", src, rows="i", cols="j"),
             Compute(f"{name} S_ij", elementwise(name)),
             Store("X_ij", dst, rows="i", cols="j"),
@@ -123,7 +123,8 @@ def build(plan) -> Nest:
             sram["l_r"] = P.sum(axis=-1, keepdims=True)
             sram["S_r"] = P / sram["l_r"]
 
-        kernel2 = Loop("r", R, N, label="kernel 2: P = softmax(S), whole rows", body=(
+        kernel2 = Loop("r", R, N, label="kernel 2: P = softmax(S), whole rows",
+                       parallel=True, body=(
             Load("S_r", last, rows="r"),
             Alloc("m_r", "r", 1, STAT_BYTES),
             Alloc("l_r", "r", 1, STAT_BYTES),
@@ -148,7 +149,7 @@ def build(plan) -> Nest:
             sram["S_ij"] = exp_diff(S, sram["m_i"]) / sram["l_i"]
 
         kernel2 = Loop("i", Br, N, label="kernel 2: P = softmax(S), rows too long for SRAM",
-                       body=(
+                       parallel=True, body=(
                            Alloc("m_i", "i", 1, STAT_BYTES, -np.inf),
                            Alloc("l_i", "i", 1, STAT_BYTES, 0.0),
                            Loop("j", Bc, N, body=(
@@ -165,7 +166,7 @@ def build(plan) -> Nest:
     def pv(sram, ctx):
         sram["O_i"] = sram["O_i"] + sram["P_ij"] @ sram["V_j"]
 
-    kernel3 = Loop("i", Br, N, label="kernel 3: O = P V", body=(
+    kernel3 = Loop("i", Br, N, label="kernel 3: O = P V", parallel=True, body=(
         Alloc("O_i", "i", d, b, 0.0),
         Loop("j", Bc, N, body=(
             Load("P_ij", "P", rows="i", cols="j"),

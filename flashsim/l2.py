@@ -1,0 +1,309 @@
+"""A third level: an L2 cache between the SMs' SRAM and DRAM, and the blocks that share it.
+
+The two-level model counts what SRAM asks of the level below. On a real GPU those requests
+go to an L2 cache (60 MB on an H200) shared by every SM, and only its misses and
+write-backs reach DRAM. Whether a re-read hits depends on what ran at the same time, so
+this model needs a schedule, read from the same loop nest as everything else:
+
+* **Launches.** Each top-level loop marked ``parallel`` is one kernel launch whose
+  iterations are thread blocks; a run of top-level loops without it is one launch with one
+  block per head (flash1, as the original FlashAttention kernel). Each launch starts with a
+  clean, empty L2, as Nsight Compute's default cache control makes it (and as the
+  measurements it is compared with were taken).
+* **Waves.** ``SMs x blocks_per_sm`` blocks are resident at once; blocks start in launch
+  order (``blockIdx.x`` = the Q block fastest, then the head), and a finished block's slot
+  goes to the next block at once. Resident blocks advance in step: at every step each one
+  performs the loads and stores of one iteration of its innermost loop. Requests for the
+  same tile in the same step are merged (the L2 sees one miss), as concurrent misses to one
+  line are.
+* **The cache.** Capacity in bytes, LRU replacement over tiles, write-back and
+  write-allocate: a store makes its tile dirty in L2 without reading DRAM; a dirty tile
+  reaches DRAM when it is evicted. Dirty tiles still in L2 when the kernel ends are not
+  DRAM writes *of that kernel* (Nsight's counters stop at the kernel's end); they are
+  reported apart.
+* **Sectors.** Every tile is charged the 32-byte sectors it touches, row by row: the
+  L2 request bytes are the two-level bytes rounded up to sectors.
+
+What it leaves out, each a reason a prediction can miss: L1 hits (co-resident blocks on one
+SM can share a line in L1, which lowers L2 requests), the H200's L2 being two partitions
+(data used by SMs on both sides may be held twice, which lowers the useful capacity),
+hashing and set conflicts (LRU here is fully associative), and prefetching.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from . import nest as _nest
+from .nest import Ctx, Load, Loop, Store, _loop_range, _span
+
+SECTOR = 32
+
+
+@dataclass
+class LaunchTraffic:
+    """One kernel launch: what the SMs asked of L2 and what reached DRAM."""
+    label: str
+    blocks: int
+    l2_read_bytes: int = 0
+    l2_write_bytes: int = 0
+    dram_read_bytes: int = 0
+    dram_write_bytes: int = 0
+    dirty_at_end_bytes: int = 0
+    steps: int = 0            # global steps: the length of the launch in block-steps
+
+
+@dataclass
+class L2Report:
+    """The L2 model's prediction for a whole plan (all launches, all batch x heads)."""
+    l2_bytes: int
+    blocks_per_sm: int
+    sms: int
+    launches: list = field(default_factory=list)
+
+    def _sum(self, name):
+        return sum(getattr(x, name) for x in self.launches)
+
+    @property
+    def l2_read_bytes(self):
+        return self._sum("l2_read_bytes")
+
+    @property
+    def l2_write_bytes(self):
+        return self._sum("l2_write_bytes")
+
+    @property
+    def dram_read_bytes(self):
+        return self._sum("dram_read_bytes")
+
+    @property
+    def dram_write_bytes(self):
+        return self._sum("dram_write_bytes")
+
+    @property
+    def dirty_at_end_bytes(self):
+        return self._sum("dirty_at_end_bytes")
+
+    def to_dict(self) -> dict:
+        return {
+            "l2_bytes": self.l2_bytes, "blocks_per_sm": self.blocks_per_sm, "sms": self.sms,
+            "l2_read_bytes": self.l2_read_bytes, "l2_write_bytes": self.l2_write_bytes,
+            "dram_read_bytes": self.dram_read_bytes, "dram_write_bytes": self.dram_write_bytes,
+            "dirty_at_end_bytes": self.dirty_at_end_bytes,
+            "launches": [vars(x).copy() for x in self.launches],
+        }
+
+
+def _sector_bytes(rows: tuple[int, int], cols: tuple[int, int], width: int, b: int) -> int:
+    """Bytes of the 32-byte sectors a tile touches in a row-major (rows x width) matrix."""
+    (r0, r1), (c0, c1) = rows, cols
+    if c0 == 0 and c1 == width:                      # whole rows: one contiguous range
+        return (((r1 * width) * b - 1) // SECTOR - (r0 * width * b) // SECTOR + 1) * SECTOR
+    total = 0
+    for r in range(r0, r1):
+        start = (r * width + c0) * b
+        total += ((start + (c1 - c0) * b - 1) // SECTOR - start // SECTOR + 1) * SECTOR
+    return total
+
+
+def launches(nest: _nest.Nest) -> list[tuple[str, Loop | None, tuple]]:
+    """``[(label, parallel_loop_or_None, ops)]``: the kernel launches of a nest."""
+    out, run = [], []
+    for op in nest.body:
+        if isinstance(op, Loop) and op.parallel:
+            if run:
+                out.append((run[0].label if isinstance(run[0], Loop) else "", None, tuple(run)))
+                run = []
+            out.append((op.label, op, op.body))
+        else:
+            run.append(op)
+    if run:
+        out.append((run[0].label if isinstance(run[0], Loop) else "", None, tuple(run)))
+    return out
+
+
+def _program(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, sizes: dict,
+             intern: dict) -> list:
+    """A block's steps: ``[(shared, private, read_bytes, write_bytes)]``. A step is one
+    iteration of an innermost loop, or a run of loads/stores between loops; its requests are
+    ``(key, sector_bytes, is_write)``. ``private`` requests depend on the block's own index
+    (``private_var``); ``shared`` ones do not, and equal tuples are one object (``intern``),
+    so blocks asking for the same tiles in one step are merged by identity."""
+    steps: list = []
+    cur_s: list = []
+    cur_p: list = []
+
+    def flush():
+        nonlocal cur_s, cur_p
+        if cur_s or cur_p:
+            shared = tuple(cur_s)
+            shared = intern.setdefault(shared, shared)
+            rb = sum(nb for _, nb, w in cur_s + cur_p if not w)
+            wb = sum(nb for _, nb, w in cur_s + cur_p if w)
+            steps.append((shared, tuple(cur_p), rb, wb))
+            cur_s, cur_p = [], []
+
+    def visit(body: tuple):
+        for op in body:
+            if isinstance(op, (Load, Store)):
+                t = tensors[op.tensor]
+                rows, cols = _span(ctx, op.rows, t.rows), _span(ctx, op.cols, t.cols)
+                key = (op.tensor, rows[0], cols[0])
+                nb = sizes.get((op.tensor, rows, cols))
+                if nb is None:
+                    nb = sizes[(op.tensor, rows, cols)] = _sector_bytes(
+                        rows, cols, t.cols, t.elem_bytes)
+                req = (key, nb, isinstance(op, Store))
+                private = private_var is not None and private_var in (op.rows, op.cols)
+                (cur_p if private else cur_s).append(req)
+            elif isinstance(op, Loop):
+                flush()
+                ctx.loops[op.var] = op
+                for i in _loop_range(op, ctx):
+                    ctx.idx[op.var] = i
+                    visit(op.body)
+                    flush()
+                ctx.idx.pop(op.var, None)
+                ctx.loops.pop(op.var)
+
+    visit(ops)
+    flush()
+    return steps
+
+
+class _LRU:
+    """Fully associative LRU over tiles, write-back, write-allocate."""
+
+    def __init__(self, capacity: int, traffic: LaunchTraffic):
+        self.capacity, self.t = capacity, traffic
+        self.lines: OrderedDict = OrderedDict()
+        self.used = 0
+
+    def access(self, key, nbytes: int, write: bool) -> None:
+        line = self.lines.get(key)
+        if line is not None:
+            self.lines.move_to_end(key)
+            if write:
+                line[1] = True
+            return
+        if not write:
+            self.t.dram_read_bytes += nbytes
+        self.lines[key] = [nbytes, write]
+        self.used += nbytes
+        while self.used > self.capacity and self.lines:
+            _, (nb, dirty) = self.lines.popitem(last=False)
+            self.used -= nb
+            if dirty:
+                self.t.dram_write_bytes += nb
+
+    def dirty_bytes(self) -> int:
+        return sum(nb for nb, dirty in self.lines.values() if dirty)
+
+
+def _simulate(label: str, programs: list, heads: int, slots: int, capacity: int) -> LaunchTraffic:
+    """Run one launch: ``programs[i]`` is block i's steps (the same for every head; keys get
+    the head prepended). Blocks start in launch order (i fastest, then head)."""
+    nblocks = len(programs)
+    t = LaunchTraffic(label, nblocks * heads)
+    # Symmetry: with one block per head and every head resident at once, all heads step
+    # together on disjoint data, so one head with 1/heads of the cache behaves the same.
+    if nblocks == 1 and heads <= slots and heads > 1:
+        one = _simulate(label, programs, 1, 1, capacity // heads)
+        for name in ("l2_read_bytes", "l2_write_bytes", "dram_read_bytes",
+                     "dram_write_bytes", "dirty_at_end_bytes"):
+            setattr(t, name, heads * getattr(one, name))
+        t.steps = one.steps
+        return t
+    lru = _LRU(capacity, t)
+    pending = ((h, i) for h in range(heads) for i in range(nblocks))
+    groups: list = []           # [head, [steps of each resident block], position]
+    free = slots
+    exhausted = False
+    rd = wr = 0
+    while True:
+        if free and not exhausted:
+            started: dict = {}
+            while free:
+                nxt = next(pending, None)
+                if nxt is None:
+                    exhausted = True
+                    break
+                h, i = nxt
+                started.setdefault(h, []).append(programs[i])
+                free -= 1
+            groups += [[h, members, 0] for h, members in started.items()]
+        if not groups:
+            break
+        t.steps += 1
+        step_keys: dict = {}
+        merged: set = set()
+        alive = []
+        for g in groups:
+            h, members, pos = g
+            still = []
+            for m in members:
+                shared, private, rb, wb = m[pos]
+                rd += rb
+                wr += wb
+                if shared and (h, id(shared)) not in merged:
+                    merged.add((h, id(shared)))
+                    for key, nb, w in shared:
+                        k = (h,) + key
+                        if w or k not in step_keys:
+                            step_keys[k] = (nb, w)
+                for key, nb, w in private:
+                    step_keys[(h,) + key] = (nb, w)
+                if len(m) > pos + 1:
+                    still.append(m)
+            free += len(members) - len(still)
+            if still:
+                g[1], g[2] = still, pos + 1
+                alive.append(g)
+        groups = alive
+        for k, (nb, w) in step_keys.items():
+            lru.access(k, nb, w)
+    t.l2_read_bytes, t.l2_write_bytes = rd, wr
+    t.dirty_at_end_bytes = lru.dirty_bytes()
+    return t
+
+
+def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
+             blocks_per_sm: int | dict | None = None) -> L2Report:
+    """Predict L2 request bytes and DRAM bytes for ``plan`` on its GPU preset.
+
+    ``l2_bytes`` and ``sms`` default to the plan's GPU preset. ``blocks_per_sm`` (resident
+    blocks per SM, an int or ``{launch label: int}``) defaults to what the plan's SRAM
+    working set allows in the SM's shared memory, at most 32.
+    """
+    from .errors import FlashsimError
+    from .presets import gpu as _gpu
+    g = plan.gpu or _gpu("h200")
+    cap = g.l2_bytes if l2_bytes is None else l2_bytes
+    n_sms = g.sms if sms is None else sms
+    if cap <= 0 or n_sms <= 0:
+        raise FlashsimError("L2 size and SM count must be positive")
+    nest = plan.nest()
+    heads = plan.batch * plan.heads
+    if blocks_per_sm is None:
+        ws = sum(b for _, b in plan.working_set())
+        default_bps = max(1, min(32, g.sram_per_sm // max(ws, 1)))
+    report = L2Report(cap, default_bps if blocks_per_sm is None else blocks_per_sm, n_sms)
+    sizes: dict = {}
+    intern: dict = {}
+    for label, loop, ops in launches(nest):
+        if isinstance(blocks_per_sm, dict):
+            bps = blocks_per_sm[label]
+        else:
+            bps = default_bps if blocks_per_sm is None else blocks_per_sm
+        ctx = Ctx()
+        if loop is None:
+            programs = [_program(ops, nest.tensors, ctx, None, sizes, intern)]
+        else:
+            ctx.loops[loop.var] = loop
+            programs = []
+            for i in _loop_range(loop, ctx):
+                ctx.idx[loop.var] = i
+                programs.append(_program(ops, nest.tensors, ctx, loop.var, sizes, intern))
+        report.launches.append(_simulate(label, programs, heads, n_sms * bps, cap))
+    return report

@@ -1,0 +1,110 @@
+"""A time model that goes past the roofline where the measurements show it must.
+
+The roofline (``presets.roofline_time``) is a floor: every SM busy, bytes and FLOPs
+overlapped perfectly. Real kernels of the kind this project writes miss it for three
+reasons, each a term here:
+
+1. **Waves and the last partial wave.** A launch of G thread blocks runs on ``sms``
+   multiprocessors. Blocks are handed out in launch order to the SM that frees up first;
+   an SM's blocks share its arithmetic units, so an SM's busy time is the sum of its
+   blocks' work. The launch's compute time is that of the busiest SM. With G = 32 blocks
+   (flash1's one block per head at batch x heads = 32) only 32 of 132 SMs ever work; with
+   G = 133, one SM does twice the work of the others.
+2. **Compute efficiency.** An SM does not run at its datasheet peak: a kernel reaches a
+   fraction ``compute_efficiency`` of it. This is a property of the kernel's code (its
+   instruction mix: loads, exponentials, shuffles beside the FMAs), not of the shape, so
+   it is one stated number per kernel, never per point.
+3. **Memory.** DRAM bytes (from the L2 model) at ``memory_efficiency`` of the datasheet
+   bandwidth, and L2 request bytes at the L2's bandwidth. A launch takes the longest of its
+   compute, DRAM and L2 times (they overlap), plus a fixed launch latency.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from . import nest as _nest
+from .l2 import L2Report, launches, simulate
+from .nest import Ctx, _count, _loop_range
+
+LAUNCH_LATENCY_S = 4e-6          # a kernel launch's fixed cost, back to back in a stream
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of the datasheet rates one kernel reaches (stated, not fitted per point)."""
+    compute: float = 1.0
+    memory: float = 0.9          # of HBM bandwidth: a large copy reaches ~0.9 (4.3 of 4.8 TB/s)
+    l2_bandwidth: float = 10e12  # bytes/s the L2 serves to the SMs (order of magnitude)
+
+
+@dataclass
+class LaunchTime:
+    label: str
+    blocks: int
+    compute_s: float
+    dram_s: float
+    l2_s: float
+    busiest_sm_flops: int
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.dram_s, self.l2_s) + LAUNCH_LATENCY_S
+
+
+def block_flops(plan) -> list[tuple[str, list[int]]]:
+    """``[(launch label, [FLOPs of each thread block of one head])]``."""
+    nest = plan.nest()
+    out = []
+    for label, loop, ops in launches(nest):
+        counts = _nest.Counts({n: 0 for n in nest.tensors}, {n: 0 for n in nest.tensors})
+        ctx = Ctx()
+        if loop is None:
+            _count(ops, nest.tensors, ctx, counts, 0)
+            out.append((label, [counts.flops]))
+            continue
+        ctx.loops[loop.var] = loop
+        per_block = []
+        for i in _loop_range(loop, ctx):
+            ctx.idx[loop.var] = i
+            before = counts.flops
+            _count(ops, nest.tensors, ctx, counts, 0)
+            per_block.append(counts.flops - before)
+        out.append((label, per_block))
+    return out
+
+
+def _busiest_sm(flops: list[int], heads: int, sms: int) -> int:
+    """Hand blocks (i fastest, then head) to the least-loaded SM; the largest SM total."""
+    load = [0] * min(sms, len(flops) * heads)
+    heapq.heapify(load)
+    for _ in range(heads):
+        for f in flops:
+            heapq.heapreplace(load, load[0] + f)
+    return max(load)
+
+
+def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = None,
+            **l2_options) -> list[LaunchTime]:
+    """Seconds per launch of ``plan`` on its GPU preset (default H200)."""
+    from .presets import gpu as _gpu
+    g = plan.gpu or _gpu("h200")
+    if l2 is None:
+        l2 = simulate(plan, **l2_options)
+    peak_sm = g.peak_flops(plan.dtype) / g.sms * efficiency.compute
+    heads = plan.batch * plan.heads
+    out = []
+    for (label, flops), traffic in zip(block_flops(plan), l2.launches):
+        busiest = _busiest_sm(flops, heads, g.sms) if any(flops) else 0
+        dram = traffic.dram_read_bytes + traffic.dram_write_bytes
+        l2_bytes = traffic.l2_read_bytes + traffic.l2_write_bytes
+        out.append(LaunchTime(
+            label, len(flops) * heads, busiest / peak_sm,
+            dram / (g.hbm_bandwidth * efficiency.memory), l2_bytes / efficiency.l2_bandwidth,
+            busiest))
+    return out
+
+
+def predict_seconds(plan, efficiency: Efficiency = Efficiency(), **kw) -> float:
+    return sum(x.seconds for x in predict(plan, efficiency, **kw))

@@ -1,0 +1,112 @@
+"""The L2 level: its request bytes agree with the two-level count, re-reads by co-resident
+blocks hit, and the grouped simulation equals a plain block-by-block one."""
+
+from collections import OrderedDict
+
+import pytest
+
+import flashsim
+from flashsim import l2
+from flashsim.l2 import _program, launches
+from flashsim.nest import Ctx, _loop_range
+
+
+def naive_dram(plan, cap, slots):
+    """Block by block, request by request: the definition the fast simulation must meet."""
+    nest = plan.nest()
+    heads = plan.batch * plan.heads
+    total_r = total_w = 0
+    for label, loop, ops in launches(nest):
+        ctx = Ctx()
+        if loop is None:
+            progs = [_program(ops, nest.tensors, ctx, None, {}, {})]
+        else:
+            ctx.loops[loop.var] = loop
+            progs = []
+            for i in _loop_range(loop, ctx):
+                ctx.idx[loop.var] = i
+                progs.append(_program(ops, nest.tensors, ctx, loop.var, {}, {}))
+        order = [(h, i) for h in range(heads) for i in range(len(progs))]
+        active, cache, used = [], OrderedDict(), 0
+        while order or active:
+            while len(active) < slots and order:
+                h, i = order.pop(0)
+                active.append([h, progs[i], 0])
+            reqs = {}
+            for a in active:
+                h, prog, pos = a
+                shared, private, _, _ = prog[pos]
+                for key, nb, w in shared + private:
+                    k = (h,) + key
+                    if w or k not in reqs:
+                        reqs[k] = (nb, w)
+                a[2] += 1
+            active = [a for a in active if a[2] < len(a[1])]
+            for k, (nb, w) in reqs.items():
+                if k in cache:
+                    cache.move_to_end(k)
+                    cache[k][1] |= w
+                    continue
+                if not w:
+                    total_r += nb
+                cache[k] = [nb, w]
+                used += nb
+                while used > cap:
+                    _, (b, dirty) = cache.popitem(last=False)
+                    used -= b
+                    total_w += b if dirty else 0
+    return total_r, total_w
+
+
+@pytest.mark.parametrize("alg", ["standard", "flash1", "flash2"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("cap", [4096, 20000, 10**6])
+def test_grouped_simulation_equals_block_by_block(alg, causal, cap):
+    p = flashsim.plan(alg, 72, 8, batch=2, heads=3, block_rows=16, block_cols=16,
+                      causal=causal, sram="1MiB")
+    rep = l2.simulate(p, l2_bytes=cap, sms=2, blocks_per_sm=2)
+    r, w = naive_dram(p, cap, 4)
+    assert (rep.dram_read_bytes, rep.dram_write_bytes) == (r, w)
+
+
+@pytest.mark.parametrize("alg", ["standard", "flash1", "flash2"])
+def test_l2_requests_are_the_two_level_bytes_when_tiles_are_sector_aligned(alg):
+    p = flashsim.plan(alg, 256, 64, batch=2, heads=2, block_rows=32, block_cols=32,
+                      sram="1MiB", causal=True)
+    rep, two = l2.simulate(p), p.count()
+    assert rep.l2_read_bytes == two.hbm_read_bytes
+    assert rep.l2_write_bytes == two.hbm_write_bytes
+
+
+def test_ragged_tiles_round_up_to_sectors():
+    # fp16 rows of 7 elements (14 bytes) straddle 32-byte sectors.
+    p = flashsim.plan("standard", 7 * 9, 8, block_rows=7, block_cols=7, sram="1MiB",
+                      dtype="fp16")
+    assert l2.simulate(p).l2_read_bytes > p.count().hbm_read_bytes
+
+
+def test_big_l2_reads_each_input_once_from_dram():
+    """With an L2 that holds everything, flash2's K/V re-reads all hit: DRAM sees Q, K, V
+    once, whatever the number of Q blocks."""
+    p = flashsim.plan("flash2", 1024, 64, batch=2, heads=4, block_rows=64, block_cols=64,
+                      gpu="h200")
+    rep = l2.simulate(p)
+    assert rep.dram_read_bytes == 3 * 2 * 4 * 1024 * 64 * 4
+    assert rep.l2_read_bytes > 5 * rep.dram_read_bytes
+    # O and L are written once: what DRAM has not seen yet is still dirty in L2.
+    assert rep.dram_write_bytes + rep.dirty_at_end_bytes == p.count().hbm_write_bytes
+
+
+def test_tiny_l2_sends_every_request_to_dram():
+    p = flashsim.plan("flash2", 1024, 64, batch=1, heads=2, block_rows=64, block_cols=64,
+                      gpu="h200")
+    rep = l2.simulate(p, l2_bytes=64 * 64 * 4, sms=1, blocks_per_sm=1)
+    assert rep.dram_read_bytes == p.count().hbm_read_bytes
+
+
+def test_standard_streams_S_and_P_through_dram():
+    p = flashsim.plan("standard", 2048, 64, batch=1, heads=8, gpu="h200")
+    rep = l2.simulate(p, l2_bytes=8 * 2**20)
+    nn = 8 * 2048 * 2048 * 4
+    assert rep.dram_write_bytes + rep.dirty_at_end_bytes >= 2 * nn
+    assert rep.dram_read_bytes >= 2 * nn
