@@ -4,22 +4,36 @@
     p.count()            # exact HBM traffic, no arithmetic
     O, rep = p.run(Q, K, V)   # real float64 values, and the same counts
     p.closed_form()      # the same numbers from the formulas beside each algorithm
+
+    b = flashsim.plan("flash2", seq_len=4096, head_dim=64, pass_="bwd")  # or "fwd+bwd"
+    (dQ, dK, dV), rep = b.run(Q, K, V, dO=dO)  # gradients; the forward's O, L are inputs
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
 from . import nest as _nest
-from .algorithms import ALGORITHMS, standard
+from .algorithms import ALGORITHMS, BACKWARD, standard, standard_bwd
 from .errors import FlashsimError, SramOverflowError
 from .presets import GPU, gpu as _gpu, roofline_time
 from .units import dtype_bytes, parse_size, positive_int
 
 DEFAULT_GPU = "h200"
+# What a plan runs: the forward, the backward (the forward's saved tensors are its inputs),
+# or both, one after the other, their traffic added tensor by tensor.
+PASSES = ("fwd", "bwd", "fwd+bwd")
+
+
+class Gradients(NamedTuple):
+    """What a plan with a backward pass returns: each (..., N, d), float64."""
+    dQ: np.ndarray
+    dK: np.ndarray
+    dV: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,7 @@ class Plan:
     extra_passes: tuple
     gpu: GPU | None
     softmax_rows: int = 0          # standard only: whole rows of S per softmax block
+    pass_: str = "fwd"             # "fwd", "bwd" or "fwd+bwd"
 
     @property
     def elem_bytes(self) -> int:
@@ -46,9 +61,20 @@ class Plan:
     def module(self):
         return ALGORITHMS[self.algorithm]
 
+    @property
+    def modules(self) -> tuple:
+        """The algorithm modules this plan runs, in order."""
+        fwd, bwd = ALGORITHMS[self.algorithm], BACKWARD[self.algorithm]
+        return {"fwd": (fwd,), "bwd": (bwd,), "fwd+bwd": (fwd, bwd)}[self.pass_]
+
     def nest(self) -> _nest.Nest:
-        """The loop nest: the one description of this algorithm's schedule."""
-        return self.module.build(self)
+        """The loop nest: the one description of this algorithm's schedule. For fwd+bwd,
+        the forward's ops then the backward's, over the union of their tensors."""
+        nests = [m.build(self) for m in self.modules]
+        if len(nests) == 1:
+            return nests[0]
+        return _nest.Nest({k: v for n in nests for k, v in n.tensors.items()},
+                          tuple(op for n in nests for op in n.body))
 
     def working_set(self) -> list[tuple[str, int]]:
         """SRAM buffers resident at the peak, with their bytes."""
@@ -64,29 +90,46 @@ class Plan:
 
     def closed_form(self) -> "Report":
         """The same report from the closed-form formulas (SRAM peak from the working set)."""
-        read, write, flops = self.module.closed_form(self)
+        read, write, flops = {}, {}, 0
+        for module in self.modules:        # fwd+bwd: the two passes' counts added
+            r, w, f = module.closed_form(self)
+            for name in r:
+                read[name] = read.get(name, 0) + r[name]
+                write[name] = write.get(name, 0) + w[name]
+            flops += f
         peak = sum(b for _, b in self.working_set())
         return self._report(_nest.Counts(read, write, flops, peak))
 
-    def run(self, Q, K, V) -> tuple[np.ndarray, "Report"]:
+    def run(self, Q, K, V, dO=None) -> tuple:
         """Run with values. Q, K, V: (..., N, d) with N = seq_len, d = head_dim; the leading
         dimensions are independent heads. Returns O (..., N, d) in float64 and the report;
-        every intermediate the algorithm writes to HBM is in ``report.hbm``."""
-        Q, K, V = _check_inputs(Q, K, V, self.seq_len, self.head_dim)
+        every intermediate the algorithm writes to HBM is in ``report.hbm``.
+
+        With a backward pass, ``dO`` (..., N, d) is the gradient of the output and the
+        result is ``Gradients(dQ, dK, dV)`` with the report (O is ``report.hbm["O"]``).
+        For ``bwd`` the forward runs first, uncounted, to put its saved tensors in HBM."""
+        backward = self.pass_ != "fwd"
+        if backward and dO is None:
+            raise FlashsimError(f"a plan with pass {self.pass_!r} needs dO, the output's "
+                                "gradient: run(Q, K, V, dO=dO)")
+        if not backward and dO is not None:
+            raise FlashsimError("dO is for a plan with a backward pass: plan(..., "
+                                "pass_='bwd') or pass_='fwd+bwd'")
+        arrays = _check_inputs(self.seq_len, self.head_dim, Q=Q, K=K, V=V,
+                               **({"dO": dO} if backward else {}))
+        Q = arrays["Q"]
         if int(np.prod(Q.shape[:-2])) != self.batch * self.heads:
             raise FlashsimError(
                 f"inputs hold {int(np.prod(Q.shape[:-2]))} heads (shape {Q.shape}) but the "
                 f"plan has batch x heads = {self.batch * self.heads}")
-        nest = self.nest()
-        hbm = {"Q": Q, "K": K, "V": V}
-        lead = Q.shape[:-2]
-        for name, t in nest.tensors.items():
-            if name not in hbm:
-                # Poisoned: an element the algorithm forgets to write stays NaN.
-                hbm[name] = np.full(lead + (t.rows, t.cols), np.nan)
-        counts = _nest.execute(nest, hbm, sram_limit=self.sram_bytes)
+        hbm = dict(arrays)
+        if self.pass_ == "bwd":
+            _execute(self.module.build(self), hbm, self.sram_bytes)   # saved tensors only
+        counts = _execute(self.nest(), hbm, self.sram_bytes)
         report = self._report(counts)
         report.hbm.update(hbm)
+        if backward:
+            return Gradients(hbm["dQ"], hbm["dK"], hbm["dV"]), report
         return hbm["O"], report
 
     def trace(self) -> list[dict]:
@@ -122,6 +165,7 @@ class Report:
     sram_peak_bytes: int
     max_abs_error: float | None = None
     hbm: dict = field(default_factory=dict, repr=False)
+    max_abs_errors: dict | None = None     # by tensor (O, dQ, dK, dV) when checked
 
     @property
     def hbm_read_bytes(self) -> int:
@@ -143,7 +187,7 @@ class Report:
     def to_dict(self) -> dict:
         p = self.plan
         d = {
-            "algorithm": p.algorithm, "seq_len": p.seq_len, "head_dim": p.head_dim,
+            "algorithm": p.algorithm, "pass": p.pass_, "seq_len": p.seq_len, "head_dim": p.head_dim,
             "batch": p.batch, "heads": p.heads, "dtype": p.dtype, "causal": p.causal,
             "extra_passes": list(p.extra_passes), "sram_bytes": p.sram_bytes,
             "block_rows": p.block_rows, "block_cols": p.block_cols,
@@ -153,19 +197,30 @@ class Report:
         }
         if p.algorithm == "standard":
             d["softmax_rows"] = p.softmax_rows
+            if p.pass_ != "fwd":
+                d["softmax_bwd_rows"] = standard_bwd.softmax_bwd_rows(
+                    p.seq_len, p.sram_bytes, p.elem_bytes)
         if p.gpu is not None:
             d["gpu"] = p.gpu.name
             d["predicted_time_s"] = self.predicted_time_s
         if self.max_abs_error is not None:
             d["max_abs_error"] = self.max_abs_error
+        if self.max_abs_errors is not None:
+            d["max_abs_error_by_tensor"] = dict(self.max_abs_errors)
         return d
 
 
 def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
          dtype: str = "fp32", sram: int | str | None = None, gpu: str | None = None,
          block_rows: int | None = None, block_cols: int | None = None, causal: bool = False,
-         extra_passes=()) -> Plan:
+         extra_passes=(), pass_: str = "fwd") -> Plan:
     """Validate a configuration and choose block sizes.
+
+    ``pass_`` is ``"fwd"`` (the forward), ``"bwd"`` (the backward alone: the forward's saved
+    tensors, such as P or O and L, are its inputs in HBM) or ``"fwd+bwd"`` (both, their
+    traffic added tensor by tensor). Both passes of a plan use the same tiles; with a
+    backward pass the default blocks follow the backward's rule, whose working set is the
+    larger.
 
     M (``sram``, bytes or a size such as ``"100KiB"``) comes from ``sram`` if given, else
     from the ``gpu`` preset (default ``"h200"`` when neither is given). Block sizes default
@@ -186,7 +241,9 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
         raise FlashsimError(
             f"extra passes ({','.join(passes)}) are for standard attention; "
             f"{algorithm} fuses scaling and masking")
-    module = ALGORITHMS[algorithm]
+    if pass_ not in PASSES:
+        raise FlashsimError(f"unknown pass {pass_!r}: choose one of {', '.join(PASSES)}")
+    module = ALGORITHMS[algorithm] if pass_ == "fwd" else BACKWARD[algorithm]
     Br0, Bc0 = module.default_blocks(N, d, M, b)
     Br = Br0 if block_rows is None else positive_int(block_rows, "block_rows")
     Bc = Bc0 if block_cols is None else positive_int(block_cols, "block_cols")
@@ -196,7 +253,7 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
             f"even 1 x 1 blocks need {module.working_set_bytes(1, 1, d, b)} B")
     rows = standard.softmax_rows(N, M, b) if algorithm == "standard" else 0
     p = Plan(algorithm, N, d, batch, heads, dtype, M, Br, Bc, bool(causal), passes, preset,
-             rows)
+             rows, pass_)
     ws = p.working_set()
     need = sum(size for _, size in ws)
     if need > M:
@@ -207,9 +264,18 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     return p
 
 
-def _check_inputs(Q, K, V, n: int, d: int):
-    arrays = []
-    for name, x in (("Q", Q), ("K", K), ("V", V)):
+def _execute(nest: _nest.Nest, hbm: dict, sram: int) -> _nest.Counts:
+    lead = hbm["Q"].shape[:-2]
+    for name, t in nest.tensors.items():
+        if name not in hbm:
+            # Poisoned: an element the algorithm forgets to write stays NaN.
+            hbm[name] = np.full(lead + (t.rows, t.cols), np.nan)
+    return _nest.execute(nest, hbm, sram_limit=sram)
+
+
+def _check_inputs(n: int, d: int, **named) -> dict:
+    arrays = {}
+    for name, x in named.items():
         a = np.asarray(x)
         if a.dtype.kind not in "fiu":
             raise FlashsimError(f"{name} must hold real numbers, got dtype {a.dtype}")
@@ -218,8 +284,8 @@ def _check_inputs(Q, K, V, n: int, d: int):
             raise FlashsimError(f"{name} has shape {a.shape}; expected (..., {n}, {d})")
         if not np.isfinite(a).all():
             raise FlashsimError(f"{name} contains NaN or Inf")
-        arrays.append(a)
-    if not (arrays[0].shape == arrays[1].shape == arrays[2].shape):
-        raise FlashsimError(
-            f"Q, K, V shapes differ: {arrays[0].shape}, {arrays[1].shape}, {arrays[2].shape}")
+        arrays[name] = a
+    if len({a.shape for a in arrays.values()}) != 1:
+        raise FlashsimError(f"{', '.join(arrays)} shapes differ: "
+                            + ", ".join(str(a.shape) for a in arrays.values()))
     return arrays

@@ -28,3 +28,25 @@ def logsumexp(Q, K, causal: bool = False) -> np.ndarray:
         S = np.where(np.tril(np.ones(S.shape[-2:], dtype=bool)), S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
     return m + np.log(np.exp(S - m).sum(axis=-1, keepdims=True))
+
+
+def attention_backward(Q, K, V, dO, causal: bool = False):
+    """(dQ, dK, dV) of ``phi`` with dO = d phi / dO, for O = softmax(Q K^T / sqrt(d)) V,
+    in float64, directly (FlashAttention paper, Appendix B.2).
+
+    Q, K, V, dO: (..., N, d). Returns dQ, dK, dV: (..., N, d).
+
+        P = softmax(S), S = tau Q K^T      dV = P^T dO       dP = dO V^T
+        dS = P o (dP - rowsum(P o dP))     dQ = tau dS K     dK = tau dS^T Q
+    """
+    Q, K, V, dO = (np.asarray(x, dtype=np.float64) for x in (Q, K, V, dO))
+    tau = 1.0 / np.sqrt(Q.shape[-1])
+    S = tau * (Q @ np.swapaxes(K, -1, -2))                             # (..., N, N)
+    if causal:
+        S = np.where(np.tril(np.ones(S.shape[-2:], dtype=bool)), S, -np.inf)
+    P = np.exp(S - S.max(axis=-1, keepdims=True))
+    P = P / P.sum(axis=-1, keepdims=True)
+    dV = np.swapaxes(P, -1, -2) @ dO
+    dP = dO @ np.swapaxes(V, -1, -2)
+    dS = P * (dP - (P * dP).sum(axis=-1, keepdims=True))
+    return tau * (dS @ K), tau * (np.swapaxes(dS, -1, -2) @ Q), dV

@@ -17,6 +17,11 @@ B_c = ceil(M / 4d) that is Theta(N^2 d^2 / M) (Theorem 2), and doubling M halves
 FLOPs: 4 d sum_j c_j rows(j), with c_j the columns of block j (4 N^2 d without a mask).
 SRAM working set: b (2 B_c d + 2 B_r d + B_r B_c) + 16 B_r
 (K_j, V_j, Q_i, O_i, S_ij and four statistics vectors: l_i, m_i, m~_ij, l~_ij).
+
+On a GPU no loop here is parallel: one thread block runs the whole nest for one head, as
+the original FlashAttention kernel did (every K/V block j updates every O_i, so the j loop
+cannot be split). With batch x heads smaller than the SM count, SMs sit idle: the reason
+FlashAttention-2 parallelises over Q blocks too.
 """
 
 from __future__ import annotations
