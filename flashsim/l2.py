@@ -201,6 +201,18 @@ class _LRU:
         return sum(nb for nb, dirty in self.lines.values() if dirty)
 
 
+def _note(step_keys: dict, k, nb: int, write: bool) -> None:
+    """Merge one request into this step's: a tile read and written in one step (flash1's
+    O_i) is read from DRAM first if it misses, then made dirty."""
+    seen = step_keys.get(k)
+    if seen is None:
+        step_keys[k] = [nb, not write, write]
+    elif write:
+        seen[2] = True
+    else:
+        seen[1] = True
+
+
 def _simulate(label: str, programs: list, heads: int, slots: int, capacity: int) -> LaunchTraffic:
     """Run one launch: ``programs[i]`` is block i's steps (the same for every head; keys get
     the head prepended). Blocks start in launch order (i fastest, then head)."""
@@ -249,11 +261,9 @@ def _simulate(label: str, programs: list, heads: int, slots: int, capacity: int)
                 if shared and (h, id(shared)) not in merged:
                     merged.add((h, id(shared)))
                     for key, nb, w in shared:
-                        k = (h,) + key
-                        if w or k not in step_keys:
-                            step_keys[k] = (nb, w)
+                        _note(step_keys, (h,) + key, nb, w)
                 for key, nb, w in private:
-                    step_keys[(h,) + key] = (nb, w)
+                    _note(step_keys, (h,) + key, nb, w)
                 if len(m) > pos + 1:
                     still.append(m)
             free += len(members) - len(still)
@@ -261,8 +271,11 @@ def _simulate(label: str, programs: list, heads: int, slots: int, capacity: int)
                 g[1], g[2] = still, pos + 1
                 alive.append(g)
         groups = alive
-        for k, (nb, w) in step_keys.items():
-            lru.access(k, nb, w)
+        for k, (nb, r, w) in step_keys.items():
+            if r:                       # a step loads before it stores
+                lru.access(k, nb, False)
+            if w:
+                lru.access(k, nb, True)
     t.l2_read_bytes, t.l2_write_bytes = rd, wr
     t.dirty_at_end_bytes = lru.dirty_bytes()
     return t

@@ -37,24 +37,23 @@ def naive_dram(plan, cap, slots):
                 h, prog, pos = a
                 shared, private, _, _ = prog[pos]
                 for key, nb, w in shared + private:
-                    k = (h,) + key
-                    if w or k not in reqs:
-                        reqs[k] = (nb, w)
+                    reqs.setdefault((h,) + key, [nb, set()])[1].add(w)
                 a[2] += 1
             active = [a for a in active if a[2] < len(a[1])]
-            for k, (nb, w) in reqs.items():
-                if k in cache:
-                    cache.move_to_end(k)
-                    cache[k][1] |= w
-                    continue
-                if not w:
-                    total_r += nb
-                cache[k] = [nb, w]
-                used += nb
-                while used > cap:
-                    _, (b, dirty) = cache.popitem(last=False)
-                    used -= b
-                    total_w += b if dirty else 0
+            for k, (nb, kinds) in reqs.items():
+                for w in sorted(kinds):          # reads (False) before writes (True)
+                    if k in cache:
+                        cache.move_to_end(k)
+                        cache[k][1] |= w
+                        continue
+                    if not w:
+                        total_r += nb
+                    cache[k] = [nb, w]
+                    used += nb
+                    while used > cap:
+                        _, (b, dirty) = cache.popitem(last=False)
+                        used -= b
+                        total_w += b if dirty else 0
     return total_r, total_w
 
 
@@ -102,6 +101,16 @@ def test_tiny_l2_sends_every_request_to_dram():
                       gpu="h200")
     rep = l2.simulate(p, l2_bytes=64 * 64 * 4, sms=1, blocks_per_sm=1)
     assert rep.dram_read_bytes == p.count().hbm_read_bytes
+
+
+def test_flash1_rereads_of_O_miss_when_a_head_does_not_fit():
+    """flash1 reads O_i and writes it back in one step, for every j: with an L2 far smaller
+    than one head's Q and O, every one of those reads reaches DRAM."""
+    p = flashsim.plan("flash1", 512, 64, batch=1, heads=4, block_rows=32, block_cols=32,
+                      gpu="h200")
+    rep = l2.simulate(p, l2_bytes=16 * 1024)
+    t = p.count().per_tensor
+    assert rep.dram_read_bytes >= t["Q"]["read_bytes"] + t["O"]["read_bytes"]
 
 
 def test_standard_streams_S_and_P_through_dram():

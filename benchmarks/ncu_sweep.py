@@ -1,0 +1,305 @@
+"""Hardware counters for every kernel of ours over a sweep, to hold the model against.
+
+On the GPU machine, from the repository root:
+
+    PYTHONPATH=. python3 benchmarks/ncu_sweep.py run --out $OUT
+
+runs the sweep once under Nsight Compute (``ncu --clock-control none``, its default cache
+control: L2 flushed and invalidated before every profiled kernel) and writes
+``$OUT/ncu_h200.json``: for each point (kernel family, algorithm, N, d, batch, heads,
+causal, dtype, the tiles it used) the launches it made, each with the counters
+
+    dram__bytes_read.sum, dram__bytes_write.sum        bytes that crossed DRAM
+    lts__t_sectors_srcunit_tex_op_read.sum / _write    32-byte L2 sectors the SMs asked for
+    gpu__time_duration.sum                             kernel time
+    launch__* (grid, block, registers, shared memory, occupancy limits)
+
+Measured values are written as ncu printed them and never edited. The model's predictions
+are not stored: ``flashsim.validation`` computes them from the points' configurations.
+
+``workload`` is the program ncu profiles: it checks each kernel on small inputs against
+the float64 reference first, then runs each point once inside the NVTX range ``m``,
+separated by a tiny marker kernel so that each profiled row can be assigned to its point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TOTAL_TOKENS, HIDDEN = 16384, 2048
+METRICS = [
+    "dram__bytes_read.sum", "dram__bytes_write.sum",
+    "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_sectors_srcunit_tex_op_write.sum",
+    "gpu__time_duration.sum",
+    "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
+    "launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic",
+    "launch__occupancy_limit_blocks", "launch__occupancy_limit_registers",
+    "launch__occupancy_limit_shared_mem", "launch__occupancy_limit_warps",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+]
+MARKER = "flashsim_point_marker"
+
+
+def sweep(quick: bool = False) -> list[dict]:
+    """The points: (kernel, N, d, causal, tiles). Batch and heads as the FA2 paper: 16k
+    tokens in total, hidden size 2048. ``quick``: a handful, to try the harness."""
+    if quick:
+        return [dict(p) for p in sweep() if p["N"] == 1024 and p["d"] == 64
+                and "experiment" not in p and not p["causal"]]
+    pts = []
+    Ns = (512, 1024, 2048, 4096, 8192, 16384)
+    for d in (64, 128):
+        for N in Ns:
+            for causal in (False, True):
+                pts.append(dict(kernel="cupy_flash2", N=N, d=d, causal=causal))
+                pts.append(dict(kernel="cupy_flash2_tc", N=N, d=d, causal=causal))
+                pts.append(dict(kernel="numba_flash2", N=N, d=d, causal=causal))
+            if N <= 8192:
+                pts.append(dict(kernel="cupy_standard", N=N, d=d, causal=False))
+                pts.append(dict(kernel="numba_standard", N=N, d=d, causal=False))
+            if N <= 2048:
+                pts.append(dict(kernel="cupy_flash1", N=N, d=d, causal=False))
+                pts.append(dict(kernel="numba_flash1", N=N, d=d, causal=False))
+    # The FlashAttention paper's block-size experiment (its Figure 2, middle: N = 1024,
+    # d = 64), on our kernels, batch x heads as above, block sizes swept.
+    for Br in (16, 32, 48, 64):
+        pts.append(dict(kernel="numba_flash2", N=1024, d=64, causal=False,
+                        block_rows=Br, block_cols=16, experiment="block_size"))
+    for bm, bn in ((64, 32), (64, 64), (128, 32), (128, 64), (128, 128)):
+        pts.append(dict(kernel="cupy_flash2_tc", N=1024, d=64, causal=False,
+                        block_rows=bm, block_cols=bn, experiment="block_size"))
+    for p in pts:
+        p["batch"] = TOTAL_TOKENS // p["N"] if p["N"] <= TOTAL_TOKENS else 1
+        p["heads"] = HIDDEN // p["d"]
+    return pts
+
+
+# ------------------------------------------------------------------ the workload (on the GPU)
+class Runner:
+    """Builds the launch for one point and reports the tiles it uses."""
+
+    def __init__(self):
+        import cupy
+
+        self.cp = cupy
+        self.marker = cupy.ElementwiseKernel("float32 x", "float32 y", "y = x + 1", MARKER)
+        self.scratch = cupy.zeros(32, dtype=cupy.float32)
+
+    def inputs(self, p, dtype):
+        cp = self.cp
+        rng = cp.random.default_rng(p["N"] * 1000 + p["d"])
+        shape = (p["batch"], p["heads"], p["N"], p["d"])
+        return tuple(rng.standard_normal(shape, dtype=cp.float32).astype(dtype) for _ in range(3))
+
+    def launcher(self, p):
+        """(fn that launches the point's kernels once, dict of the plan it follows)."""
+        k, N, d, causal = p["kernel"], p["N"], p["d"], p["causal"]
+        cp = self.cp
+        if k.startswith("cupy_") and k != "cupy_flash2_tc":
+            mod = __import__(f"gpu_kernels.{k}", fromlist=["x"])
+            plan = mod.plan(N, d, causal)
+            fn = {"cupy_standard": "standard_attention", "cupy_flash1": "flash1_attention",
+                  "cupy_flash2": "flash2_attention"}[k]
+            Q, K, V = self.inputs(p, cp.float32)
+            return (lambda: getattr(mod, fn)(Q, K, V, causal)), _plan_dict(plan)
+        if k == "cupy_flash2_tc":
+            from gpu_kernels import cupy_flash2_tc as tc
+            D = tc.defines(d, "float16", block_m=p.get("block_rows"), block_n=p.get("block_cols"))
+            Q, K, V = self.inputs(p, cp.float16)
+            return (lambda: tc.flash2_tc_attention(
+                Q, K, V, causal, block_m=D["BLOCK_M"], block_n=D["BLOCK_N"])), dict(
+                algorithm="flash2", dtype="fp16", block_rows=D["BLOCK_M"],
+                block_cols=D["BLOCK_N"], sram=None, gpu="h200", version=D["VERSION"])
+        if k.startswith("numba_"):
+            from numba import cuda
+            mod = __import__(f"gpu_kernels.{k}", fromlist=["x"])
+            shape = (p["batch"], p["heads"], N, d)
+            launch = mod.configure(shape, causal=causal, block_rows=p.get("block_rows"),
+                                   block_cols=p.get("block_cols"))
+            Q, K, V = (cuda.as_cuda_array(x.reshape(p["batch"] * p["heads"], N, d))
+                       for x in self.inputs(p, cp.float32))
+            return (lambda: launch.run(Q, K, V)), _plan_dict(launch.plan())
+        raise ValueError(k)
+
+    def mark(self):
+        self.marker(self.scratch, self.scratch)
+
+
+def _plan_dict(plan) -> dict:
+    return dict(algorithm=plan.algorithm, dtype=plan.dtype, block_rows=plan.block_rows,
+                block_cols=plan.block_cols, sram=plan.sram_bytes, gpu=None)
+
+
+def check_correctness(runner) -> list[dict]:
+    """Every kernel on small ragged inputs against the float64 reference, before profiling."""
+    import numpy as np
+
+    import flashsim
+    out = []
+    for k in sorted({p["kernel"] for p in sweep()}):
+        for causal in (False, True):
+            p = dict(kernel=k, N=200, d=64, causal=causal, batch=2, heads=2)
+            try:
+                fn, _ = runner.launcher(p)
+            except ImportError as e:
+                out.append(dict(kernel=k, causal=causal, skipped=str(e)))
+                continue
+            res = fn()
+            O = res[0] if isinstance(res, tuple) else res
+            O = np.asarray(runner.cp.asarray(O).get(), dtype=np.float64).reshape(2, 2, 200, 64)
+            Q, K, V = (np.asarray(x.get(), np.float64) for x in runner.inputs(
+                p, runner.cp.float16 if k.endswith("_tc") else runner.cp.float32))
+            ref = flashsim.reference.attention(Q, K, V, causal)
+            err = float(np.max(np.abs(O - ref)))
+            ok = err < (2e-2 if k.endswith("_tc") else 1e-4)
+            out.append(dict(kernel=k, causal=causal, max_abs_error=err, ok=ok))
+            print(f"check {k:16s} causal={causal!s:5s} max|O-ref| = {err:.2e} "
+                  f"{'ok' if ok else 'FAILED'}", flush=True)
+    return out
+
+
+def workload(manifest_path: str, quick: bool) -> None:
+    import cupy
+
+    runner = Runner()
+    manifest = {"correctness": check_correctness(runner), "points": []}
+    bad = {c["kernel"] for c in manifest["correctness"] if c.get("ok") is False}
+    pts = []
+    for p in sweep(quick):
+        if p["kernel"] in bad:
+            continue
+        try:
+            fn, plan = runner.launcher(p)
+            fn()                       # compile and warm up outside the profiled range
+            cupy.cuda.runtime.deviceSynchronize()
+        except Exception as e:         # noqa: BLE001 - record and go on: absent, not estimated
+            manifest.setdefault("skipped", []).append(dict(p, reason=f"{type(e).__name__}: {e}"))
+            continue
+        pts.append((p, fn, plan))
+    runner.mark()
+    cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.nvtx.RangePush("m")
+    for p, fn, plan in pts:
+        runner.mark()
+        fn()
+        manifest["points"].append(dict(p, plan=plan))
+    cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.nvtx.RangePop()
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+
+
+# ------------------------------------------------------------------ the driver
+def parse_ncu_csv(text: str) -> list[dict]:
+    """Rows of ``ncu --csv --page raw``: one per profiled kernel, metric columns."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    header, units, body = rows[0], rows[1], rows[2:]
+    out = []
+    for r in body:
+        rec = dict(zip(header, r))
+        row = {"kernel_name": rec.get("Kernel Name"), "id": rec.get("ID")}
+        for m in METRICS:
+            v = rec.get(m)
+            if v is None or v == "":
+                row[m] = None
+                continue
+            try:
+                row[m] = float(v.replace(",", ""))
+            except ValueError:
+                row[m] = v
+        row["units"] = {m: units[header.index(m)] for m in METRICS if m in header}
+        out.append(row)
+    return out
+
+
+def assign(rows: list[dict], points: list[dict]) -> list[dict]:
+    """Kernel rows between markers belong to the point the marker opened."""
+    out, cur = [], None
+    for row in rows:
+        if MARKER in (row["kernel_name"] or ""):
+            cur = len(out)
+            if cur >= len(points):
+                raise RuntimeError("more markers than points")
+            out.append(dict(points[cur], launches=[]))
+            continue
+        if cur is None:
+            raise RuntimeError(f"kernel {row['kernel_name']} before the first marker")
+        out[-1]["launches"].append(row)
+    if len(out) != len(points):
+        raise RuntimeError(f"{len(out)} markers for {len(points)} points")
+    return out
+
+
+def run(out_dir: str, quick: bool) -> None:
+    from benchmarks._provenance import provenance
+
+    manifest = os.path.join(out_dir, "manifest.json")
+    cmd = ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "m/",
+           "--metrics", ",".join(METRICS), "--csv", "--page", "raw",
+           sys.executable, os.path.abspath(__file__), "workload", "--manifest", manifest]
+    if quick:
+        cmd.append("--quick")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    with open(os.path.join(out_dir, "ncu_raw.csv"), "w") as f:
+        f.write(proc.stdout)
+    with open(os.path.join(out_dir, "ncu_stderr.txt"), "w") as f:
+        f.write(proc.stderr[-200000:])
+    print(proc.stderr[-3000:])
+    if proc.returncode != 0:
+        raise SystemExit(f"ncu exited {proc.returncode}")
+    with open(manifest) as f:
+        man = json.load(f)
+    points = assign(parse_ncu_csv(proc.stdout), man["points"])
+    import cupy
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    ncu_version = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout
+    prov = provenance(("numpy", "numba", "numba-cuda", "cupy-cuda13x", "torch"), {
+        "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+        "sms": props["multiProcessorCount"], "l2_bytes": props["l2CacheSize"],
+        "driver": _driver(), "ncu": ncu_version.strip().splitlines()[-1] if ncu_version else None,
+        "ncu_command": " ".join(cmd), "cuda_runtime":
+            cupy.cuda.runtime.runtimeGetVersion()})
+    data = {"provenance": prov, "metrics": METRICS, "correctness": man["correctness"],
+            "skipped": man.get("skipped", []), "points": points}
+    with open(os.path.join(out_dir, "ncu_h200.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    print(f"{len(points)} points, {sum(len(p['launches']) for p in points)} launches")
+
+
+def _driver() -> str | None:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("workload")
+    w.add_argument("--manifest", required=True)
+    w.add_argument("--quick", action="store_true")
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--quick", action="store_true", help="a handful of points")
+    a = ap.parse_args()
+    if a.cmd == "workload":
+        workload(a.manifest, a.quick)
+    else:
+        run(a.out, a.quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Predictions beside hardware counters: the model held against the committed H200 data.
+
+``benchmarks/ncu_sweep.py`` measured each kernel of ours with Nsight Compute and stored
+only measurements and each point's configuration. Everything predicted is computed here,
+from that configuration, by the same code as ``flashsim io`` (the L2 model in
+:mod:`flashsim.l2`, the time model in :mod:`flashsim.timing`), so a test and the notebook
+can both ask: does the model hold?
+
+One number per kernel is taken from the data, and said so: the compute efficiency (the
+fraction of the SMs' peak its code reaches), read off one reference point (N = 4096,
+d = 64, no mask) and then used for every other point of that kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from . import l2 as _l2
+from . import timing
+from .plan import plan as _plan
+
+DATASET = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "ncu_h200.json"
+REFERENCE = dict(N=4096, d=64, causal=False)
+SECTOR = 32
+
+
+def load(path=DATASET) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def point_plan(pt: dict):
+    c = pt["plan"]
+    sram = {"sram": c["sram"]} if c.get("sram") else {}
+    return _plan(c["algorithm"], pt["N"], pt["d"], batch=pt["batch"], heads=pt["heads"],
+                 dtype=c["dtype"], gpu="h200", block_rows=c["block_rows"],
+                 block_cols=c["block_cols"], causal=pt["causal"], **sram)
+
+
+def blocks_per_sm(launch: dict) -> int:
+    """Resident blocks per SM that the launch's resources allow (ncu's occupancy limits:
+    a property of the launch configuration, not of how it ran)."""
+    limits = [launch.get(f"launch__occupancy_limit_{k}")
+              for k in ("blocks", "registers", "shared_mem", "warps")]
+    return int(min(x for x in limits if x))
+
+
+def measured(pt: dict) -> dict:
+    ls = pt["launches"]
+    return {
+        "dram_read_bytes": sum(x["dram__bytes_read.sum"] for x in ls),
+        "dram_write_bytes": sum(x["dram__bytes_write.sum"] for x in ls),
+        "l2_read_bytes": SECTOR * sum(x["lts__t_sectors_srcunit_tex_op_read.sum"] for x in ls),
+        "l2_write_bytes": SECTOR * sum(x["lts__t_sectors_srcunit_tex_op_write.sum"] for x in ls),
+        "time_s": 1e-9 * sum(x["gpu__time_duration.sum"] for x in ls),
+    }
+
+
+def predicted(pt: dict, efficiency: float = 1.0) -> dict:
+    p = point_plan(pt)
+    launches = _l2.launches(p.nest())
+    occ = [blocks_per_sm(x) for x in pt["launches"]]
+    if len(occ) == len(launches):
+        bps = {label: b for (label, _, _), b in zip(launches, occ)}
+    else:   # extra launches (a fill kernel): the main kernel's occupancy for all
+        main = max(pt["launches"], key=lambda x: x["gpu__time_duration.sum"])
+        bps = blocks_per_sm(main)
+    rep = _l2.simulate(p, blocks_per_sm=bps)
+    t = timing.predict(p, timing.Efficiency(compute=efficiency), l2=rep)
+    return {
+        "dram_read_bytes": rep.dram_read_bytes, "dram_write_bytes": rep.dram_write_bytes,
+        "dirty_at_end_bytes": rep.dirty_at_end_bytes,
+        "l2_read_bytes": rep.l2_read_bytes, "l2_write_bytes": rep.l2_write_bytes,
+        "two_level_bytes": p.count().hbm_bytes,
+        "time_s": sum(x.seconds for x in t), "compute_s": sum(x.compute_s for x in t),
+    }
+
+
+def efficiencies(points: list[dict]) -> dict:
+    """Per kernel: predicted compute time at full peak over measured time, at the
+    reference point (at most 1)."""
+    out = {}
+    for pt in points:
+        if all(pt[k] == v for k, v in REFERENCE.items()) and "experiment" not in pt:
+            ideal = predicted(pt, 1.0)["compute_s"]
+            out[pt["kernel"]] = min(1.0, ideal / measured(pt)["time_s"])
+    return out
+
+
+def compare(data: dict | None = None) -> list[dict]:
+    """One row per point: configuration, measured, predicted."""
+    data = data or load()
+    pts = [p for p in data["points"] if p["launches"]]
+    eff = efficiencies(pts)
+    rows = []
+    for pt in pts:
+        if pt["kernel"] not in eff:
+            continue
+        rows.append({"point": pt, "efficiency": eff[pt["kernel"]], "measured": measured(pt),
+                     "predicted": predicted(pt, eff[pt["kernel"]])})
+    return rows
+
+
+def spearman(a, b) -> float:
+    ra = np.argsort(np.argsort(a)).astype(float)
+    rb = np.argsort(np.argsort(b)).astype(float)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def summary(rows: list[dict]) -> dict:
+    """The issue's targets, computed on ``rows``: worst relative errors and time ratios."""
+    def rel(key_pred, key_meas=None):
+        out = []
+        for r in rows:
+            m = r["measured"][key_meas or key_pred]
+            p = r["predicted"][key_pred]
+            out.append(abs(p - m) / m if m else float("inf"))
+        return out
+
+    dram = [abs((r["predicted"]["dram_read_bytes"] + r["predicted"]["dram_write_bytes"])
+                - (r["measured"]["dram_read_bytes"] + r["measured"]["dram_write_bytes"]))
+            / (r["measured"]["dram_read_bytes"] + r["measured"]["dram_write_bytes"])
+            for r in rows]
+    l2 = [abs((r["predicted"]["l2_read_bytes"] + r["predicted"]["l2_write_bytes"])
+              - (r["measured"]["l2_read_bytes"] + r["measured"]["l2_write_bytes"]))
+          / (r["measured"]["l2_read_bytes"] + r["measured"]["l2_write_bytes"]) for r in rows]
+    ratio = [r["predicted"]["time_s"] / r["measured"]["time_s"] for r in rows]
+    return {
+        "points": len(rows),
+        "dram_worst_rel_error": max(dram), "dram_within_10pct": sum(e <= 0.10 for e in dram),
+        "l2_worst_rel_error": max(l2), "l2_within_15pct": sum(e <= 0.15 for e in l2),
+        "time_ratio_min": min(ratio), "time_ratio_max": max(ratio),
+        "time_within_1_5x": sum(1 / 1.5 <= x <= 1.5 for x in ratio),
+        "time_spearman": spearman([r["predicted"]["time_s"] for r in rows],
+                                  [r["measured"]["time_s"] for r in rows]),
+    }
+
+
+def plot_predicted_vs_measured(rows: list[dict], quantity: str, ax=None):
+    """Log-log scatter, one colour per kernel, with the y = x line and a +-band."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    band = {"dram": 0.10, "l2": 0.15, "time": 0.5}[quantity]
+    kernels = sorted({r["point"]["kernel"] for r in rows})
+    for k in kernels:
+        sel = [r for r in rows if r["point"]["kernel"] == k]
+        if quantity == "time":
+            x = [r["measured"]["time_s"] for r in sel]
+            y = [r["predicted"]["time_s"] for r in sel]
+        else:
+            x = [r["measured"][f"{quantity}_read_bytes"] + r["measured"][f"{quantity}_write_bytes"]
+                 for r in sel]
+            y = [r["predicted"][f"{quantity}_read_bytes"] + r["predicted"][f"{quantity}_write_bytes"]
+                 for r in sel]
+        ax.scatter(x, y, s=14, label=k)
+    lo, hi = ax.get_xlim()
+    xs = np.geomspace(max(lo, 1e-12), hi, 50)
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, xs * (1 - band) if quantity != "time" else xs / 1.5,
+                    xs * (1 + band), color="k", alpha=0.08)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    unit = "s" if quantity == "time" else "bytes"
+    ax.set_xlabel(f"measured {quantity} ({unit})")
+    ax.set_ylabel(f"predicted {quantity} ({unit})")
+    ax.legend(fontsize=7)
+    return ax
+
+
+def gpu_present() -> bool:
+    """Asked only when called (never at import): is a CUDA GPU usable through CuPy?"""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no"
+        return False
+
+
+def live_times(points: list[dict], repeats: int = 20) -> list[dict]:
+    """Time ``points`` (dicts with kernel, N, d, causal, batch, heads) on this machine's GPU:
+    warm-up, CUDA events, L2 flushed before each repeat, median. Correctness is checked
+    by the benchmarks; this is the notebook's live view."""
+    import cupy
+
+    import benchmarks.ncu_sweep as sweep   # noqa: PLC0415 - only with a GPU
+
+    runner = sweep.Runner()
+    flush = cupy.empty(256 * 2**20, dtype=cupy.uint8)
+    out = []
+    for p in points:
+        fn, _ = runner.launcher(p)
+        fn()
+        times = []
+        for _ in range(repeats):
+            flush.fill(1)
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+        out.append(dict(p, time_s=float(np.median(times))))
+    return out
