@@ -1,0 +1,638 @@
+"""Pictures for the notebooks (matplotlib, imported lazily: ``import flashsim`` stays light).
+
+Each picture is a class built once on a matplotlib Figure and redrawn by ``update(view)``
+from a view dict of :mod:`flashsim.widgets`. Artists are created once and only their data
+change, so a slider's redraw stays fast (a fresh Axes costs tens of milliseconds).
+
+    fig = flashsim.pictures.figure((9, 4.6))
+    flashsim.pictures.SramPicture(fig).update(flashsim.widgets.sram_view(seq_len=4096))
+    fig.savefig("sram.png")
+
+:func:`draw` does the three lines at once; ``docs/make_figures.py`` uses it for the README.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COLORS = {"standard": "#d62728", "flash1": "#1f77b4", "flash2": "#2ca02c"}
+LABELS = {"standard": "standard attention", "flash1": "FlashAttention (Alg. 1)",
+          "flash2": "FlashAttention-2"}
+
+
+def figure(figsize=(9.0, 4.0), dpi: int = 80):
+    """A Figure on the Agg canvas, independent of pyplot (no global state, no display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def draw(picture, view: dict, figsize=(9.0, 4.0), dpi: int = 80):
+    """A new figure with ``picture`` (a class of this module) drawn from ``view``."""
+    fig = figure(figsize, dpi)
+    picture(fig).update(view)
+    return fig
+
+
+class LayeredRenderer:
+    """Redraw a figure in layers, so a slider re-renders only what it changed (blitting).
+
+    A picture may define ``layers(view) -> [(key, [artist, ...]), ...]``, back to front,
+    and ``base_key(view)``. Everything not in a layer is the base. A layer whose key equals
+    the one drawn last time is restored from a saved copy of the canvas instead of being
+    drawn again; a key of None means "always redraw" (and so does every layer after a
+    changed one). Text is what costs: with matplotlib 3.11 a label takes a millisecond or
+    more, so the axes' tick labels and legends stay in the saved copies."""
+
+    def __init__(self, fig):
+        self.fig = fig
+        self.keys: list | None = None
+        self.saved: list = []
+
+    def render(self, picture, view: dict) -> None:
+        canvas = self.fig.canvas
+        layers = list(getattr(picture, "layers", lambda v: [])(view))
+        keys = [getattr(picture, "base_key", lambda v: 0)(view)] + [k for k, _ in layers]
+        for _, artists in layers:
+            for a in artists:
+                a.set_animated(True)               # left out of canvas.draw()
+        start = 0
+        if self.keys is not None and len(self.keys) == len(keys):
+            while start < len(keys) and keys[start] is not None and keys[start] == self.keys[start]:
+                start += 1
+        start = min(start, len(keys) - 1)          # the top layer is always drawn
+        if start == 0:
+            canvas.draw()
+            self.saved = [canvas.copy_from_bbox(self.fig.bbox)]
+        else:
+            canvas.restore_region(self.saved[start - 1])
+            del self.saved[start:]
+        for level in range(max(start, 1), len(keys)):
+            for a in layers[level - 1][1]:
+                self.fig.draw_artist(a)
+            if level < len(keys) - 1:
+                self.saved.append(canvas.copy_from_bbox(self.fig.bbox))
+        self.keys = keys
+
+    def png(self) -> bytes:
+        """The canvas as PNG bytes (fast zlib level: these images live for a moment)."""
+        import io
+
+        from PIL import Image
+        canvas = self.fig.canvas
+        w, h = canvas.get_width_height(physical=True)
+        img = Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+        buf = io.BytesIO()
+        img.save(buf, format="png", compress_level=1)
+        return buf.getvalue()
+
+
+def png(fig, dpi: int | None = None) -> bytes:
+    """The figure as PNG bytes (a full draw)."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi or fig.dpi)
+    return buf.getvalue()
+
+
+def show(fig):
+    """Something a notebook cell displays: the figure as an IPython PNG image (works with
+    any matplotlib backend, and headless)."""
+    from IPython.display import Image
+    return Image(data=png(fig))
+
+
+def bytes_label(x: float) -> str:
+    """``3 * 2**30`` -> ``3 GiB``; three significant digits at most."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} B"
+
+
+def _log2_bytes_axis(axis, numticks: int = 8) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+    axis.set_major_locator(LogLocator(base=2, subs=(1.0,), numticks=numticks))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(FuncFormatter(lambda x, _: bytes_label(x)))
+
+
+def _pow2_axis(axis, values) -> None:
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    axis.set_major_locator(FixedLocator(list(values)))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{int(x):,}" if x < 2**10 else
+                                           f"{int(x) // 2**10}K"))
+
+
+def _nice_step(span: float, ticks: int = 5) -> float:
+    """A power of two times 1 or 1.5... simply: the power of two nearest span / ticks, so
+    byte axes read 256 KiB, 512 KiB, ... rather than 97.7 KiB."""
+    return float(2 ** round(np.log2(max(span, 1) / ticks)))
+
+
+def _log_limits(values, pad: float = 1.6) -> tuple[float, float]:
+    v = np.concatenate([np.ravel(np.asarray(a, float)) for a in values])
+    v = v[v > 0]
+    return v.min() / pad, v.max() * pad
+
+
+# ===================================================================== 01 memory
+
+def memory_hierarchy(rows: list[dict], figsize=(10.0, 3.8), dpi: int = 80):
+    """Two bar charts (log scale): capacity and bandwidth of SRAM and HBM per GPU preset.
+    ``rows`` from :func:`flashsim.widgets.memory_table`. Returns the figure."""
+    fig = figure(figsize, dpi)
+    ax1, ax2 = fig.subplots(1, 2)
+    y = np.arange(len(rows))
+    for ax, pairs, title in (
+            (ax1, (("sram_total", "SRAM (all SMs)"), ("l2_bytes", "L2"),
+                   ("hbm_capacity", "HBM")), "capacity (bytes)"),
+            (ax2, (("sram_bandwidth", "SRAM"), ("hbm_bandwidth", "HBM")),
+             "bandwidth (bytes/s)")):
+        h = 0.8 / len(pairs)
+        for k, (key, label) in enumerate(pairs):
+            vals = [r[key] for r in rows]
+            ax.barh(y + (k - (len(pairs) - 1) / 2) * h, vals, height=h, label=label)
+            for yy, v in zip(y + (k - (len(pairs) - 1) / 2) * h, vals):
+                text = (bytes_label(v) if key != "hbm_capacity" else f"{v / 1e9:.0f} GB") \
+                    if "bandwidth" not in key else f"{v / 1e12:.1f} TB/s"
+                ax.text(v * 1.1, yy, text, va="center", fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yticks(y, [r["gpu"] for r in rows])
+        ax.set_title(title)
+        ax.legend(loc="lower right", fontsize=8)
+        ax.set_xlim(right=ax.get_xlim()[1] * 20)
+    fig.tight_layout()
+    return fig
+
+
+class RooflinePicture:
+    """Attainable FLOP/s against arithmetic intensity; the three algorithms as points."""
+
+    def __init__(self, fig):
+        from matplotlib.ticker import FuncFormatter, NullLocator
+        self.ax = ax = fig.add_subplot(111)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e12:g} TFLOP/s"))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlim(1, 1e4)
+        ax.set_xlabel("arithmetic intensity I = FLOPs / HBM bytes")
+        ax.set_ylabel("attainable FLOP/s")
+        self.roof, = ax.plot([], [], color="black", lw=2)
+        self.ridge = ax.axvline(1.0, color="gray", ls=":")
+        self.points = {a: ax.plot([], [], "o", ms=9, color=c, label=LABELS[a])[0]
+                       for a, c in COLORS.items()}
+        offsets = {"standard": (8, -4), "flash1": (-10, 10), "flash2": (8, -16)}
+        self.notes = {a: ax.annotate("", (1, 1), xytext=offsets[a], textcoords="offset points",
+                                     fontsize=8, color=COLORS[a],
+                                     ha="right" if a == "flash1" else "left")
+                      for a in COLORS}
+        self.title = ax.set_title("", fontsize=9)
+        ax.legend(loc="lower right", fontsize=8)
+        fig.subplots_adjust(left=0.16, right=0.97, top=0.91, bottom=0.12)
+
+    def layers(self, v: dict) -> list:
+        return [((v["gpu"], v["dtype"]), [self.ax.yaxis, self.roof, self.ridge]),
+                (None, [*self.points.values(), *self.notes.values(), self.title])]
+
+    def update(self, v: dict) -> None:
+        I = np.geomspace(1, 1e4, 64)
+        self.roof.set_data(I, np.minimum(v["peak"], I * v["bandwidth"]))
+        self.ridge.set_xdata([v["ridge"], v["ridge"]])
+        self.ax.set_ylim(v["peak"] / 2000, v["peak"] * 3)
+        for alg, a in v["algs"].items():
+            self.points[alg].set_data([a["intensity"]], [a["attainable"]])
+            self.notes[alg].xy = (a["intensity"], a["attainable"])
+            self.notes[alg].set_text(f"I = {a['intensity']:.0f}, {a['bound']}-bound")
+        self.title.set_text(f"{v['gpu_name']}, {v['dtype']}, N = {v['seq_len']}, "
+                            f"d = {v['head_dim']}: min(peak, I x bandwidth), ridge at "
+                            f"{v['ridge']:.0f} FLOP/byte")
+
+
+# ===================================================================== 02 standard
+
+SEGMENTS = (("Q, K, V, O, L", "#7f7f7f"), ("S", "#ff9896"), ("S_scaled", "#c49c94"),
+            ("S_masked", "#f7b6d2"), ("P", "#d62728"))
+
+
+class StandardTrafficPicture:
+    """Left: standard attention's HBM bytes by tensor, as shares of its total (stacked),
+    beside FlashAttention-2's total on the same scale. Right: total traffic against N,
+    log-log, with the compulsory floor. Moving N redraws only the bars and the marks."""
+
+    def __init__(self, fig):
+        from matplotlib.ticker import PercentFormatter
+        self.ax, self.ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
+        ax = self.ax
+        self.bars = {name: ax.barh([1, 0], [0, 0], color=c, label=name, height=0.6)
+                     for name, c in SEGMENTS}
+        ax.set_yticks([1, 0], ["standard", "flash2"])
+        ax.set_ylim(-0.6, 2.1)
+        ax.set_xlim(0, 1.5)
+        ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
+        ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_xlabel("share of standard attention's HBM bytes")
+        ax.legend(loc="upper center", fontsize=7, ncol=5, handlelength=1, columnspacing=0.8)
+        self.totals = [ax.text(0, y, "", va="center", fontsize=8) for y in (1, 0)]
+        self.title = ax.set_title("", fontsize=9)
+        ax2 = self.ax2
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        self.lines = {"standard": ax2.plot([], [], color=COLORS["standard"],
+                                           label="standard")[0],
+                      "flash2": ax2.plot([], [], color=COLORS["flash2"], label="flash2")[0],
+                      "floor": ax2.plot([], [], "k:", label="floor 4Nd·b")[0]}
+        self.marks = ax2.plot([], [], "o", color="black", ms=5)[0]
+        self.now = ax2.axvline(1, color="gray", lw=0.8)
+        _pow2_axis(ax2.xaxis, [2**k for k in range(8, 17, 2)])
+        _log2_bytes_axis(ax2.yaxis)
+        ax2.set_xlabel("sequence length N")
+        ax2.set_title("HBM bytes against N (one head)", fontsize=9)
+        ax2.legend(loc="upper left", fontsize=8)
+        fig.subplots_adjust(left=0.08, right=0.98, top=0.92, bottom=0.13, wspace=0.25)
+
+    def layers(self, v: dict) -> list:
+        return [((v["head_dim"], v["dtype"], v["passes"]),
+                 [self.ax2.yaxis, *self.lines.values()]),
+                (None, [*(r for b in self.bars.values() for r in b.patches), *self.totals,
+                        self.title, self.marks, self.now])]
+
+    def update(self, v: dict) -> None:
+        t, total = v["per_tensor"], v["hbm_bytes"]
+        rw = {k: x["read_bytes"] + x["write_bytes"] for k, x in t.items()}
+        seg_std = {"Q, K, V, O, L": sum(rw.get(k, 0) for k in "QKVO"),
+                   **{k: rw.get(k, 0) for k in ("S", "S_scaled", "S_masked", "P")}}
+        left = 0.0
+        for name, _ in SEGMENTS:
+            rect_std, rect_f2 = self.bars[name].patches
+            rect_std.set_x(left)
+            rect_std.set_width(seg_std[name] / total)
+            rect_f2.set_width(v["flash2_bytes"] / total if name == "Q, K, V, O, L" else 0)
+            left += seg_std[name] / total
+        self.totals[0].set_position((1.02, 1))
+        self.totals[0].set_text(f"{bytes_label(total)}\nN x N: {v['square_passes']:.0f} passes")
+        self.totals[1].set_position((v["flash2_bytes"] / total + 0.02, 0))
+        self.totals[1].set_text(f"{bytes_label(v['flash2_bytes'])} ({v['ratio']:.1f}x less)")
+        passes = "+".join(v["passes"]) or "no extra passes"
+        self.title.set_text(f"N = {v['seq_len']}, d = {v['head_dim']}, {v['dtype']}, "
+                            f"{passes}: HBM bytes by tensor")
+        c = v["curve"]
+        for k in ("standard", "flash2", "floor"):
+            self.lines[k].set_data(c["seq_len"], c[k])
+        n = v["seq_len"]
+        self.now.set_xdata([n, n])
+        self.marks.set_data([n, n], [total, v["flash2_bytes"]])
+        self.ax2.set_xlim(c["seq_len"][0] / 1.3, c["seq_len"][-1] * 1.3)
+        self.ax2.set_ylim(*_log_limits([c["floor"], c["standard"]]))
+
+
+# ===================================================================== 03 online softmax
+
+class OnlineSoftmaxPicture:
+    """Top: the logits x_j, the current block shaded, m_old and m_new as lines. Bottom:
+    softmax of the prefix seen so far (bars) against the final softmax (ticks). Right: m,
+    l and alpha as numbers."""
+
+    def __init__(self, fig):
+        self.fig = fig
+        self.n = 0
+
+    def _build(self, n: int) -> None:
+        """Artists for up to ``n`` elements; a shorter input hides the rest (no rebuild)."""
+        from matplotlib.patches import Rectangle
+        fig = self.fig
+        fig.clear()
+        gs = fig.add_gridspec(2, 2, width_ratios=[3, 1.3], hspace=0.35, left=0.11,
+                              right=0.98, top=0.93, bottom=0.1, wspace=0.08)
+        self.ax = ax = fig.add_subplot(gs[0, 0])
+        self.ax2 = ax2 = fig.add_subplot(gs[1, 0], sharex=ax)
+        tax = fig.add_subplot(gs[:, 1])
+        tax.axis("off")
+        j = np.arange(n)
+        self.span = Rectangle((0, 0), 1, 1, transform=ax.get_xaxis_transform(),
+                              color="#ffe0b2", zorder=0)
+        ax.add_patch(self.span)
+        self.dots = ax.scatter(j, np.zeros(n), s=22, zorder=3)
+        self.m_old = ax.axhline(0, color="#ff7f0e", ls="--", lw=1.2)
+        self.m_new = ax.axhline(0, color="#d62728", lw=1.2)
+        self.m_old_label = ax.text(n - 0.5, 0, "m_old", color="#ff7f0e", ha="right",
+                                   va="top", fontsize=8)
+        self.m_new_label = ax.text(n - 0.5, 0, "m_new", color="#d62728", ha="right",
+                                   va="bottom", fontsize=8)
+        ax.ticklabel_format(axis="y", useOffset=False)
+        ax.set_ylabel("logit x_j")
+        self.title = ax.set_title("", fontsize=9)
+        self.bars = ax2.bar(j, np.zeros(n), width=0.8, color="#1f77b4")
+        self.final, = ax2.plot(j, np.zeros(n), "_", color="black", ms=9, mew=2)
+        ax2.set_xlim(-0.7, n - 0.3)
+        ax2.set_xlabel("element j")
+        ax2.set_ylabel("y_j")
+        tax.text(0.0, 0.0, "top: orange = this block,\n     blue = seen, grey = not yet\n"
+                           "bottom: bars = softmax of the\n  prefix seen so far; black\n"
+                           "  ticks = softmax(x), the answer", va="bottom", fontsize=8,
+                 transform=tax.transAxes)
+        self.text = tax.text(0.0, 1.0, "", va="top", family="monospace", fontsize=8.5,
+                             transform=tax.transAxes)
+        self.n = n
+
+    def base_key(self, v: dict):
+        return id(self.ax)                     # new axes only past 64 elements
+
+    def layers(self, v: dict) -> list:
+        return [((v["example"], len(v["x"]), v["block"]),
+                 [self.ax.xaxis, self.ax.yaxis, self.ax2.xaxis, self.ax2.yaxis, self.final]),
+                (None, [self.span, self.dots, self.m_old, self.m_new, self.m_old_label,
+                        self.m_new_label, *self.bars, self.title, self.text])]
+
+    def update(self, v: dict) -> None:
+        x = v["x"]
+        n = len(x)
+        if n > self.n:
+            self._build(max(n, 64))
+        lo, hi = v["lo"], v["hi"]
+        colors = np.array(["#1f77b4"] * hi + ["#c7c7c7"] * (n - hi), dtype=object)
+        colors[lo:hi] = "#ff7f0e"
+        self.dots.set_offsets(np.column_stack([np.arange(n), x]))
+        self.dots.set_facecolors(list(colors))
+        self.ax2.set_xlim(-0.7, n - 0.3)
+        for label in (self.m_old_label, self.m_new_label):
+            label.set_x(n - 0.5)
+        self.span.set_x(lo - 0.5)
+        self.span.set_width(hi - lo)
+        for line, label, m in ((self.m_old, self.m_old_label, v["m_old"]),
+                               (self.m_new, self.m_new_label, v["m_new"])):
+            line.set_visible(np.isfinite(m))
+            label.set_visible(np.isfinite(m))
+            if np.isfinite(m):
+                line.set_ydata([m, m])
+                label.set_y(m)
+        pad = max(0.5, 0.08 * (x.max() - x.min()))
+        self.ax.set_ylim(x.min() - pad, x.max() + 2.5 * pad)
+        y = np.zeros(len(self.bars))
+        y[:hi] = v["y"]
+        for k, (bar, h) in enumerate(zip(self.bars, y)):
+            bar.set_height(h)
+            bar.set_visible(k < n)
+            bar.set_color("#ff7f0e" if lo <= k < hi else "#1f77b4")
+        self.final.set_data(np.arange(n), v["softmax"])
+        self.ax2.set_ylim(0, 1.15 * max(v["y_top"], v["softmax"].max()))
+        self.title.set_text(f"{v['example']}: block {v['k']} of {v['steps']} "
+                            f"(x[{lo}:{hi}]), block size {v['block']}")
+        rose = ("the max rose: old state rescaled" if v["m_new"] > v["m_old"]
+                else "the max did not change: alpha = 1")
+        lines = [
+            f"m_old = {v['m_old']:.6g}",
+            f"m_new = max(m_old, max x[{lo}:{hi}])",
+            f"      = {v['m_new']:.6g}",
+            "alpha = e^(m_old - m_new)",
+            f"      = {v['alpha']:.6g}",
+            rose, "",
+            f"l_old = {v['l_old']:.6g}",
+            "l = alpha l_old + sum e^(x-m_new)",
+            f"  = {v['l']:.6g}", "",
+            f"o / l = softmax(x[:{hi}]) . v[:{hi}]",
+            f"      = {v['output']:.6g}",
+        ]
+        if hi == n:
+            err = np.abs(v["y"] - v["softmax"]).max()
+            lines += ["", "last step:", f"max |y - softmax(x)| = {err:.1e}"]
+        self.text.set_text("\n".join(lines))
+
+
+# ===================================================================== 04 SRAM and tiles
+
+class SramPicture:
+    """HBM bytes against the SRAM size M (log-log) for the three algorithms, Theorem 2's
+    c N^2 d^2 / M and the compulsory floor; the current M marked, block sizes noted."""
+
+    def __init__(self, fig):
+        from matplotlib.ticker import FuncFormatter
+        self.ax = ax = fig.add_subplot(111)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        self.lines = {a: ax.plot([], [], color=c, lw=2, label=LABELS[a])[0]
+                      for a, c in COLORS.items()}
+        self.theorem = ax.plot([], [], color=COLORS["flash1"], ls="--", lw=1,
+                               label="Theorem 2: c N²d²/M")[0]
+        self.floor = ax.axhline(1, color="black", ls=":", lw=1.2,
+                                label="floor: Q, K, V read, O written once")
+        self.now = ax.axvline(1, color="gray", lw=1)
+        self.marks = {a: ax.plot([], [], "o", color=c, ms=7)[0] for a, c in COLORS.items()}
+        _pow2_axis(ax.xaxis, [2**k for k in range(14, 21)])
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: bytes_label(x)))
+        _log2_bytes_axis(ax.yaxis)
+        ax.set_xlim(2**14 / 1.15, 2**20 * 1.15)
+        ax.set_xlabel("SRAM per thread block, M")
+        ax.set_ylabel("HBM traffic (bytes read + written)")
+        ax.grid(True, alpha=0.25)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+        self.title = ax.set_title("", fontsize=10)
+        self.note = fig.text(0.695, 0.52, "", ha="left", va="top", family="monospace",
+                             fontsize=8)
+        fig.subplots_adjust(left=0.1, right=0.68, top=0.91, bottom=0.12)
+
+    def layers(self, v: dict) -> list:
+        return [((v["seq_len"], v["head_dim"], v["dtype"], v["causal"]),
+                 [self.ax.yaxis, *self.lines.values(), self.theorem, self.floor, self.title]),
+                (None, [self.now, *self.marks.values(), self.note])]
+
+    def update(self, v: dict) -> None:
+        sizes = v["sizes"]
+        for alg, line in self.lines.items():
+            line.set_data(sizes, v["curves"][alg])
+            self.marks[alg].set_data([v["sram"]], [v["bytes"][alg]])
+        self.theorem.set_data(sizes, v["theorem2"])
+        self.floor.set_ydata([v["floor"], v["floor"]])
+        self.now.set_xdata([v["sram"], v["sram"]])
+        self.ax.set_ylim(*_log_limits([v["floor"], *v["curves"].values()], pad=1.4))
+        self.title.set_text(f"N = {v['seq_len']}, d = {v['head_dim']}, {v['dtype']}"
+                            f"{', causal' if v['causal'] else ''}, one head: "
+                            f"HBM traffic against SRAM size")
+        lines = [f"M = {bytes_label(v['sram'])} = {v['sram']:,} B", ""]
+        for alg in COLORS:
+            br, bc = v["blocks"][alg]
+            lines.append(f"{alg:<8}  B_r={br:<4} B_c={bc}")
+            lines.append(f"{'':8}  HBM {bytes_label(v['bytes'][alg])}")
+        lines += ["", f"floor     {bytes_label(v['floor'])}",
+                  f"Theorem 2 c = {v['c']:.3g} (fitted)"]
+        self.note.set_text("\n".join(lines))
+
+
+TILE_COLORS = ("#ffffff", "#9ecae1", "#ff7f0e", "#d9d9d9",      # even (i + j)
+               "#f0f0f0", "#7fb4d8", "#e6550d", "#c6c6c6")      # odd: a checkerboard
+
+
+class TilePicture:
+    """The score matrix S cut into B_r x B_c tiles: done, current, not yet, and skipped
+    (fully masked) tiles; beside it Q, K, V and O with the rows that are in SRAM now."""
+
+    def __init__(self, fig):
+        from matplotlib.colors import ListedColormap
+        gs = fig.add_gridspec(1, 5, width_ratios=[7, 0.6, 0.6, 0.6, 0.6], wspace=0.25,
+                              bottom=0.22, top=0.86, left=0.08, right=0.97)
+        self.ax = ax = fig.add_subplot(gs[0])
+        self.grid = ax.imshow(np.zeros((1, 1)), cmap=ListedColormap(TILE_COLORS), vmin=0,
+                              vmax=7, interpolation="nearest", extent=(0, 1, 1, 0),
+                              aspect="equal")
+        ax.set_xlabel("keys: columns of S = rows of K, V")
+        ax.set_ylabel("queries: rows of S = rows of Q, O")
+        self.title = fig.text(0.08, 0.985, "", va="top", fontsize=9)
+        self.strips = {}
+        strip_cmap = ListedColormap(["#ffffff", "#ff7f0e", "#a1d99b"])
+        first = None
+        for k, name in enumerate("QKVO"):
+            sax = fig.add_subplot(gs[k + 1], sharey=first)
+            first = first or sax
+            self.strips[name] = sax.imshow(np.zeros((1, 1)), cmap=strip_cmap, vmin=0, vmax=2,
+                                           interpolation="nearest", extent=(0, 1, 1, 0),
+                                           aspect="auto")
+            sax.set_xticks([])
+            sax.set_title(name, fontsize=10)
+            sax.tick_params(labelsize=7, labelleft=(k == 0))
+            self.strips[name + "_ax"] = sax
+        self.text = fig.text(0.08, 0.02, "", family="monospace", fontsize=8)
+
+    def base_key(self, v: dict):
+        return (v["algorithm"], v["seq_len"], v["head_dim"], v["dtype"], v["sram"],
+                v["causal"])
+
+    def layers(self, v: dict) -> list:
+        return [(None, [self.grid, *(self.strips[n] for n in "QKVO"), self.text])]
+
+    def update(self, v: dict) -> None:
+        N, Br, Bc = v["seq_len"], v["block_rows"], v["block_cols"]
+        st = v["state"]
+        Tr, Tc = st.shape
+        checker = (np.add.outer(np.arange(Tr), np.arange(Tc)) % 2) * 4
+        self.grid.set_data(st + checker)
+        self.grid.set_extent((0, Tc * Bc, Tr * Br, 0))
+        self.ax.set_xlim(0, N)
+        self.ax.set_ylim(N, 0)
+        for name in "QKVO":
+            B = Bc if name in "KV" else Br
+            T = Tc if name in "KV" else Tr
+            col = np.zeros((T, 1))
+            if name == "O":
+                col[v["o_writes"] > 0, 0] = 2                 # written to HBM at least once
+            for tensor, (r0, _) in v["held"]:
+                if tensor == name:
+                    col[r0 // B, 0] = 1
+            self.strips[name].set_data(col)
+            self.strips[name].set_extent((0, 1, T * B, 0))
+            self.strips[name + "_ax"].set_ylim(N, 0)
+        self.title.set_text(
+            f"{v['algorithm']}, N = {N}, d = {v['head_dim']}, {v['dtype']}, M = "
+            f"{bytes_label(v['sram'])}{', causal' if v['causal'] else ''}\n"
+            f"B_r = {Br}, B_c = {Bc}: {Tr} x {Tc} tiles, {v['skipped']} skipped (grey)")
+        held = ", ".join(f"{t}[{r0}:{r1}]" for t, (r0, r1) in v["held"])
+        self.text.set_text(
+            f"step {v['step']} of {v['steps']}: tile (i, j) = ({v['i']}, {v['j']}) (orange)\n"
+            f"in SRAM (orange strips): {held}\n"
+            f"HBM so far: read {bytes_label(v['read_bytes'])} of "
+            f"{bytes_label(v['total_read'])}, written {bytes_label(v['written_bytes'])} of "
+            f"{bytes_label(v['total_written'])}; green: O rows written")
+
+
+# ===================================================================== 05 FlashAttention-2
+
+class LoopOrderPicture:
+    """HBM bytes by tensor, flash1 against flash2 (read solid, write hatched)."""
+
+    TENSORS = ("Q", "K", "V", "O", "l", "m", "L")
+
+    def __init__(self, fig):
+        from matplotlib.ticker import FuncFormatter
+        self.ax = ax = fig.add_subplot(111)
+        y = np.arange(len(self.TENSORS))[::-1].astype(float)
+        self.y = y
+        self.read, self.write, self.notes = {}, {}, {}
+        for alg, off in (("flash1", 0.2), ("flash2", -0.2)):
+            c = COLORS[alg]
+            self.read[alg] = ax.barh(y + off, np.zeros(len(y)), height=0.38, color=c,
+                                     label=f"{alg} read")
+            self.write[alg] = ax.barh(y + off, np.zeros(len(y)), height=0.38, color="white",
+                                      edgecolor=c, hatch="///", label=f"{alg} write")
+            self.notes[alg] = [ax.text(0, yy + off, "", va="center", fontsize=7)
+                               for yy in y]
+        ax.set_yticks(y, self.TENSORS)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: bytes_label(x)))
+        ax.legend(loc="lower right", fontsize=8)
+        self.title = ax.set_title("", fontsize=9)
+        fig.subplots_adjust(left=0.06, right=0.97, top=0.92, bottom=0.08)
+
+    def layers(self, v: dict) -> list:
+        return [(None, [self.ax.xaxis, self.title,
+                        *(r for b in (*self.read.values(), *self.write.values())
+                          for r in b.patches),
+                        *(t for ts in self.notes.values() for t in ts)])]
+
+    def update(self, v: dict) -> None:
+        from matplotlib.ticker import MultipleLocator
+        top = 1.0
+        for alg in ("flash1", "flash2"):
+            t = v["per_tensor"][alg]
+            for k, name in enumerate(self.TENSORS):
+                r = t.get(name, {}).get("read_bytes", 0)
+                w = t.get(name, {}).get("write_bytes", 0)
+                self.read[alg].patches[k].set_width(r)
+                self.write[alg].patches[k].set_x(r)
+                self.write[alg].patches[k].set_width(w)
+                note = self.notes[alg][k]
+                note.set_x(r + w)
+                note.set_text(f" {bytes_label(r + w)}" if name in t else "")
+                top = max(top, r + w)
+        self.ax.set_xlim(0, top * 1.3)
+        self.ax.xaxis.set_major_locator(MultipleLocator(_nice_step(top * 1.3)))
+        self.title.set_text(
+            f"N = {v['seq_len']}, d = {v['head_dim']}, {v['dtype']}, M = "
+            f"{bytes_label(v['sram'])}: O moves {v['o_passes']['flash1']:.0f} x N·d·b bytes "
+            f"in flash1, {v['o_passes']['flash2']:.0f} x in flash2")
+
+
+class WavesPicture:
+    """SMs (rows) against time (columns), busy or idle, for FA1's grid (batch x heads
+    blocks) and FA2's (batch x heads x T_r blocks), on one time axis."""
+
+    def __init__(self, fig):
+        from matplotlib.colors import LinearSegmentedColormap
+        self.axes = fig.subplots(2, 1, sharex=True)
+        cmap = LinearSegmentedColormap.from_list("busy", ["#f7f7f7", "#2ca02c"])
+        self.images, self.titles = {}, {}
+        for ax, scheme in zip(self.axes, ("flash1", "flash2")):
+            self.images[scheme] = ax.imshow(np.zeros((1, 1)), cmap=cmap, vmin=0, vmax=1,
+                                            aspect="auto", interpolation="nearest",
+                                            extent=(0, 1, 1, 0))
+            ax.set_ylabel("SM")
+            self.titles[scheme] = ax.set_title("", fontsize=9)
+        self.axes[1].set_xlabel("time, in units of one Q block against all of K and V")
+        self.sup = fig.suptitle("", fontsize=10)
+        for ax in self.axes:
+            ax.set_yticks([0, 33, 66, 99, 132])
+        fig.subplots_adjust(left=0.08, right=0.98, top=0.86, bottom=0.11, hspace=0.4)
+
+    def layers(self, v: dict) -> list:
+        return [(None, [*self.images.values(), *self.titles.values(), self.sup,
+                        *(ax.xaxis for ax in self.axes)])]
+
+    def update(self, v: dict) -> None:
+        T, sms = v["time_units"], v["sms"]
+        for ax, scheme in zip(self.axes, ("flash1", "flash2")):
+            o = v[scheme]
+            self.images[scheme].set_data(v["busy"][scheme])
+            self.images[scheme].set_extent((0, T, sms, 0))
+            ax.set_xlim(0, T)
+            ax.set_ylim(sms, 0)
+            grid = "batch x heads" if scheme == "flash1" else "batch x heads x ceil(N/B_r)"
+            self.titles[scheme].set_text(
+                f"{'FA1' if scheme == 'flash1' else 'FA2'} grid = {grid} = {o['blocks']:,} "
+                f"blocks on {sms} SMs: {o['waves']} wave{'s' * (o['waves'] > 1)}, "
+                f"time {o['time_units']:,}, SMs busy {100 * o['utilisation']:.0f}%")
+        self.sup.set_text(
+            f"batch {v['batch']}, heads {v['heads']}, N = {v['seq_len']}, B_r = "
+            f"{v['block_rows']}: FA2 finishes {v['speedup']:.1f}x sooner")
