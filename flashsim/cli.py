@@ -14,7 +14,7 @@ import numpy as np
 from . import reference
 from .algorithms import ALGORITHMS
 from .errors import FlashsimError
-from .plan import plan
+from .plan import PASSES, plan
 from .presets import GPUS
 from .report import format_compare, format_report
 from .units import DTYPE_BYTES, format_bytes
@@ -53,8 +53,12 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-rows", type=_int, help="B_r (default: the algorithm's rule)")
     p.add_argument("--block-cols", type=_int, help="B_c (default: the algorithm's rule)")
     p.add_argument("--causal", action="store_true", help="causal mask; masked tiles skipped")
+    p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd",
+                   help="fwd (default), bwd (the backward alone: the forward's saved tensors "
+                        "are inputs) or fwd+bwd (both, traffic added tensor by tensor)")
     p.add_argument("--verify", action="store_true",
-                   help="run with values on random inputs and report max |O - O_ref|")
+                   help="run with values on random inputs and report max |O - O_ref| (with "
+                        "a backward pass, also |dQ - dQ_ref|, |dK - dK_ref|, |dV - dV_ref|)")
     p.add_argument("--seed", type=int, default=0, help="random inputs for --verify")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -78,22 +82,37 @@ def build_parser() -> argparse.ArgumentParser:
 def _plan(args, algorithm: str, passes=()):
     return plan(algorithm, args.seq_len, args.head_dim, batch=args.batch, heads=args.heads,
                 dtype=args.dtype, sram=args.sram, gpu=args.gpu, block_rows=args.block_rows,
-                block_cols=args.block_cols, causal=args.causal, extra_passes=passes)
+                block_cols=args.block_cols, causal=args.causal, extra_passes=passes,
+                pass_=args.pass_)
 
 
 def _report(p, args, inputs):
     if not args.verify:
         return p.count()
-    O, rep = p.run(*inputs[:3])
-    rep.max_abs_error = float(np.max(np.abs(O - inputs[3])))
+    Q, K, V, dO, ref = inputs
+    if dO is None:
+        O, rep = p.run(Q, K, V)
+        rep.max_abs_error = float(np.max(np.abs(O - ref["O"])))
+        return rep
+    grads, rep = p.run(Q, K, V, dO=dO)
+    got = {"O": rep.hbm["O"], **grads._asdict()}
+    rep.max_abs_errors = {k: float(np.max(np.abs(got[k] - ref[k]))) for k in ref}
+    rep.max_abs_error = max(rep.max_abs_errors.values())
     return rep
 
 
 def _inputs(args):
+    """Random Q, K, V (and dO with a backward pass) and their float64 references."""
     rng = np.random.default_rng(args.seed)
     shape = (args.batch, args.heads, args.seq_len, args.head_dim)
     Q, K, V = (rng.standard_normal(shape) for _ in range(3))
-    return Q, K, V, reference.attention(Q, K, V, causal=args.causal)
+    ref = {"O": reference.attention(Q, K, V, causal=args.causal)}
+    dO = None
+    if args.pass_ != "fwd":
+        dO = rng.standard_normal(shape)
+        ref.update(zip(("dQ", "dK", "dV"),
+                       reference.attention_backward(Q, K, V, dO, causal=args.causal)))
+    return Q, K, V, dO, ref
 
 
 def main(argv=None) -> int:

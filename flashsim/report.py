@@ -19,7 +19,8 @@ def format_report(rep) -> str:
     """The table ``flashsim io`` prints: HBM bytes by tensor and direction, totals, SRAM
     peak, FLOPs and, with a GPU preset, the roofline time."""
     p = rep.plan
-    head = (f"{p.algorithm}  N={p.seq_len} d={p.head_dim} batch={p.batch} heads={p.heads} "
+    name = p.algorithm if p.pass_ == "fwd" else f"{p.algorithm} {p.pass_}"
+    head = (f"{name}  N={p.seq_len} d={p.head_dim} batch={p.batch} heads={p.heads} "
             f"{p.dtype}{' causal' if p.causal else ''}"
             f"{' +' + ','.join(p.extra_passes) if p.extra_passes else ''}\n"
             f"M = {p.sram_bytes:,} B of SRAM   B_r = {p.block_rows}   B_c = {p.block_cols}"
@@ -39,7 +40,10 @@ def format_report(rep) -> str:
         lines.append(_row(f"roofline time", f"{rep.predicted_time_s * 1e3:.4f} ms"))
         lines.append(f"  (on {p.gpu.name}: max(bytes / {p.gpu.hbm_bandwidth / 1e12:.2f} TB/s, "
                      f"FLOPs / {p.gpu.peak_flops(p.dtype) / 1e12:.1f} TFLOP/s))")
-    if rep.max_abs_error is not None:
+    if rep.max_abs_errors is not None:
+        for name, err in rep.max_abs_errors.items():
+            lines.append(_row(f"max |{name} - {name}_ref|", f"{err:.3e}"))
+    elif rep.max_abs_error is not None:
         lines.append(_row("max |O - O_ref|", f"{rep.max_abs_error:.3e}"))
     return "\n".join(lines)
 
@@ -49,7 +53,8 @@ def format_compare(reports) -> str:
     reports = list(reports)
     p = reports[0].plan
     width = 22 + 20 * len(reports)
-    head = (f"N={p.seq_len} d={p.head_dim} batch={p.batch} heads={p.heads} {p.dtype}"
+    which = "" if p.pass_ == "fwd" else p.pass_ + "  "
+    head = (f"{which}N={p.seq_len} d={p.head_dim} batch={p.batch} heads={p.heads} {p.dtype}"
             f"{' causal' if p.causal else ''}   M = {p.sram_bytes:,} B of SRAM")
 
     def row(label, cells):
@@ -73,6 +78,10 @@ def format_compare(reports) -> str:
               row("FLOPs (matmuls)", [f"{r.flops:,}" for r in reports])]
     if all(r.predicted_time_s is not None for r in reports):
         lines.append(row("roofline time (ms)", [f"{r.predicted_time_s * 1e3:.4f}" for r in reports]))
-    if all(r.max_abs_error is not None for r in reports):
+    if all(r.max_abs_errors is not None for r in reports):
+        for name in reports[0].max_abs_errors:
+            lines.append(row(f"max |{name} - {name}_ref|",
+                             [f"{r.max_abs_errors[name]:.2e}" for r in reports]))
+    elif all(r.max_abs_error is not None for r in reports):
         lines.append(row("max |O - O_ref|", [f"{r.max_abs_error:.2e}" for r in reports]))
     return "\n".join(lines)

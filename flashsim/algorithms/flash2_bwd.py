@@ -1,0 +1,182 @@
+"""FlashAttention-2 backward (Dao, 2023, Algorithm 2): the logsumexp L and D = rowsum(dO o O).
+
+Versions: one. Like FlashAttention's Algorithm 4, it recomputes each tile of P instead of
+reading an N x N matrix, but from the one statistic the FlashAttention-2 forward saves,
+P_ij = exp(S_ij - L_i), and with D = rowsum(dO o O) computed once, up front, so that the
+main loop needs neither O_i nor l_i, m_i. On a GPU each K/V block j is one thread block;
+they all add into dQ, with fp32 atomics, so dQ is accumulated in fp32 whatever the data
+type and converted at the end.
+
+    pre:  for each Q block i: load O_i, dO_i; store D_i = rowsum(dO_i o O_i);
+          store dQ_i = 0 (fp32)                         (lines 3-4; one kernel, as in FA2)
+    for each K/V block j (one thread block each):
+        load K_j, V_j; dK_j = 0, dV_j = 0 in SRAM       (lines 6-7)
+        for each Q block i (causal: from the first one that K_j reaches):
+            load Q_i, dO_i, L_i, D_i                     (line 9, less O_i: D replaces it)
+            S_ij = tau Q_i K_j^T, masked; P_ij = exp(S_ij - L_i)
+            dV_j += P_ij^T dO_i;  dP_ij = dO_i V_j^T;  dS_ij = P_ij o (dP_ij - D_i)
+            dQ_i += tau dS_ij K_j                        (line 15: an atomic add per element,
+                                                          which the memory system performs as a
+                                                          read and a write of dQ_i: counted so)
+            dK_j += tau dS_ij^T Q_i
+        write dK_j, dV_j                                (line 18)
+    post (fp16/bf16 only): dQ = dQ_acc converted to the data type
+
+Traffic per head, with b bytes per element, 4-byte statistics and fp32 dQ accumulation,
+and R = sum_j rows(j) the Q rows visited (rows(j) = N; causal: N - floor(j B_c / B_r) B_r):
+
+    read  O: N d b             read  dO: N d b + R d b      write D: 4 N
+    read  K, V: N d b each     read  Q: R d b               read  L, D: 4 R each
+    dQ accumulator (fp32: "dQ" when b = 4, else "dQ_acc"): write 4 N d + 4 R d, read 4 R d
+    write dK, dV: N d b each
+    fp16/bf16: read dQ_acc 4 N d once more, write dQ N d b
+
+So per K/V block the inner loop moves Q_i and dO_i in and dQ_i in and out: without a mask
+R = T_c N, as in Algorithm 4, but O_i, l_i and m_i no longer cross HBM every step.
+FLOPs: 10 d sum_j c_j rows(j), as in Algorithm 4 (five matmuls per tile).
+SRAM working set: b (4 B_c d + 2 B_r d + 2 B_r B_c) + 4 B_r d + 8 B_r
+(K_j, V_j, dK_j, dV_j, Q_i, dO_i, S_ij/P_ij, dP_ij/dS_ij, the fp32 dQ_i, and L_i, D_i).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..units import STAT_BYTES
+from ._common import (apply_causal_mask, block_extent, causal_start_i, cdiv, exp_diff,
+                      matmul_flops)
+
+OUTPUTS = ("dQ", "dK", "dV")
+SAVED = ("O", "L")        # what this backward reads from the forward
+ACC_BYTES = 4             # dQ is accumulated in fp32 (atomic adds)
+
+
+def accumulator(b: int) -> str:
+    """The HBM tensor that dQ is accumulated in: dQ itself in fp32, else dQ_acc."""
+    return "dQ" if b == ACC_BYTES else "dQ_acc"
+
+
+def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
+    r, c = block_rows, block_cols
+    return b * (4 * c * d + 2 * r * d + 2 * r * c) + ACC_BYTES * r * d + 2 * STAT_BYTES * r
+
+
+def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
+    """B_r = B_c = the largest multiple of 16 whose working set fits in ``sram`` bytes (the
+    forward's rule with this working set); below 16, the largest that fits. Capped at N."""
+    # 2 b B^2 + (6 b d + 4 d + 8) B - sram <= 0
+    quad, lin = 2 * b, 6 * b * d + ACC_BYTES * d + 2 * STAT_BYTES
+    B = int((-lin + math.sqrt(lin * lin + 4 * quad * sram)) / (2 * quad))
+    while B > 0 and working_set_bytes(B, B, d, b) > sram:
+        B -= 1
+    if B >= 16:
+        B -= B % 16
+    B = min(B, n)
+    return B, B
+
+
+def build(plan) -> Nest:
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    b, tau, causal = plan.elem_bytes, 1.0 / math.sqrt(plan.head_dim), plan.causal
+    acc = accumulator(b)
+    tensors = {name: Tensor(name, N, d, b) for name in ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV")}
+    tensors.update({"L": Tensor("L", N, 1, STAT_BYTES), "D": Tensor("D", N, 1, STAT_BYTES),
+                    acc: Tensor(acc, N, d, ACC_BYTES)})
+    T = np.swapaxes
+
+    def rowsum_do_o(sram, ctx):
+        sram["D_i"] = (sram["dO_i"] * sram["O_i"]).sum(axis=-1, keepdims=True)
+
+    pre = Loop("i", Br, N, label="D = rowsum(dO o O); dQ = 0 (fp32)", parallel=True, body=(
+        Load("O_i", "O", rows="i"),
+        Load("dO_i", "dO", rows="i"),
+        Alloc("D_i", "i", 1, STAT_BYTES),
+        Compute("D_i = rowsum(dO_i o O_i)", rowsum_do_o),
+        Store("D_i", "D", rows="i"),
+        Alloc("dQ_i", "i", d, ACC_BYTES, 0.0),
+        Store("dQ_i", acc, rows="i"),
+    ))
+
+    def recompute_p(sram, ctx):
+        S = tau * (sram["Q_i"] @ T(sram["K_j"], -1, -2))               # (.., B_r, B_c)
+        if causal:
+            apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
+        sram["S_ij"] = exp_diff(S, sram["L_i"])                        # P_ij = exp(S_ij - L_i)
+
+    def dv(sram, ctx):
+        sram["dV_j"] = sram["dV_j"] + T(sram["S_ij"], -1, -2) @ sram["dO_i"]
+
+    def dp_ds(sram, ctx):
+        dP = sram["dO_i"] @ T(sram["V_j"], -1, -2)
+        sram["dP_ij"] = sram["S_ij"] * (dP - sram["D_i"])              # dS_ij
+
+    def dq(sram, ctx):
+        sram["dQ_i"] = sram["dQ_i"] + tau * (sram["dP_ij"] @ sram["K_j"])
+
+    def dk(sram, ctx):
+        sram["dK_j"] = sram["dK_j"] + tau * (T(sram["dP_ij"], -1, -2) @ sram["Q_i"])
+
+    inner = Loop("i", Br, N, label="Q blocks streamed; dQ_i added to in HBM",
+                 start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
+                 body=(
+                     Load("Q_i", "Q", rows="i"),
+                     Load("dO_i", "dO", rows="i"),
+                     Load("L_i", "L", rows="i"),
+                     Load("D_i", "D", rows="i"),
+                     Alloc("S_ij", "i", "j", b),
+                     Alloc("dP_ij", "i", "j", b),
+                     Compute("S_ij = tau Q_i K_j^T, masked; P_ij = exp(S_ij - L_i)",
+                             recompute_p, matmul_flops("i", "j", d)),
+                     Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),
+                     Compute("dP_ij = dO_i V_j^T; dS_ij = P_ij o (dP_ij - D_i)", dp_ds,
+                             matmul_flops("i", "j", d)),
+                     Load("dQ_i", acc, rows="i"),
+                     Compute("dQ_i += tau dS_ij K_j (atomic add)", dq, matmul_flops("i", "j", d)),
+                     Store("dQ_i", acc, rows="i"),
+                     Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d)),
+                 ))
+    main = Loop("j", Bc, N, label="K/V blocks (one thread block each)", parallel=True, body=(
+        Load("K_j", "K", rows="j"),
+        Load("V_j", "V", rows="j"),
+        Alloc("dK_j", "j", d, b, 0.0),
+        Alloc("dV_j", "j", d, b, 0.0),
+        inner,
+        Store("dK_j", "dK", rows="j"),
+        Store("dV_j", "dV", rows="j"),
+    ))
+    body = (pre, main)
+    if acc != "dQ":
+        def convert(sram, ctx):
+            sram["dQ_i"] = sram["dQacc_i"].copy()      # values stay float64 in the simulator
+
+        body += (Loop("i", Br, N, label="dQ = dQ_acc in the data type", parallel=True,
+                      body=(
+            Load("dQacc_i", acc, rows="i"),
+            Alloc("dQ_i", "i", d, b),
+            Compute("dQ_i = convert(dQ_acc_i)", convert),
+            Store("dQ_i", "dQ", rows="i"),
+        )),)
+    return Nest(tensors, body)
+
+
+def closed_form(plan) -> tuple[dict, dict, int]:
+    """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
+    N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
+    j = np.arange(cdiv(N, Bc))
+    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
+    R, nd, s, a = int(rows.sum()), N * d * b, STAT_BYTES, ACC_BYTES
+    read = {"Q": R * d * b, "K": nd, "V": nd, "O": nd, "dO": nd + R * d * b,
+            "dQ": 0, "dK": 0, "dV": 0, "L": s * R, "D": s * R}
+    write = {"Q": 0, "K": 0, "V": 0, "O": 0, "dO": 0, "dQ": 0, "dK": nd, "dV": nd,
+             "L": 0, "D": s * N}
+    acc = accumulator(b)
+    read[acc] = a * R * d
+    write[acc] = a * N * d + a * R * d
+    if acc != "dQ":
+        read[acc] += a * N * d
+        write["dQ"] = nd
+    flops = int(10 * d * (block_extent(j, Bc, N) * rows).sum())
+    return read, write, flops

@@ -1,0 +1,220 @@
+"""Standard attention backward (FlashAttention paper, Algorithm 3), as eager frameworks run it.
+
+Versions: one, with the backward of each extra elementwise pass of the forward.
+
+It reads what the forward saved in HBM, the N x N matrix P, and materialises dP and dS in
+HBM. The matmul tiles are the forward's (fixed, cuBLAS-like, 64 x 64 by default); in each
+matmul kernel the output block stays in SRAM while the other operand streams, as in the
+forward's kernels 1 and 3.
+
+    kernel 1  dV = P^T dO      for each K/V block j (dV_j accumulated in SRAM):
+                               for each i: load P_ij, dO_i; then store dV_j       (line 1)
+    kernel 2  dP = dO V^T      for each Q block i (dO_i resident):
+                               for each j: load V_j, store dP_ij                  (line 2)
+    kernel 3  dX = P o (dP - rowsum(P o dP))   the softmax backward, R whole rows at a time,
+                               R = floor(M / (2 N b + 4)): P and dP read once, dX written once.
+                               When a row of P and one of dP do not fit together, two passes
+                               over tiles (the row sums, then dX): P and dP read twice.  (line 3)
+    passes    one per extra forward pass, in reverse order, each a full read and write of
+              an N x N gradient: ``mask`` -> masked_fill(dX, mask, 0); ``scale`` -> tau dX.
+    kernel 4  dQ = dS K        for each i (dQ_i in SRAM): for each j: load dS_ij, K_j   (line 4)
+    kernel 5  dK = dS^T Q      for each j (dK_j in SRAM): for each i: load dS_ij, Q_i   (line 5)
+
+The softmax's input gradient is dS, or d(S_masked) and so on when the forward had extra
+passes (``gradients``). The 1/sqrt(d) of kernels 4 and 5 rides in the matmul (cuBLAS's
+alpha) unless the forward had a separate ``scale`` pass, whose backward then scales dS.
+A causal mask does not shrink the work: P is 0 above the diagonal, so dS is too.
+
+Traffic per head, with b bytes per element, T_r = ceil(N / B_r), T_c = ceil(N / B_c):
+
+    read  Q: T_c N d b      read  K, V: T_r N d b each      read dO: (T_c + 1) N d b
+    write dQ, dK, dV: N d b each
+    read  P: 2 N^2 b (kernels 1 and 3)     dP: written N^2 b, read N^2 b
+    each gradient of an N x N matrix (dS, one per pass): written N^2 b, read N^2 b;
+    dS read twice (kernels 4 and 5): 2 N^2 b
+    (kernel 3 reads P and dP twice, one N^2 b more each, when a row does not fit)
+
+FLOPs: 8 N^2 d (four matmuls). SRAM working set: b (B_r d + B_c d + B_r B_c) for the matmul
+kernels; R (2 N b + 4) for kernel 3, or 2 b B_r B_c + 4 B_r when it streams tiles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..units import STAT_BYTES
+from . import standard
+from ._common import cdiv, matmul_flops
+
+OUTPUTS = ("dQ", "dK", "dV")
+SAVED = ("P",)            # what this backward reads from the forward
+
+
+def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
+    """The larger of the matmul kernels' and the streaming softmax backward's."""
+    r, c = block_rows, block_cols
+    return max(b * (r * d + c * d + r * c), 2 * b * r * c + STAT_BYTES * r)
+
+
+def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
+    """The forward's fixed tile (64 x 64), halved only when it does not fit."""
+    B = standard.MATMUL_TILE
+    while B > 0 and working_set_bytes(min(B, n), min(B, n), d, b) > sram:
+        B //= 2
+    return min(B, n), min(B, n)
+
+
+def softmax_bwd_rows(n: int, sram: int, b: int) -> int:
+    """Whole rows of P and dP that kernel 3 holds at once (0: a pair does not fit)."""
+    return min(n, sram // (2 * n * b + STAT_BYTES))
+
+
+def gradients(extra_passes) -> list[str]:
+    """The N x N gradients in HBM besides dP, in the forward's order: dS, then one per pass
+    (dS_scaled, dS_masked); kernel 3 writes the last, kernels 4 and 5 read dS."""
+    return ["d" + name for name in standard.matrices(extra_passes)[:-1]]
+
+
+def _zero_masked(X: np.ndarray, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+    """masked_fill's backward: the gradient is 0 where key c comes after query r."""
+    r = np.arange(rows[0], rows[1])[:, None]
+    c = np.arange(cols[0], cols[1])[None, :]
+    X[..., c > r] = 0.0
+
+
+def build(plan) -> Nest:
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    b, tau, causal = plan.elem_bytes, 1.0 / math.sqrt(plan.head_dim), plan.causal
+    passes = tuple(plan.extra_passes)
+    grads = gradients(passes)
+    tensors = {name: Tensor(name, N, d, b) for name in ("Q", "K", "V", "dO", "dQ", "dK", "dV")}
+    tensors.update({name: Tensor(name, N, N, b) for name in ["P", "dP"] + grads})
+    alpha = 1.0 if "scale" in passes else tau       # the matmul's scale for dQ and dK
+    T = np.swapaxes
+
+    def dv(sram, ctx):
+        sram["dV_j"] = sram["dV_j"] + T(sram["P_ij"], -1, -2) @ sram["dO_i"]
+
+    kernel1 = Loop("j", Bc, N, label="kernel 1: dV = P^T dO", parallel=True, body=(
+        Alloc("dV_j", "j", d, b, 0.0),
+        Loop("i", Br, N, body=(
+            Load("P_ij", "P", rows="i", cols="j"),
+            Load("dO_i", "dO", rows="i"),
+            Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),
+        )),
+        Store("dV_j", "dV", rows="j"),
+    ))
+
+    def dp(sram, ctx):
+        sram["dP_ij"] = sram["dO_i"] @ T(sram["V_j"], -1, -2)
+
+    kernel2 = Loop("i", Br, N, label="kernel 2: dP = dO V^T", parallel=True, body=(
+        Load("dO_i", "dO", rows="i"),
+        Loop("j", Bc, N, body=(
+            Load("V_j", "V", rows="j"),
+            Alloc("dP_ij", "i", "j", b),
+            Compute("dP_ij = dO_i V_j^T", dp, matmul_flops("i", "j", d)),
+            Store("dP_ij", "dP", rows="i", cols="j"),
+        )),
+    ))
+
+    R = softmax_bwd_rows(N, plan.sram_bytes, b)
+    if R >= 1:
+        def row_softmax_bwd(sram, ctx):
+            P, dP = sram["P_r"], sram["dP_r"]
+            sram["D_r"] = (P * dP).sum(axis=-1, keepdims=True)
+            sram["dP_r"] = P * (dP - sram["D_r"])
+
+        kernel3 = Loop("r", R, N, label="kernel 3: softmax backward, whole rows",
+                       parallel=True, body=(
+            Load("P_r", "P", rows="r"),
+            Load("dP_r", "dP", rows="r"),
+            Alloc("D_r", "r", 1, STAT_BYTES),
+            Compute("D_r = rowsum(P_r o dP_r); dX_r = P_r o (dP_r - D_r)", row_softmax_bwd),
+            Store("dP_r", grads[-1], rows="r"),
+        ))
+    else:
+        def rowsum(sram, ctx):
+            sram["D_i"] = sram["D_i"] + (sram["P_ij"] * sram["dP_ij"]).sum(axis=-1, keepdims=True)
+
+        def ds(sram, ctx):
+            sram["dP_ij"] = sram["P_ij"] * (sram["dP_ij"] - sram["D_i"])
+
+        kernel3 = Loop("i", Br, N, label="kernel 3: softmax backward, rows too long for SRAM",
+                       parallel=True, body=(
+                           Alloc("D_i", "i", 1, STAT_BYTES, 0.0),
+                           Loop("j", Bc, N, body=(
+                               Load("P_ij", "P", rows="i", cols="j"),
+                               Load("dP_ij", "dP", rows="i", cols="j"),
+                               Compute("D_i += rowsum(P_ij o dP_ij)", rowsum),
+                           )),
+                           Loop("j", Bc, N, body=(
+                               Load("P_ij", "P", rows="i", cols="j"),
+                               Load("dP_ij", "dP", rows="i", cols="j"),
+                               Compute("dX_ij = P_ij o (dP_ij - D_i)", ds),
+                               Store("dP_ij", grads[-1], rows="i", cols="j"),
+                           )),
+                       ))
+
+    def elementwise_bwd(name: str):
+        def fn(sram, ctx):
+            if name == "scale":
+                sram["X_ij"] = tau * sram["X_ij"]
+            elif causal:      # mask: masked_fill(dX, mask, 0)
+                _zero_masked(sram["X_ij"], ctx.range("i"), ctx.range("j"))
+        return fn
+
+    pass_loops = tuple(
+        Loop("i", Br, N, label=f"pass: backward of {name}", parallel=True,
+             body=(Loop("j", Bc, N, body=(
+            Load("X_ij", src, rows="i", cols="j"),
+            Compute(f"backward of {name} on dX_ij", elementwise_bwd(name)),
+            Store("X_ij", dst, rows="i", cols="j"),
+        )),))
+        for name, src, dst in reversed(list(zip(passes, grads[1:], grads[:-1]))))
+
+    def dq(sram, ctx):
+        sram["dQ_i"] = sram["dQ_i"] + alpha * (sram["dS_ij"] @ sram["K_j"])
+
+    kernel4 = Loop("i", Br, N, label="kernel 4: dQ = dS K", parallel=True, body=(
+        Alloc("dQ_i", "i", d, b, 0.0),
+        Loop("j", Bc, N, body=(
+            Load("dS_ij", "dS", rows="i", cols="j"),
+            Load("K_j", "K", rows="j"),
+            Compute("dQ_i += tau dS_ij K_j", dq, matmul_flops("i", "j", d)),
+        )),
+        Store("dQ_i", "dQ", rows="i"),
+    ))
+
+    def dk(sram, ctx):
+        sram["dK_j"] = sram["dK_j"] + alpha * (T(sram["dS_ij"], -1, -2) @ sram["Q_i"])
+
+    kernel5 = Loop("j", Bc, N, label="kernel 5: dK = dS^T Q", parallel=True, body=(
+        Alloc("dK_j", "j", d, b, 0.0),
+        Loop("i", Br, N, body=(
+            Load("dS_ij", "dS", rows="i", cols="j"),
+            Load("Q_i", "Q", rows="i"),
+            Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d)),
+        )),
+        Store("dK_j", "dK", rows="j"),
+    ))
+    return Nest(tensors, (kernel1, kernel2, kernel3) + pass_loops + (kernel4, kernel5))
+
+
+def closed_form(plan) -> tuple[dict, dict, int]:
+    """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
+    N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
+    Tr, Tc, nd, nn = cdiv(N, Br), cdiv(N, Bc), N * d * b, N * N * b
+    grads = gradients(plan.extra_passes)
+    twice = softmax_bwd_rows(N, plan.sram_bytes, b) == 0       # kernel 3 streams tiles
+    read = {"Q": Tc * nd, "K": Tr * nd, "V": Tr * nd, "dO": (Tc + 1) * nd,
+            "dQ": 0, "dK": 0, "dV": 0,
+            "P": 2 * nn + twice * nn, "dP": nn + twice * nn}
+    write = {"Q": 0, "K": 0, "V": 0, "dO": 0, "dQ": nd, "dK": nd, "dV": nd, "P": 0, "dP": nn}
+    for name in grads:
+        read[name], write[name] = nn, nn
+    read["dS"] = 2 * nn
+    return read, write, 8 * N * N * d
