@@ -1,0 +1,252 @@
+"""FlashAttention forward in numba.cuda, fp32: the schedule of flashsim's ``flash1``.
+
+Versions: one. Dao et al. (2022), Algorithm 1, line for line: O, l, m live in HBM
+(initialised to 0, 0, -inf); the outer loop runs over K/V blocks j and, for each j, every
+Q block i loads Q_i, O_i, l_i, m_i, folds in the tile S_ij = tau Q_i K_j^T and writes
+O_i, l_i, m_i back. Read it beside ``flashsim/algorithms/flash1.py``.
+
+    initialise O = 0, l = 0, m = -inf in HBM                       write N d + 2 N
+    for j in 0 .. T_c-1:                       one launch per j (see below)
+        for each Q block i (causal: i >= floor(j B_c / B_r)) and head, one thread block:
+            load K_j, V_j                                            read  2 B_c d
+            load Q_i, O_i, l_i, m_i                                  read  2 B_r d + 2 B_r
+            S_ij = tau Q_i K_j^T
+            m~_ij = rowmax S_ij; P~_ij = exp(S_ij - m~_ij); l~_ij = rowsum P~_ij
+            m_new = max(m_i, m~_ij); l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+            O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)
+            write O_i, l_i = l_new, m_i = m_new                      write B_r d + 2 B_r
+
+Why one launch per K/V block. The only dependency between thread blocks is O_i, l_i, m_i
+carried from step j to step j+1 for the same i. Consecutive launches in one stream are
+ordered, so launch j+1 sees every write of launch j: correct with no extra machinery, and
+within a launch all (i, head) blocks run in parallel, as in the paper. One launch whose
+blocks loop over j would need a grid-wide barrier between steps (a cooperative launch,
+with every block resident at once, which caps the grid at what fits on the GPU); and if
+each block instead kept its own i across all j, that is FlashAttention-2's order, not
+this one. The price is T_c launches (N / B_c; 497 at N = 16384, d = 64) and the HBM
+round trip of O, l, m at every step, which is what this algorithm's traffic counts.
+
+HBM traffic per head (fp32): K, V read once; Q, O read T_c times (fewer rows under the
+mask); O, l, m written T_c times plus the initialisation: flashsim.flash1's closed form;
+``predicted_traffic`` asks flashsim for it. A tile row that the causal mask hides entirely
+has m~_ij = -inf; its P~ is set to 0 there (never exp(-inf - (-inf))), and the row's
+m_i is finite from block j = 0 on, so e^(m~_ij - m_new) = 0 drops it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+
+from .numba_common import (ALIGN, NEG_INF, Launch, cdiv, configure_launch, cuda, fill,
+                           float32, own, run_api, uint32)
+
+ALGORITHM = "flash1"
+ARRAYS = ("Q", "K", "V", "P", "rows", "rows")     # two row-statistic arrays: max and sum
+SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
+             "float32[:, :, ::1], float32[:, ::1], float32[:, ::1], int64, int64, int64, "
+             "float32)")
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(tiling, causal: bool):
+    """One step j of the outer loop; grid (T_r - i_start(j), batch*heads), TR*TC threads."""
+    c = tiling.constants()
+    B_r, B_c, d, TR, TC, NT = c["B_r"], c["B_c"], c["d"], c["TR"], c["TC"], c["NT"]
+    RM, CN, DN, VR, VC, VD = c["RM"], c["CN"], c["DN"], c["VR"], c["VC"], c["VD"]
+    Br_p, Bc_p, d_p, RG, CG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"], c["KG"]
+    QS, KS = c["QS"], c["KS"]
+    # cooperative tile loads: a fixed count per thread (see numba_flash2)
+    Q_LOADS, Q_EVEN = -(-Br_p * d_p // NT), Br_p * d_p % NT == 0
+    KV_LOADS, KV_EVEN = -(-Bc_p * d_p // NT), Bc_p * d_p % NT == 0
+
+    def flash1_step(Q, K, V, O, l, m, N, j, i_start, tau):
+        """Q, K, V, O: (batch*heads, N, d); l, m: (batch*heads, N); step j of the outer
+        loop, Q blocks i_start, i_start+1, ...; tau = 1/sqrt(d)."""
+        i = i_start + cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        t = cuda.threadIdx.x
+        r0 = uint32((t // TC) * VR)      # first row of S_ij / O_i this thread owns
+        c0 = uint32((t % TC) * VC)       # first column of S_ij
+        k0 = uint32((t % TC) * VD)       # first column of O_i
+        row0 = i * B_r
+        col0 = j * B_c
+
+        Q_iT = cuda.shared.array((d_p, QS), float32, alignment=ALIGN)     # Q_i^T  (d, B_r)
+        K_jT = cuda.shared.array((d_p, KS), float32, alignment=ALIGN)     # K_j^T  (d, B_c)
+        V_j = cuda.shared.array((Bc_p, d_p), float32, alignment=ALIGN)    # V_j    (B_c, d)
+        P_ijT = cuda.shared.array((Bc_p, QS), float32, alignment=ALIGN)   # P~_ij^T
+        max_part = cuda.shared.array((Br_p, TC), float32)                 # for m~_ij
+        sum_part = cuda.shared.array((Br_p, TC), float32)                 # for l~_ij
+
+        S_ij = cuda.local.array((RM, CN), float32)
+        O_i = cuda.local.array((RM, DN), float32)
+        PV = cuda.local.array((RM, DN), float32)        # P~_ij V_j
+        l_i = cuda.local.array(RM, float32)
+        m_i = cuda.local.array(RM, float32)
+        mt_ij = cuda.local.array(RM, float32)           # m~_ij
+        x = cuda.local.array(RM, float32)
+        y = cuda.local.array(CN, float32)
+        z = cuda.local.array(DN, float32)
+
+        # load K_j, V_j: read 2 B_c d (zeros past N and in the padding)
+        for s in range(KV_LOADS):
+            e = uint32(t) + uint32(NT * s)
+            cc = e // d_p
+            k = e % d_p
+            if KV_EVEN or e < Bc_p * d_p:
+                ok = cc < B_c and col0 + cc < N and k < d
+                src = min(col0 + cc, N - 1)
+                k_val = K[bh, src, min(k, d - 1)]
+                v_val = V[bh, src, min(k, d - 1)]
+                K_jT[k, cc] = k_val if ok else float32(0)
+                V_j[cc, k] = v_val if ok else float32(0)
+        # load Q_i, O_i, l_i, m_i: read 2 B_r d + 2 B_r (O_i, l_i, m_i straight to registers)
+        for s in range(Q_LOADS):
+            e = uint32(t) + uint32(NT * s)
+            r = e // d_p
+            k = e % d_p
+            if Q_EVEN or e < Br_p * d_p:
+                ok = r < B_r and row0 + r < N and k < d
+                q_val = Q[bh, min(row0 + r, N - 1), min(k, d - 1)]
+                Q_iT[k, r] = q_val if ok else float32(0)
+        for a in range(RM):
+            r = own(r0, RG, VR, a)
+            ok = r < B_r and row0 + r < N
+            l_i[a] = l[bh, row0 + r] if ok else float32(0)
+            m_i[a] = m[bh, row0 + r] if ok else NEG_INF
+            for b in range(DN):
+                k = own(k0, KG, VD, b)
+                O_i[a, b] = O[bh, row0 + r, k] if ok and k < d else float32(0)
+        cuda.syncthreads()
+
+        # S_ij = Q_i K_j^T: d rank-1 updates of this thread's RM x CN sub-tile
+        for a in range(RM):
+            for b in range(CN):
+                S_ij[a, b] = 0
+        k = 0
+        while k < d_p:
+            for a in range(RM):
+                x[a] = Q_iT[k, own(r0, RG, VR, a)]
+            for b in range(CN):
+                y[b] = K_jT[k, own(c0, CG, VC, b)]
+            for a in range(RM):
+                for b in range(CN):
+                    S_ij[a, b] += x[a] * y[b]
+            k += 1
+
+        # S_ij *= tau; mask; m~_ij = rowmax S_ij (this thread's part, then the row's)
+        for a in range(RM):
+            r = own(r0, RG, VR, a)
+            row_max = NEG_INF
+            for b in range(CN):
+                cc = own(c0, CG, VC, b)
+                if cc >= B_c or col0 + cc >= N or (causal and col0 + cc > row0 + r):
+                    S_ij[a, b] = NEG_INF
+                else:
+                    S_ij[a, b] *= tau
+                row_max = max(row_max, S_ij[a, b])
+            max_part[r, t % TC] = row_max
+        cuda.syncthreads()
+        # P~_ij = exp(S_ij - m~_ij), 0 where masked; l~_ij = rowsum P~_ij (this thread's part)
+        for a in range(RM):
+            r = own(r0, RG, VR, a)
+            mt_ij[a] = NEG_INF
+            for u in range(TC):
+                mt_ij[a] = max(mt_ij[a], max_part[r, u])
+            row_sum = float32(0)
+            for b in range(CN):
+                p = float32(0) if S_ij[a, b] == NEG_INF else math.exp(S_ij[a, b] - mt_ij[a])
+                row_sum += p
+                P_ijT[own(c0, CG, VC, b), r] = p
+            sum_part[r, t % TC] = row_sum
+        cuda.syncthreads()
+
+        # PV = P~_ij V_j: B_c rank-1 updates of this thread's RM x DN sub-tile
+        for a in range(RM):
+            for b in range(DN):
+                PV[a, b] = 0
+        cc = 0
+        while cc < Bc_p:
+            for a in range(RM):
+                x[a] = P_ijT[cc, own(r0, RG, VR, a)]
+            for b in range(DN):
+                z[b] = V_j[cc, own(k0, KG, VD, b)]
+            for a in range(RM):
+                for b in range(DN):
+                    PV[a, b] += x[a] * z[b]
+            cc += 1
+
+        # m_new, l_new; O_i = diag(l_new)^-1 (diag(l_i) e^(m_i-m_new) O_i + e^(m~-m_new) PV);
+        # write O_i, l_i, m_i: B_r d + 2 B_r
+        for a in range(RM):
+            r = own(r0, RG, VR, a)
+            if r < B_r and row0 + r < N:
+                lt_ij = float32(0)
+                for u in range(TC):
+                    lt_ij += sum_part[r, u]
+                m_new = max(m_i[a], mt_ij[a])
+                old = math.exp(m_i[a] - m_new)        # 0 on the first step (m_i = -inf)
+                new = math.exp(mt_ij[a] - m_new)      # 0 for a fully masked tile row
+                l_new = old * l_i[a] + new * lt_ij
+                for b in range(DN):
+                    k = own(k0, KG, VD, b)
+                    if k < d:
+                        O[bh, row0 + r, k] = (l_i[a] * old * O_i[a, b] + new * PV[a, b]) / l_new
+                if t % TC == 0:
+                    l[bh, row0 + r] = l_new
+                    m[bh, row0 + r] = m_new
+
+    return cuda.jit(flash1_step)
+
+
+class Flash1Launch(Launch):
+    def run(self, Q, K, V, out=None):
+        """Q, K, V: device (batch*heads, N, d) float32. Returns O, same shape; l and m,
+        (batch*heads, N), stay in ``self.workspace``."""
+        BH, N = self.batch * self.heads, self.N
+        O = out if out is not None else cuda.device_array(Q.shape, dtype="float32")
+        l = self.buffer("l", (BH, N))
+        m = self.buffer("m", (BH, N))
+        fill(O, 0.0)                                   # line 2: O = 0, l = 0, m = -inf
+        fill(l, 0.0)
+        fill(m, -math.inf)
+        step = kernel(self.tiling, self.causal)
+        T_r, T_c = cdiv(N, self.block_rows), cdiv(N, self.block_cols)
+        tau = float32(self.tau)
+        for j in range(T_c):                           # outer loop: one launch per K/V block
+            i_start = (j * self.block_cols) // self.block_rows if self.causal else 0
+            step[(T_r - i_start, BH), self.tiling.threads](Q, K, V, O, l, m, N, j, i_start,
+                                                           tau)
+        return O
+
+
+def configure(shape, *, causal=False, block_rows=None, block_cols=None, threads=None):
+    """The launch for inputs of ``shape`` ((N, d) or (B, H, N, d)): tiles B_r, B_c from
+    flashsim at 48 KiB (the paper's rule) unless given, threads chosen unless given."""
+    return configure_launch(Flash1Launch, ALGORITHM, shape, ARRAYS, causal=causal,
+                            block_rows=block_rows, block_cols=block_cols, threads=threads)
+
+
+def attention(Q, K, V, *, causal=False, block_rows=None, block_cols=None, threads=None):
+    """softmax(Q K^T / sqrt(d)) V in FlashAttention's (Algorithm 1) order.
+
+    Q, K, V: float32, (N, d) or (B, H, N, d), all numpy or all device arrays. Returns O in
+    the same shape: a numpy array for numpy inputs, a device array otherwise."""
+    return run_api(sys.modules[__name__], Q, K, V, causal=causal, block_rows=block_rows,
+                   block_cols=block_cols, threads=threads)
+
+
+def predicted_traffic(shape, *, causal=False, block_rows=None, block_cols=None, gpu="h200"):
+    """flashsim's Report for the launches ``attention`` makes for inputs of ``shape``."""
+    return configure(shape, causal=causal, block_rows=block_rows,
+                     block_cols=block_cols).predicted_traffic(gpu)
+
+
+def kernels_for(tiling, causal: bool):
+    """(name, kernel, signature) of every kernel a launch with this tiling uses (for
+    compile checks: ``numba.cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))``)."""
+    from .numba_common import _fill_kernel
+    return [("flash1_step", kernel(tiling, causal), SIGNATURE),
+            ("fill_flat", _fill_kernel(), "void(float32[::1], float32)")]

@@ -1,0 +1,256 @@
+"""FlashAttention-2 forward in numba.cuda, fp32: the schedule of flashsim's ``flash2``.
+
+Versions: one. Dao (2023), Algorithm 1: one thread block per (Q block i, head); Q_i stays
+in shared memory, the unnormalised O_i and m_i, l_i stay in registers, K_j and V_j stream
+through shared memory, the division by l_i waits until the end, and only O and the
+logsumexp L are written. Read it beside ``flashsim/algorithms/flash2.py``: same names, same
+loops, same order of loads and stores.
+
+    for each Q block i (blockIdx.x) and head (blockIdx.y):
+        load Q_i                                   read  B_r d
+        O_i = 0, m_i = -inf, l_i = 0
+        for j in 0 .. T_c-1 (causal: while j B_c <= the last row of block i):
+            load K_j, V_j                          read  2 B_c d
+            S_ij = tau Q_i K_j^T                   (B_r x B_c, registers)
+            m_new = max(m_i, rowmax S_ij); P_ij = exp(S_ij - m_new)
+            alpha = exp(m_i - m_new); l_i = alpha l_i + rowsum P_ij
+            O_i = alpha O_i + P_ij V_j             (P_ij through shared memory)
+            m_i = m_new
+        O_i = O_i / l_i; L_i = m_i + log l_i       write B_r d + B_r
+
+HBM traffic per head (fp32): Q read once, K and V read T_r = ceil(N/B_r) times (fewer under
+the mask), O and L written once: flashsim.flash2's closed form; ``predicted_traffic`` asks
+flashsim for it. Masked and out-of-range entries of S_ij are -inf, so exp gives 0; every
+row sees key 0 in block j = 0, so m_i is finite from then on and exp(m_i - m_new) never
+meets (-inf) - (-inf).
+
+Each thread keeps its own share of l_i (the sum over its columns, rescaled by the same
+alpha as the whole row); the shares are added once at the end. The row maximum must be
+agreed every block (all threads of a row need the same m_new): through ``m_part``.
+P_ij V_j and rowsum P_ij are summed per block before they are added to O_i and l_i (as
+the formula reads): one fp32 running sum over all N keys lost to the fp32 NumPy baseline
+on the H200 at N = 2048 (3.8e-7 against a tolerance of 3.8e-7; FA1, which sums per block,
+had 1.4e-7); summed per block, the sum over N is one of T_c terms.
+
+Shared memory: Q_i^T, K_j^T, V_j, P_ij^T and m_part (``Tiling.shared_words``). flashsim's
+defaults at 48 KiB (B_r = B_c = 32 at d = 64, 16 at d = 128) fit, since its SRAM model also
+counts the O_i and S_ij tiles that this kernel keeps in registers. The tile products are
+numba_common's register-tiled micro-kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+
+from .numba_common import (ALIGN, NEG_INF, Launch, configure_launch, cuda, float32, own, run_api,
+                           uint32)
+
+ALGORITHM = "flash2"
+ARRAYS = ("Q", "K", "V", "P", "rows")        # shared arrays, for the budget
+SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
+             "float32[:, :, ::1], float32[:, ::1], int64, float32)")
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(tiling, causal: bool):
+    """The compiled kernel for one tiling and mask; grid (T_r, batch*heads), TR*TC threads."""
+    c = tiling.constants()
+    B_r, B_c, d, TR, TC, NT = c["B_r"], c["B_c"], c["d"], c["TR"], c["TC"], c["NT"]
+    RM, CN, DN, VR, VC, VD = c["RM"], c["CN"], c["DN"], c["VR"], c["VC"], c["VD"]
+    Br_p, Bc_p, d_p, RG, CG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"], c["KG"]
+    QS, KS = c["QS"], c["KS"]
+    # Cooperative tile loads: thread t copies elements t, t + NT, ... (consecutive threads,
+    # consecutive addresses), a fixed count per thread from always-valid (clamped)
+    # addresses, so the compiler issues several global loads before the first store.
+    Q_LOADS, Q_EVEN = -(-Br_p * d_p // NT), Br_p * d_p % NT == 0
+    KV_LOADS, KV_EVEN = -(-Bc_p * d_p // NT), Bc_p * d_p % NT == 0
+
+    def flash2_forward(Q, K, V, O, L, N, tau):
+        """Q, K, V, O: (batch*heads, N, d); L: (batch*heads, N); tau = 1/sqrt(d)."""
+        i = cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        t = cuda.threadIdx.x
+        r0 = uint32((t // TC) * VR)      # first row of S_ij / O_i this thread owns
+        c0 = uint32((t % TC) * VC)       # first column of S_ij
+        k0 = uint32((t % TC) * VD)       # first column of O_i
+        first_col = t % TC == 0
+        row0 = i * B_r
+
+        Q_iT = cuda.shared.array((d_p, QS), float32, alignment=ALIGN)     # Q_i^T  (d, B_r)
+        K_jT = cuda.shared.array((d_p, KS), float32, alignment=ALIGN)     # K_j^T  (d, B_c)
+        V_j = cuda.shared.array((Bc_p, d_p), float32, alignment=ALIGN)    # V_j    (B_c, d)
+        P_ijT = cuda.shared.array((Bc_p, QS), float32, alignment=ALIGN)   # P_ij^T (B_c, B_r)
+        m_part = cuda.shared.array((Br_p, TC), float32)                # one per thread column
+
+        S_ij = cuda.local.array((RM, CN), float32)
+        O_i = cuda.local.array((RM, DN), float32)
+        m_i = cuda.local.array(RM, float32)
+        l_i = cuda.local.array(RM, float32)            # this thread's share of l_i
+        alpha = cuda.local.array(RM, float32)          # exp(m_i - m_new)
+        PV = cuda.local.array((RM, DN), float32)       # P_ij V_j, one K/V block's part
+        x = cuda.local.array(RM, float32)              # a column of Q_i^T or P_ij^T
+        y = cuda.local.array(CN, float32)              # a row of K_j^T
+        z = cuda.local.array(DN, float32)              # a row of V_j
+
+        # load Q_i: read B_r d (zeros past N and in the padding)
+        for s in range(Q_LOADS):
+            e = uint32(t) + uint32(NT * s)
+            r = e // d_p
+            k = e % d_p
+            if Q_EVEN or e < Br_p * d_p:
+                ok = r < B_r and row0 + r < N and k < d
+                q_val = Q[bh, min(row0 + r, N - 1), min(k, d - 1)]
+                Q_iT[k, r] = q_val if ok else float32(0)
+        for a in range(RM):
+            m_i[a] = NEG_INF
+            l_i[a] = 0
+            for b in range(DN):
+                O_i[a, b] = 0
+
+        T_c = (N + B_c - 1) // B_c
+        j_stop = T_c
+        if causal:   # tiles with j B_c > last row of block i are fully masked: skipped
+            j_stop = min(T_c, (min(row0 + B_r, N) - 1) // B_c + 1)
+        for j in range(j_stop):
+            col0 = j * B_c
+            cuda.syncthreads()                   # all done with the last K_j, V_j, P_ij
+            # load K_j, V_j: read 2 B_c d (zeros past N and in the padding)
+            for s in range(KV_LOADS):
+                e = uint32(t) + uint32(NT * s)
+                cc = e // d_p
+                k = e % d_p
+                if KV_EVEN or e < Bc_p * d_p:
+                    ok = cc < B_c and col0 + cc < N and k < d
+                    src = min(col0 + cc, N - 1)
+                    k_val = K[bh, src, min(k, d - 1)]
+                    v_val = V[bh, src, min(k, d - 1)]
+                    K_jT[k, cc] = k_val if ok else float32(0)
+                    V_j[cc, k] = v_val if ok else float32(0)
+            cuda.syncthreads()
+
+            # S_ij = Q_i K_j^T: d rank-1 updates of this thread's RM x CN sub-tile
+            for a in range(RM):
+                for b in range(CN):
+                    S_ij[a, b] = 0
+            k = 0
+            while k < d_p:
+                for a in range(RM):
+                    x[a] = Q_iT[k, own(r0, RG, VR, a)]
+                for b in range(CN):
+                    y[b] = K_jT[k, own(c0, CG, VC, b)]
+                for a in range(RM):
+                    for b in range(CN):
+                        S_ij[a, b] += x[a] * y[b]
+                k += 1
+
+            # S_ij *= tau; mask; this thread's part of rowmax S_ij
+            for a in range(RM):
+                r = own(r0, RG, VR, a)
+                row_max = NEG_INF
+                for b in range(CN):
+                    cc = own(c0, CG, VC, b)
+                    if cc >= B_c or col0 + cc >= N or (causal and col0 + cc > row0 + r):
+                        S_ij[a, b] = NEG_INF
+                    else:
+                        S_ij[a, b] *= tau
+                    row_max = max(row_max, S_ij[a, b])
+                m_part[r, t % TC] = row_max
+            cuda.syncthreads()
+
+            # m_new = max(m_i, rowmax S_ij); P_ij = exp(S_ij - m_new);
+            # alpha = exp(m_i - m_new); l_i = alpha l_i + rowsum P_ij; m_i = m_new
+            for a in range(RM):
+                r = own(r0, RG, VR, a)
+                m_new = m_i[a]
+                for u in range(TC):
+                    m_new = max(m_new, m_part[r, u])
+                alpha[a] = math.exp(m_i[a] - m_new)
+                m_i[a] = m_new
+                row_sum = float32(0)
+                for b in range(CN):
+                    p = math.exp(S_ij[a, b] - m_new)
+                    row_sum += p
+                    P_ijT[own(c0, CG, VC, b), r] = p
+                l_i[a] = alpha[a] * l_i[a] + row_sum
+            cuda.syncthreads()
+
+            # PV = P_ij V_j: B_c rank-1 updates of this thread's RM x DN sub-tile
+            for a in range(RM):
+                for b in range(DN):
+                    PV[a, b] = 0
+            cc = 0
+            while cc < Bc_p:
+                for a in range(RM):
+                    x[a] = P_ijT[cc, own(r0, RG, VR, a)]
+                for b in range(DN):
+                    z[b] = V_j[cc, own(k0, KG, VD, b)]
+                for a in range(RM):
+                    for b in range(DN):
+                        PV[a, b] += x[a] * z[b]
+                cc += 1
+            # O_i = alpha O_i + P_ij V_j (summed per block, then added: the long sum over
+            # all N keys is a sum of T_c block sums, which keeps fp32 rounding small)
+            for a in range(RM):
+                for b in range(DN):
+                    O_i[a, b] = alpha[a] * O_i[a, b] + PV[a, b]
+
+        # l_i = sum of the shares; O_i = O_i / l_i; L_i = m_i + log l_i: write B_r d + B_r
+        cuda.syncthreads()                       # all done reading m_part
+        for a in range(RM):
+            m_part[own(r0, RG, VR, a), t % TC] = l_i[a]
+        cuda.syncthreads()
+        for a in range(RM):
+            r = own(r0, RG, VR, a)
+            if r < B_r and row0 + r < N:
+                l_row = float32(0)
+                for u in range(TC):
+                    l_row += m_part[r, u]
+                for b in range(DN):
+                    k = own(k0, KG, VD, b)
+                    if k < d:
+                        O[bh, row0 + r, k] = O_i[a, b] / l_row
+                if first_col:
+                    L[bh, row0 + r] = m_i[a] + math.log(l_row)
+
+    return cuda.jit(flash2_forward)
+
+
+class Flash2Launch(Launch):
+    def run(self, Q, K, V, out=None):
+        """Q, K, V: device (batch*heads, N, d) float32. Returns O, same shape; the
+        logsumexp L, (batch*heads, N), stays in ``self.workspace["L"]``."""
+        O = out if out is not None else cuda.device_array(Q.shape, dtype="float32")
+        L = self.buffer("L", (self.batch * self.heads, self.N))
+        kernel(self.tiling, self.causal)[self.grid(), self.tiling.threads](
+            Q, K, V, O, L, self.N, float32(self.tau))
+        return O
+
+
+def configure(shape, *, causal=False, block_rows=None, block_cols=None, threads=None):
+    """The launch for inputs of ``shape`` ((N, d) or (B, H, N, d)): tiles B_r, B_c from
+    flashsim at 48 KiB unless given, threads (TR, TC) chosen unless given; validated."""
+    return configure_launch(Flash2Launch, ALGORITHM, shape, ARRAYS, causal=causal,
+                            block_rows=block_rows, block_cols=block_cols, threads=threads)
+
+
+def attention(Q, K, V, *, causal=False, block_rows=None, block_cols=None, threads=None):
+    """softmax(Q K^T / sqrt(d)) V in FlashAttention-2's order.
+
+    Q, K, V: float32, (N, d) or (B, H, N, d), all numpy or all device arrays. Returns O in
+    the same shape: a numpy array for numpy inputs, a device array otherwise."""
+    return run_api(sys.modules[__name__], Q, K, V, causal=causal, block_rows=block_rows,
+                   block_cols=block_cols, threads=threads)
+
+
+def predicted_traffic(shape, *, causal=False, block_rows=None, block_cols=None, gpu="h200"):
+    """flashsim's Report for the launch ``attention`` makes for inputs of ``shape``."""
+    return configure(shape, causal=causal, block_rows=block_rows,
+                     block_cols=block_cols).predicted_traffic(gpu)
+
+
+def kernels_for(tiling, causal: bool):
+    """(name, kernel, signature) of every kernel a launch with this tiling uses (for
+    compile checks: ``numba.cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))``)."""
+    return [("flash2_forward", kernel(tiling, causal), SIGNATURE)]

@@ -1,0 +1,400 @@
+"""Standard attention in numba.cuda, fp32: the three kernels of flashsim's ``standard``.
+
+Versions: one, three launches, as eager frameworks run attention. Read it beside
+``flashsim/algorithms/standard.py``: same tiles, same loops, same loads and stores.
+
+    kernel 1  S = tau Q K^T    one thread block per (Q block i, head); Q_i stays in shared
+                               memory; for each K block j: load K_j, compute S_ij (tau
+                               rides in the matmul, like cuBLAS's alpha), store S_ij.
+                               read N d + T_r N d, write N^2 (per head)
+    kernel 2  P = softmax(S)   one thread block per row r of S (causal: keys c > r get 0).
+                               If a row fits in shared memory (flashsim's softmax_rows >= 1
+                               and 4 N bytes plus the reduction arrays fit in 48 KiB): load
+                               it once, then max, sum, normalise from shared memory: read
+                               N^2, write N^2. Otherwise stream it twice: an online max/sum
+                               sweep, then a normalising sweep: read 2 N^2, write N^2.
+    kernel 3  O = P V          one thread block per (Q block i, head); O_i accumulates in
+                               registers; for each j: load P_ij and V_j.
+                               read N^2 + T_r N d, write N d
+
+HBM traffic: flashsim.standard's closed form (``predicted_traffic`` asks flashsim); the
+only difference is the rare N for which flashsim fits a row of S in 48 KiB but this kernel,
+which also keeps 2 x 128 reduction words, does not (12033 <= N <= 12286): there it streams.
+kernel 2 holds one row per block where flashsim's model holds R = floor(M / (4N + 8))
+rows per block: the same bytes, since rows are independent. A causal mask changes no
+traffic: S is computed in full and masked inside the softmax, as eager code does.
+
+Kernels 1 and 3 use numba_common's register-tiled micro-kernel, each with its own thread
+layout (a tiling for the Q_i, K_j^T arrays and one for P_ij^T, V_j).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+
+from .numba_common import (ALIGN, NEG_INF, SHARED_LIMIT, WORD, Launch, Tiling, cdiv,
+                           check_shared, check_tiling, cuda, float32, own, plan_blocks,
+                           run_api, shape4, uint32)
+
+ALGORITHM = "standard"
+ARRAYS_QK = ("Q", "K")          # shared arrays of kernel 1
+ARRAYS_PV = ("P", "V")          # shared arrays of kernel 3
+ARRAYS = ARRAYS_QK              # (for tools that take one tiling per module)
+SOFTMAX_THREADS = 128
+SIGNATURE_QK = ("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int64, "
+                "float32)")
+SIGNATURE_SOFTMAX = "void(float32[:, :, ::1], float32[:, :, ::1], int64)"
+SIGNATURE_PV = "void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int64)"
+
+
+@functools.lru_cache(maxsize=None)
+def qk_kernel(tiling):
+    """Kernel 1; grid (T_r, batch*heads), TR*TC threads."""
+    c = tiling.constants()
+    B_r, B_c, d, TC, NT = c["B_r"], c["B_c"], c["d"], c["TC"], c["NT"]
+    RM, CN, VR, VC = c["RM"], c["CN"], c["VR"], c["VC"]
+    Br_p, Bc_p, d_p, RG, CG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"]
+    QS, KS = c["QS"], c["KS"]
+    # cooperative tile loads: a fixed count per thread (see numba_flash2)
+    Q_LOADS, Q_EVEN = -(-Br_p * d_p // NT), Br_p * d_p % NT == 0
+    KV_LOADS, KV_EVEN = -(-Bc_p * d_p // NT), Bc_p * d_p % NT == 0
+
+    def scores(Q, K, S, N, tau):
+        """Q, K: (batch*heads, N, d); S: (batch*heads, N, N) = tau Q K^T."""
+        i = cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        t = cuda.threadIdx.x
+        r0 = uint32((t // TC) * VR)      # first row of S_ij this thread owns
+        c0 = uint32((t % TC) * VC)       # first column of S_ij
+        row0 = i * B_r
+
+        Q_iT = cuda.shared.array((d_p, QS), float32, alignment=ALIGN)     # Q_i^T (d, B_r)
+        K_jT = cuda.shared.array((d_p, KS), float32, alignment=ALIGN)     # K_j^T (d, B_c)
+        S_ij = cuda.local.array((RM, CN), float32)
+        x = cuda.local.array(RM, float32)
+        y = cuda.local.array(CN, float32)
+
+        # load Q_i: read B_r d (zeros past N and in the padding)
+        for s in range(Q_LOADS):
+            e = uint32(t) + uint32(NT * s)
+            r = e // d_p
+            k = e % d_p
+            if Q_EVEN or e < Br_p * d_p:
+                ok = r < B_r and row0 + r < N and k < d
+                q_val = Q[bh, min(row0 + r, N - 1), min(k, d - 1)]
+                Q_iT[k, r] = q_val if ok else float32(0)
+
+        T_c = (N + B_c - 1) // B_c
+        for j in range(T_c):
+            col0 = j * B_c
+            cuda.syncthreads()                   # all done with the last K_j
+            # load K_j: read B_c d
+            for s in range(KV_LOADS):
+                e = uint32(t) + uint32(NT * s)
+                cc = e // d_p
+                k = e % d_p
+                if KV_EVEN or e < Bc_p * d_p:
+                    ok = cc < B_c and col0 + cc < N and k < d
+                    k_val = K[bh, min(col0 + cc, N - 1), min(k, d - 1)]
+                    K_jT[k, cc] = k_val if ok else float32(0)
+            cuda.syncthreads()
+
+            # S_ij = Q_i K_j^T: d rank-1 updates of this thread's RM x CN sub-tile
+            for a in range(RM):
+                for b in range(CN):
+                    S_ij[a, b] = 0
+            k = 0
+            while k < d_p:
+                for a in range(RM):
+                    x[a] = Q_iT[k, own(r0, RG, VR, a)]
+                for b in range(CN):
+                    y[b] = K_jT[k, own(c0, CG, VC, b)]
+                for a in range(RM):
+                    for b in range(CN):
+                        S_ij[a, b] += x[a] * y[b]
+                k += 1
+
+            # store tau S_ij: write B_r B_c
+            for a in range(RM):
+                r = own(r0, RG, VR, a)
+                if r < B_r and row0 + r < N:
+                    for b in range(CN):
+                        cc = own(c0, CG, VC, b)
+                        if cc < B_c and col0 + cc < N:
+                            S[bh, row0 + r, col0 + cc] = tau * S_ij[a, b]
+
+    return cuda.jit(scores)
+
+
+def _pow2_at_least(n: int, cap: int) -> int:
+    p = 1
+    while p < min(n, cap):
+        p *= 2
+    return p
+
+
+def softmax_threads(N: int) -> int:
+    """Threads per row: a power of two (for the reduction tree) giving each thread about
+    four keys, at most 128."""
+    return _pow2_at_least(cdiv(N, 4), SOFTMAX_THREADS)
+
+
+@functools.lru_cache(maxsize=None)
+def softmax_kernel(NT: int, row_fits: bool, causal: bool):
+    """Kernel 2; grid (N, batch*heads), NT threads, 4 N bytes of dynamic shared memory
+    when ``row_fits``."""
+
+    def row_softmax(S, P, N):
+        """S, P: (batch*heads, N, N); P[r] = softmax(S[r]) over the keys row r sees."""
+        row = cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        t = cuda.threadIdx.x
+        S_r = cuda.shared.array(0, float32)      # the whole row, N words, when it fits
+        red_m = cuda.shared.array(NT, float32)   # reduction trees over the NT threads
+        red_l = cuda.shared.array(NT, float32)
+        last = row if causal else N - 1          # keys c <= last are seen
+
+        if row_fits:
+            # load S_r: read N; this thread's part of m_r = rowmax S_r
+            m_r = NEG_INF
+            for c in range(t, N, NT):
+                s = S[bh, row, c]
+                S_r[c] = s
+                if c <= last:
+                    m_r = max(m_r, s)
+            red_m[t] = m_r
+            cuda.syncthreads()
+            h = NT // 2
+            while h > 0:                         # m_r = max over the threads
+                if t < h:
+                    red_m[t] = max(red_m[t], red_m[t + h])
+                cuda.syncthreads()
+                h //= 2
+            m_r = red_m[0]
+            # S_r = exp(S_r - m_r), 0 for masked keys; l_r = rowsum
+            l_r = float32(0)
+            for c in range(t, N, NT):
+                p = math.exp(S_r[c] - m_r) if c <= last else float32(0)
+                S_r[c] = p
+                l_r += p
+            red_l[t] = l_r
+            cuda.syncthreads()
+            h = NT // 2
+            while h > 0:                         # l_r = sum over the threads
+                if t < h:
+                    red_l[t] += red_l[t + h]
+                cuda.syncthreads()
+                h //= 2
+        else:
+            # first sweep over S: read N; online m_r, l_r over this thread's keys
+            m_r = NEG_INF
+            l_r = float32(0)
+            for c in range(t, last + 1, NT):
+                s = S[bh, row, c]
+                if s > m_r:
+                    l_r = l_r * math.exp(m_r - s) + float32(1)
+                    m_r = s
+                else:
+                    l_r += math.exp(s - m_r)
+            red_m[t] = m_r
+            red_l[t] = l_r
+            cuda.syncthreads()
+            h = NT // 2
+            while h > 0:                         # combine the (m, l) pairs of the threads
+                if t < h:
+                    m_a = red_m[t]
+                    m_b = red_m[t + h]
+                    m_ab = max(m_a, m_b)
+                    if m_ab != NEG_INF:          # (both empty: stays -inf, 0)
+                        red_l[t] = (red_l[t] * math.exp(m_a - m_ab)
+                                    + red_l[t + h] * math.exp(m_b - m_ab))
+                    red_m[t] = m_ab
+                cuda.syncthreads()
+                h //= 2
+        m_r = red_m[0]
+        l_r = red_l[0]
+
+        # P_r = exp(S_r - m_r) / l_r: write N (the streaming version reads S again)
+        for c in range(t, N, NT):
+            if row_fits:
+                p = S_r[c]
+            else:
+                p = math.exp(S[bh, row, c] - m_r) if c <= last else float32(0)
+            P[bh, row, c] = p / l_r
+
+    return cuda.jit(row_softmax)
+
+
+@functools.lru_cache(maxsize=None)
+def pv_kernel(tiling):
+    """Kernel 3; grid (T_r, batch*heads), TR*TC threads."""
+    c = tiling.constants()
+    B_r, B_c, d, TC, NT = c["B_r"], c["B_c"], c["d"], c["TC"], c["NT"]
+    RM, DN, VR, VD = c["RM"], c["DN"], c["VR"], c["VD"]
+    Br_p, Bc_p, d_p, RG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["KG"]
+    QS = c["QS"]
+    # cooperative tile loads: a fixed count per thread (see numba_flash2)
+    P_LOADS, P_EVEN = -(-Br_p * Bc_p // NT), Br_p * Bc_p % NT == 0
+    KV_LOADS, KV_EVEN = -(-Bc_p * d_p // NT), Bc_p * d_p % NT == 0
+
+    def weighted_sum(P, V, O, N):
+        """P: (batch*heads, N, N); V, O: (batch*heads, N, d); O = P V."""
+        i = cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        t = cuda.threadIdx.x
+        r0 = uint32((t // TC) * VR)      # first row of O_i this thread owns
+        k0 = uint32((t % TC) * VD)       # first column of O_i
+        row0 = i * B_r
+
+        P_ijT = cuda.shared.array((Bc_p, QS), float32, alignment=ALIGN)   # P_ij^T (B_c, B_r)
+        V_j = cuda.shared.array((Bc_p, d_p), float32, alignment=ALIGN)    # V_j    (B_c, d)
+        O_i = cuda.local.array((RM, DN), float32)
+        PV = cuda.local.array((RM, DN), float32)       # P_ij V_j, one block's part
+        x = cuda.local.array(RM, float32)
+        z = cuda.local.array(DN, float32)
+        for a in range(RM):
+            for b in range(DN):
+                O_i[a, b] = 0
+
+        T_c = (N + B_c - 1) // B_c
+        for j in range(T_c):
+            col0 = j * B_c
+            cuda.syncthreads()                   # all done with the last P_ij, V_j
+            # load P_ij: read B_r B_c
+            for s in range(P_LOADS):
+                e = uint32(t) + uint32(NT * s)
+                r = e // Bc_p
+                cc = e % Bc_p
+                if P_EVEN or e < Br_p * Bc_p:
+                    ok = r < B_r and row0 + r < N and cc < B_c and col0 + cc < N
+                    p_val = P[bh, min(row0 + r, N - 1), min(col0 + cc, N - 1)]
+                    P_ijT[cc, r] = p_val if ok else float32(0)
+            # load V_j: read B_c d
+            for s in range(KV_LOADS):
+                e = uint32(t) + uint32(NT * s)
+                cc = e // d_p
+                k = e % d_p
+                if KV_EVEN or e < Bc_p * d_p:
+                    ok = cc < B_c and col0 + cc < N and k < d
+                    v_val = V[bh, min(col0 + cc, N - 1), min(k, d - 1)]
+                    V_j[cc, k] = v_val if ok else float32(0)
+            cuda.syncthreads()
+
+            # O_i += P_ij V_j: B_c rank-1 updates of this thread's RM x DN sub-tile, summed
+            # per block and then added (as cuBLAS-style blocked sums do; see numba_flash2)
+            for a in range(RM):
+                for b in range(DN):
+                    PV[a, b] = 0
+            cc = 0
+            while cc < Bc_p:
+                for a in range(RM):
+                    x[a] = P_ijT[cc, own(r0, RG, VR, a)]
+                for b in range(DN):
+                    z[b] = V_j[cc, own(k0, KG, VD, b)]
+                for a in range(RM):
+                    for b in range(DN):
+                        PV[a, b] += x[a] * z[b]
+                cc += 1
+            for a in range(RM):
+                for b in range(DN):
+                    O_i[a, b] += PV[a, b]
+
+        # store O_i: write B_r d
+        for a in range(RM):
+            r = own(r0, RG, VR, a)
+            if r < B_r and row0 + r < N:
+                for b in range(DN):
+                    k = own(k0, KG, VD, b)
+                    if k < d:
+                        O[bh, row0 + r, k] = O_i[a, b]
+
+    return cuda.jit(weighted_sum)
+
+
+def row_fits(N: int, softmax_rows: int) -> bool:
+    """Kernel 2 holds the row in shared memory: flashsim says a row fits in M, and the
+    row plus the two reduction arrays fit in 48 KiB."""
+    return softmax_rows >= 1 and WORD * (N + 2 * softmax_threads(N)) <= SHARED_LIMIT
+
+
+class StandardLaunch(Launch):
+    """``tiling`` is the pair (kernel 1's, kernel 3's)."""
+
+    def run(self, Q, K, V, out=None, marks=None):
+        """Q, K, V: device (batch*heads, N, d) float32. Returns O, same shape; S and P,
+        (batch*heads, N, N), stay in ``self.workspace``. If ``marks`` is a list, an event
+        is recorded after each kernel and appended to it (per-kernel timing)."""
+        BH, N = self.batch * self.heads, self.N
+        O = out if out is not None else cuda.device_array(Q.shape, dtype="float32")
+        S = self.buffer("S", (BH, N, N))
+        P = self.buffer("P", (BH, N, N))
+        tl_qk, tl_pv = self.tiling
+        NT = softmax_threads(N)
+        fits = self.softmax_row_fits
+        qk_kernel(tl_qk)[self.grid(), tl_qk.threads](Q, K, S, N, float32(self.tau))
+        _mark(marks)
+        softmax_kernel(NT, fits, self.causal)[(N, BH), NT, 0, WORD * N if fits else 0](
+            S, P, N)
+        _mark(marks)
+        pv_kernel(tl_pv)[self.grid(), tl_pv.threads](P, V, O, N)
+        _mark(marks)
+        return O
+
+    @functools.cached_property
+    def softmax_row_fits(self) -> bool:
+        return row_fits(self.N, self.plan().softmax_rows)
+
+
+def _mark(marks):
+    if marks is not None:
+        event = cuda.event()
+        event.record()
+        marks.append(event)
+
+
+def configure(shape, *, causal=False, block_rows=None, block_cols=None, threads=None):
+    """The launches for inputs of ``shape`` ((N, d) or (B, H, N, d)): tiles B_r, B_c from
+    flashsim at 48 KiB unless given (kernels 1 and 3 share them), threads (TR, TC) chosen
+    per kernel unless given (then used for both)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    B, H, N, d = shape4(shape)
+    if not 1 <= d <= 128:
+        raise ValueError(f"head dimension d = {d} is not supported; these kernels take "
+                         "1 <= d <= 128")
+    p = plan_blocks(ALGORITHM, N, d, causal=causal, batch=B, heads=H,
+                    block_rows=block_rows, block_cols=block_cols)
+    tilings = tuple(check_tiling(threads, p.block_rows, p.block_cols, d, arrays)
+                    for arrays in (ARRAYS_QK, ARRAYS_PV))
+    need = max(check_shared(ALGORITHM, tl, arrays)
+               for tl, arrays in zip(tilings, (ARRAYS_QK, ARRAYS_PV)))
+    return StandardLaunch(ALGORITHM, B, H, N, d, p.block_rows, p.block_cols, tilings,
+                          causal, need)
+
+
+def attention(Q, K, V, *, causal=False, block_rows=None, block_cols=None, threads=None):
+    """softmax(Q K^T / sqrt(d)) V as three kernels through HBM: S, then P, then O.
+
+    Q, K, V: float32, (N, d) or (B, H, N, d), all numpy or all device arrays. Returns O in
+    the same shape: a numpy array for numpy inputs, a device array otherwise."""
+    return run_api(sys.modules[__name__], Q, K, V, causal=causal, block_rows=block_rows,
+                   block_cols=block_cols, threads=threads)
+
+
+def predicted_traffic(shape, *, causal=False, block_rows=None, block_cols=None, gpu="h200"):
+    """flashsim's Report for the launches ``attention`` makes for inputs of ``shape``."""
+    return configure(shape, causal=causal, block_rows=block_rows,
+                     block_cols=block_cols).predicted_traffic(gpu)
+
+
+def kernels_for(tilings, causal: bool, N: int = 4096):
+    """(name, kernel, signature) of every kernel a launch uses (for compile checks)."""
+    if isinstance(tilings, Tiling):
+        tilings = (tilings, tilings)
+    NT = softmax_threads(N)
+    return [("scores", qk_kernel(tilings[0]), SIGNATURE_QK),
+            ("row_softmax_fits", softmax_kernel(NT, True, causal), SIGNATURE_SOFTMAX),
+            ("row_softmax_stream", softmax_kernel(NT, False, causal), SIGNATURE_SOFTMAX),
+            ("weighted_sum", pv_kernel(tilings[1]), SIGNATURE_PV)]

@@ -1,0 +1,287 @@
+"""The numba.cuda kernels (gpu_kernels/numba_*.py) against the float64 reference.
+
+Without a GPU (CI) the kernels run under numba's CUDA simulator (tests/conftest.py sets
+NUMBA_ENABLE_CUDASIM=1), which is slow, so the shapes are tiny: one to four blocks each
+way, with ragged N, a causal mask, and logits near 1e4 whose running maximum changes from
+one K/V block to the next. A separate process compiles every kernel for sm_90 without the
+simulator. The ``gpu`` tests repeat the checks at real sizes on a GPU (run with
+FLASHSIM_REAL_GPU=1) and skip cleanly elsewhere.
+
+Tolerance (flash-attention's rule): a kernel's max error against the float64 reference
+may be at most twice that of a plain fp32 NumPy implementation of the same formula, plus
+two fp32 ulps of the output's magnitude (so that a baseline that happens to be exact does
+not demand exactness).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import flashsim
+from gpu_kernels import numba_flash1, numba_flash2, numba_standard
+from gpu_kernels.numba_common import cuda, numba
+
+MODULES = {"standard": numba_standard, "flash1": numba_flash1, "flash2": numba_flash2}
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def fp32_baseline(Q, K, V, causal):
+    """softmax(Q K^T / sqrt(d)) V computed plainly in float32 (the error baseline)."""
+    Q, K, V = (np.asarray(x, np.float32) for x in (Q, K, V))
+    S = (Q @ np.swapaxes(K, -1, -2)) * np.float32(1 / np.sqrt(Q.shape[-1]))
+    if causal:
+        n = S.shape[-1]
+        S = np.where(np.tril(np.ones((n, n), bool)), S, np.float32(-np.inf))
+    P = np.exp(S - S.max(-1, keepdims=True))
+    return (P / P.sum(-1, keepdims=True)) @ V
+
+
+def assert_close(O, Q, K, V, causal):
+    ref = flashsim.reference.attention(Q, K, V, causal=causal)
+    base = np.abs(fp32_baseline(Q, K, V, causal) - ref).max()
+    err = np.abs(np.asarray(O, np.float64) - ref).max()
+    tol = 2 * base + 2 * EPS32 * np.abs(ref).max()
+    assert np.isfinite(O).all()
+    assert err <= tol, f"max error {err:.3g} > {tol:.3g} (fp32 baseline {base:.3g})"
+
+
+def random_qkv(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+
+
+def big_logits(shape, block_cols, seed=0):
+    """Q, K, V with tau Q K^T near 1e4 (9999.5 .. 1e4 + a few), rising along the keys so
+    that every row's running maximum grows from one K/V block to the next, while the
+    softmax stays spread over several keys (not one-hot)."""
+    Q, K, V = random_qkv(shape, seed)
+    N, d = shape[-2:]
+    Q, K = 0.5 * Q, 0.5 * K
+    tau = 1 / np.sqrt(d)
+    Q[..., 0] = 100.0
+    K[..., 0] = (1e4 / (100 * tau)) + 0.25 / (100 * tau) * np.arange(N)
+    S = (Q.astype(np.float64) @ np.swapaxes(K, -1, -2)) * tau
+    # the test is meaningful: logits reach 1e4 and the last block's max beats the first's
+    assert np.abs(S).max() > 9.9e3
+    assert (S[..., :block_cols].max(-1) < S[..., -block_cols:].max(-1)).all()
+    return Q.astype(np.float32), K.astype(np.float32), V
+
+
+# (shape, block_rows, block_cols, causal, threads): one to four blocks each way
+CASES = {
+    "ragged": ((1, 2, 37, 12), 16, 16, False, None),
+    "ragged-causal-odd-threads": ((1, 1, 33, 16), 16, 16, True, (3, 5)),
+    "2d-rectangular-causal": ((20, 8), 8, 16, True, None),
+    "flashsim-default-tiles": ((1, 1, 24, 16), None, None, False, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("alg", list(MODULES))
+def test_matches_reference(alg, case):
+    shape, Br, Bc, causal, threads = CASES[case]
+    Q, K, V = random_qkv(shape)
+    O = MODULES[alg].attention(Q, K, V, causal=causal, block_rows=Br, block_cols=Bc,
+                               threads=threads)
+    assert isinstance(O, np.ndarray) and O.shape == shape and O.dtype == np.float32
+    assert_close(O, Q, K, V, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("alg", list(MODULES))
+def test_logits_near_1e4(alg, causal):
+    Q, K, V = big_logits((1, 1, 32, 16), block_cols=16)
+    O = MODULES[alg].attention(Q, K, V, causal=causal, block_rows=16, block_cols=16)
+    assert_close(O, Q, K, V, causal)
+
+
+def test_device_arrays_in_device_array_out():
+    Q, K, V = random_qkv((1, 1, 20, 8), seed=3)
+    dQ, dK, dV = (cuda.to_device(x) for x in (Q, K, V))
+    O = numba_flash2.attention(dQ, dK, dV, block_rows=8, block_cols=8)
+    assert cuda.devicearray.is_cuda_ndarray(O) and tuple(O.shape) == Q.shape
+    assert_close(O.copy_to_host(), Q, K, V, False)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softmax_streaming_version(causal):
+    """Kernel 2 streams S twice when a row does not fit in shared memory (N > 12032); run
+    that version on a small S directly."""
+    rng = np.random.default_rng(5)
+    BH, N = 1, 20
+    S = (rng.standard_normal((BH, N, N)) * 30).astype(np.float32)
+    P = cuda.device_array((BH, N, N), np.float32)
+    NT = numba_standard.softmax_threads(N)
+    numba_standard.softmax_kernel(NT, False, causal)[(N, BH), NT](cuda.to_device(S), P, N)
+    S64 = S.astype(np.float64)
+    if causal:
+        S64 = np.where(np.tril(np.ones((N, N), bool)), S64, -np.inf)
+    ref = np.exp(S64 - S64.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    assert np.abs(P.copy_to_host() - ref).max() <= 8 * EPS32
+
+
+# --------------------------------------------------------------------------------------
+# Launch configuration: flashsim's tiles, flashsim's traffic, and input validation
+
+
+@pytest.mark.parametrize("alg", list(MODULES))
+@pytest.mark.parametrize("d", [64, 128])
+def test_default_tiles_and_predicted_traffic_are_flashsims(alg, d):
+    shape = (2, 3, 1000, d)
+    for causal in (False, True):
+        launch = MODULES[alg].configure(shape, causal=causal)
+        p = flashsim.plan(alg, seq_len=1000, head_dim=d, dtype="fp32", sram=48 * 1024,
+                          batch=2, heads=3, causal=causal)
+        assert (launch.block_rows, launch.block_cols) == (p.block_rows, p.block_cols)
+        assert launch.shared_bytes <= 48 * 1024
+        rep = MODULES[alg].predicted_traffic(shape, causal=causal)
+        want = p.count()
+        assert rep.per_tensor == want.per_tensor and rep.flops == want.flops
+        assert (rep.plan.block_rows, rep.plan.block_cols) == (p.block_rows, p.block_cols)
+        assert rep.predicted_time_s > 0
+
+
+def test_predicted_traffic_follows_given_tiles():
+    """64 x 32 tiles at d = 64: flashsim's model (which also holds O_i and S_ij in SRAM)
+    needs more than 48 KiB, the kernel (registers for those) does not; the prediction is
+    flashsim's count for exactly those tiles."""
+    launch = numba_flash2.configure((1, 4, 512, 64), block_rows=64, block_cols=32)
+    assert launch.shared_bytes <= 48 * 1024
+    rep = numba_flash2.predicted_traffic((1, 4, 512, 64), block_rows=64, block_cols=32)
+    want = flashsim.plan("flash2", seq_len=512, head_dim=64, sram="1MiB", heads=4,
+                         block_rows=64, block_cols=32).count()
+    assert rep.per_tensor == want.per_tensor and rep.plan.block_rows == 64
+
+
+def _one_line_error(exc_type, fn, *args, **kw):
+    with pytest.raises(exc_type) as info:
+        fn(*args, **kw)
+    assert str(info.value) and "\n" not in str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("alg", list(MODULES))
+def test_inputs_are_validated(alg):
+    att = MODULES[alg].attention
+    Q, K, V = random_qkv((1, 1, 8, 4))
+    _one_line_error(TypeError, att, Q.astype(np.float64), K, V)
+    _one_line_error(TypeError, att, Q.tolist(), K, V)
+    _one_line_error(TypeError, att, cuda.to_device(Q), K, V)
+    _one_line_error(ValueError, att, Q[0], K[0], V[0])                    # 3-D
+    _one_line_error(ValueError, att, Q, K[..., :6, :], V)                 # shapes differ
+    _one_line_error(ValueError, att, np.swapaxes(Q, -1, -2), K, V)        # not contiguous
+    big = np.zeros((8, 129), np.float32)
+    assert "d = 129" in _one_line_error(ValueError, att, big, big, big)
+    _one_line_error(TypeError, att, Q, K, V, causal="yes")
+    _one_line_error(TypeError, att, Q, K, V, threads=4)
+    _one_line_error(ValueError, att, Q, K, V, threads=(64, 64))           # 4096 threads
+    # tiles whose working set does not fit 48 KiB (flashsim's check, a ValueError)
+    _one_line_error(ValueError, MODULES[alg].configure, (4096, 128), block_rows=128,
+                    block_cols=128)
+
+
+def test_shared_memory_budget_is_checked():
+    """Tiles that flashsim's model accepts (B_r = B_c = 32, d = 64) with a thread layout
+    that pads them to 56 x 56 x 84: the padded shared arrays exceed 48 KiB."""
+    from gpu_kernels.numba_common import Tiling
+    threads = Tiling(32, 32, 64, TR=7, TC=7, RM=8, CN=8, DN=12)
+    msg = _one_line_error(ValueError, numba_flash2.configure, (4096, 64), block_rows=32,
+                          block_cols=32, threads=threads)
+    assert "shared memory" in msg and "49152" in msg
+
+
+# --------------------------------------------------------------------------------------
+# Every kernel compiles for sm_90 (a separate process: compile_ptx cannot run under the
+# simulator). Device functions ask for the current device's compute capability while
+# compiling, so that one call is stubbed; nothing else touches a driver.
+
+COMPILE_SCRIPT = textwrap.dedent("""
+    import json, re, sys, types
+    import numba.cuda.dispatcher as dispatcher
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
+    from gpu_kernels import numba_flash1, numba_flash2, numba_standard
+    from gpu_kernels.numba_common import cuda
+    modules = {"standard": numba_standard, "flash1": numba_flash1, "flash2": numba_flash2}
+    out = []
+    for alg, mod in modules.items():
+        for shape, causal, tiles in [((1, 1, 4096, 64), False, {}), ((1, 1, 4096, 128), True, {}),
+                                     ((1, 1, 37, 12), True, dict(block_rows=16, block_cols=8))]:
+            launch = mod.configure(shape, causal=causal, **tiles)
+            for name, kernel, sig in mod.kernels_for(launch.tiling, causal):
+                ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+                out.append(dict(alg=alg, kernel=name, shape=shape, causal=causal,
+                                target=".target sm_90" in ptx, local=".local" in ptx,
+                                f64=len(re.findall(r"\\.f64", ptx)),
+                                vec4=len(re.findall(r"ld\\.shared\\.v4\\.f32", ptx))))
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_every_kernel_compiles_for_sm90(compiled):
+    names = {(r["alg"], r["kernel"]) for r in compiled}
+    assert names >= {("standard", "scores"), ("standard", "row_softmax_fits"),
+                     ("standard", "row_softmax_stream"), ("standard", "weighted_sum"),
+                     ("flash1", "flash1_step"), ("flash1", "fill_flat"),
+                     ("flash2", "flash2_forward")}
+    for r in compiled:
+        assert r["target"], r
+        assert not r["local"], f"{r}: a per-thread array spilled to local memory"
+        assert r["f64"] == 0, f"{r}: float64 arithmetic in an fp32 kernel"
+
+
+def test_tile_products_use_16_byte_shared_loads(compiled):
+    """At flashsim's d = 64 tiles the micro-kernel's operand loads are vectorised."""
+    for r in compiled:
+        if r["shape"][-1] == 64 and r["kernel"] in ("scores", "weighted_sum",
+                                                     "flash1_step", "flash2_forward"):
+            assert r["vec4"] > 0, r
+
+
+# --------------------------------------------------------------------------------------
+# Real GPU: the same checks at real sizes (FLASHSIM_REAL_GPU=1 on a machine with a GPU)
+
+
+def _need_gpu():
+    if SIMULATOR or os.environ.get("FLASHSIM_REAL_GPU") != "1" or not cuda.is_available():
+        pytest.skip("needs a real CUDA GPU and FLASHSIM_REAL_GPU=1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alg", list(MODULES))
+@pytest.mark.parametrize("N,d,causal", [(1000, 64, False), (1000, 64, True),
+                                        (2048, 128, False), (777, 128, True)])
+def test_gpu_matches_reference(alg, N, d, causal):
+    _need_gpu()
+    Q, K, V = random_qkv((2, 2, N, d), seed=N + d)
+    O = MODULES[alg].attention(Q, K, V, causal=causal)
+    assert_close(O, Q, K, V, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alg", list(MODULES))
+def test_gpu_logits_near_1e4(alg):
+    _need_gpu()
+    launch = MODULES[alg].configure((1, 2, 1000, 64), causal=True)
+    Q, K, V = big_logits((1, 2, 1000, 64), block_cols=launch.block_cols)
+    O = MODULES[alg].attention(Q, K, V, causal=True)
+    assert_close(O, Q, K, V, True)
