@@ -11,13 +11,13 @@ import sys
 
 import numpy as np
 
-from . import reference
+from . import l2, reference
 from .algorithms import ALGORITHMS
 from .errors import FlashsimError
 from .plan import PASSES, plan
 from .presets import GPUS
 from .report import format_compare, format_report
-from .units import DTYPE_BYTES, format_bytes
+from .units import DTYPE_BYTES, format_bytes, parse_size
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     _shape_args(io)
     io.add_argument("--extra-passes", type=_passes, default=(),
                     help="standard only: eager elementwise passes over S, e.g. scale,mask")
+    io.add_argument("--l2", help="L2 cache size, e.g. 60MB: adds the three-level model's "
+                                 "DRAM bytes (also on with --gpu, at the preset's L2)")
+    io.add_argument("--blocks-per-sm", type=_int,
+                    help="resident thread blocks per SM for the L2 model (default: as many "
+                         "as the SRAM working set allows)")
     cmp_ = sub.add_parser("compare", help="standard, flash1 and flash2 side by side")
     _shape_args(cmp_)
     cmp_.add_argument("--extra-passes", type=_passes, default=(),
@@ -121,7 +126,7 @@ def main(argv=None) -> int:
         if args.command == "gpus":
             for key, g in GPUS.items():
                 print(f"{key:<10} {g.name:<26} SMs {g.sms:>3}  SRAM/block "
-                      f"{format_bytes(g.sram_per_block):>10}  L2 {g.l2_bytes / 1e6:.0f} MB  "
+                      f"{format_bytes(g.sram_per_block):>10}  L2 {format_bytes(g.l2_bytes)}  "
                       f"HBM {g.hbm_bandwidth / 1e12:.2f} TB/s  fp16 "
                       f"{g.peak_tensor_fp16 / 1e12:.0f} / fp32 {g.peak_fp32 / 1e12:.1f} TFLOP/s"
                       f"\n{'':<11}source: {g.source}")
@@ -130,6 +135,9 @@ def main(argv=None) -> int:
         if args.command == "io":
             p = _plan(args, args.algorithm, args.extra_passes)
             rep = _report(p, args, inputs)
+            if args.gpu is not None or args.l2 is not None:
+                rep.l2 = l2.simulate(p, l2_bytes=None if args.l2 is None else parse_size(args.l2),
+                                     blocks_per_sm=args.blocks_per_sm)
             print(json.dumps(rep.to_dict()) if args.json else format_report(rep))
         else:
             reps = [_report(_plan(args, a, args.extra_passes if a == "standard" else ()),

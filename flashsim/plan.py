@@ -166,6 +166,7 @@ class Report:
     max_abs_error: float | None = None
     hbm: dict = field(default_factory=dict, repr=False)
     max_abs_errors: dict | None = None     # by tensor (O, dQ, dK, dV) when checked
+    l2: object | None = None               # flashsim.l2.L2Report, when the L2 model ran
 
     @property
     def hbm_read_bytes(self) -> int:
@@ -207,6 +208,13 @@ class Report:
             d["max_abs_error"] = self.max_abs_error
         if self.max_abs_errors is not None:
             d["max_abs_error_by_tensor"] = dict(self.max_abs_errors)
+        if self.l2 is not None:
+            d.update({"l2_bytes": self.l2.l2_bytes, "blocks_per_sm": self.l2.blocks_per_sm,
+                      "l2_request_read_bytes": self.l2.l2_read_bytes,
+                      "l2_request_write_bytes": self.l2.l2_write_bytes,
+                      "dram_read_bytes": self.l2.dram_read_bytes,
+                      "dram_write_bytes": self.l2.dram_write_bytes,
+                      "dram_dirty_at_end_bytes": self.l2.dirty_at_end_bytes})
         return d
 
 

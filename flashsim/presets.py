@@ -4,7 +4,8 @@ Each preset gives what the traffic model needs: how much shared memory one threa
 use (the SRAM size M), the L2 size, HBM bandwidth and the dense peak rates. Sources are the
 vendors' datasheets and the CUDA C++ Programming Guide's table of per-block shared memory
 (compute capability 8.0: 163 KiB, 8.9: 99 KiB, 9.0: 227 KiB), except where a preset says
-"measured".
+"measured". Datasheets' "MB" of L2 are binary: the H200's "60 MB" reads as
+``cudaDeviceProp.l2CacheSize`` = 62,914,560 bytes on the project's machine.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from .errors import FlashsimError
 
-KiB, MB = 1024, 10**6
+KiB, MiB = 1024, 2**20
 
 
 @dataclass(frozen=True)
@@ -35,29 +36,29 @@ class GPU:
 
 GPUS: dict[str, GPU] = {
     "a100-40gb": GPU(
-        "NVIDIA A100 40GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MB,
+        "NVIDIA A100 40GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
         hbm_bandwidth=1555e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
         sram_per_sm=164 * KiB,
         source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
     "a100-80gb": GPU(
-        "NVIDIA A100 80GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MB,
+        "NVIDIA A100 80GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
         hbm_bandwidth=2039e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
         sram_per_sm=164 * KiB,
         source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
     "h100": GPU(
-        "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MB,
+        "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MiB,
         hbm_bandwidth=3.35e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
         sram_per_sm=228 * KiB,
         source="NVIDIA H100 datasheet (2023); CUDA Programming Guide, cc 9.0"),
     "h200": GPU(
-        "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MB,
+        "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MiB,
         hbm_bandwidth=4.8e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
         sram_per_sm=228 * KiB,
-        source="NVIDIA H200 datasheet (2024); L2 and SM count measured on the project's "
-               "H200 (torch.cuda.get_device_properties, shared/gpu-notes.md); "
+        source="NVIDIA H200 datasheet (2024); L2 (62,914,560 B) and SM count measured on "
+               "the project's H200 (cudaGetDeviceProperties, benchmarks/results/ncu_h200.json); "
                "CUDA Programming Guide, cc 9.0"),
     "rtx4090": GPU(
-        "NVIDIA GeForce RTX 4090", sms=128, sram_per_block=99 * KiB, l2_bytes=72 * MB,
+        "NVIDIA GeForce RTX 4090", sms=128, sram_per_block=99 * KiB, l2_bytes=72 * MiB,
         hbm_bandwidth=1008e9, peak_tensor_fp16=165.2e12, peak_fp32=82.6e12,
         sram_per_sm=100 * KiB,
         source="NVIDIA Ada Lovelace architecture whitepaper v1.1 (fp16 tensor rate with "

@@ -36,6 +36,16 @@ def format_report(rep) -> str:
         _row("SRAM peak / block", _cell(rep.sram_peak_bytes)),
         _row("FLOPs (matmuls)", f"{rep.flops:,}"),
     ]
+    if getattr(rep, "l2", None) is not None:
+        x = rep.l2
+        lines += [
+            _RULE,
+            f"three levels: L2 of {x.l2_bytes:,} B, {x.blocks_per_sm} resident blocks per SM "
+            f"x {x.sms} SMs (flashsim/l2.py)",
+            _row("L2 requests", _cell(x.l2_read_bytes), _cell(x.l2_write_bytes)),
+            _row("DRAM", _cell(x.dram_read_bytes), _cell(x.dram_write_bytes)),
+            _row("  dirty in L2 at end", "", _cell(x.dirty_at_end_bytes)),
+        ]
     if rep.predicted_time_s is not None:
         lines.append(_row(f"roofline time", f"{rep.predicted_time_s * 1e3:.4f} ms"))
         lines.append(f"  (on {p.gpu.name}: max(bytes / {p.gpu.hbm_bandwidth / 1e12:.2f} TB/s, "

@@ -14,6 +14,13 @@ reasons, each a term here:
    fraction ``compute_efficiency`` of it. This is a property of the kernel's code (its
    instruction mix: loads, exponentials, shuffles beside the FMAs), not of the shape, so
    it is one stated number per kernel, never per point.
+   **Latency hiding.** That fraction needs enough warps on the SM to hide each
+   instruction's latency: ``saturating_warps``, 16 for CUDA-core (SIMT) code (four per
+   scheduler, each waiting on its FMAs and shared-memory loads), 4 for tensor-core code
+   (one per scheduler: a warp's independent MMAs keep its pipe busy). An SM holding
+   fewer warps runs proportionally slower. It matters when a launch has fewer blocks
+   than slots: flash1's one block per head at batch x heads = 128 leaves each busy SM
+   with one block of 8 warps, half speed.
 3. **Memory.** DRAM bytes (from the L2 model) at ``memory_efficiency`` of the datasheet
    bandwidth, and L2 request bytes at the L2's bandwidth. A launch takes the longest of its
    compute, DRAM and L2 times (they overlap), plus a fixed launch latency.
@@ -37,6 +44,12 @@ class Efficiency:
     compute: float = 1.0
     memory: float = 0.9          # of HBM bandwidth: a large copy reaches ~0.9 (4.3 of 4.8 TB/s)
     l2_bandwidth: float = 10e12  # bytes/s the L2 serves to the SMs (order of magnitude)
+    saturating_warps: int = 16   # resident warps an SM needs to reach ``compute``
+
+    @classmethod
+    def for_dtype(cls, dtype: str, compute: float = 1.0) -> "Efficiency":
+        """CUDA-core code for fp32, tensor-core code otherwise."""
+        return cls(compute=compute, saturating_warps=16 if dtype == "fp32" else 4)
 
 
 @dataclass
@@ -85,9 +98,16 @@ def _busiest_sm(flops: list[int], heads: int, sms: int) -> int:
     return max(load)
 
 
+def _per_launch(value, label: str):
+    return value.get(label) if isinstance(value, dict) else value
+
+
 def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = None,
-            **l2_options) -> list[LaunchTime]:
-    """Seconds per launch of ``plan`` on its GPU preset (default H200)."""
+            warps_per_block: int | dict | None = None, **l2_options) -> list[LaunchTime]:
+    """Seconds per launch of ``plan`` on its GPU preset (default H200).
+
+    ``warps_per_block`` (an int, or ``{launch label: int}``) enables the latency-hiding
+    term; without it every SM is taken to hold enough warps."""
     from .presets import gpu as _gpu
     g = plan.gpu or _gpu("h200")
     if l2 is None:
@@ -96,11 +116,18 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
     heads = plan.batch * plan.heads
     out = []
     for (label, flops), traffic in zip(block_flops(plan), l2.launches):
+        blocks = len(flops) * heads
         busiest = _busiest_sm(flops, heads, g.sms) if any(flops) else 0
+        warps = _per_launch(warps_per_block, label)
+        bps = _per_launch(l2.blocks_per_sm, label)
+        hiding = 1.0
+        if warps:
+            resident = min(bps, -(-blocks // g.sms))       # blocks on a busy SM at once
+            hiding = min(1.0, resident * warps / efficiency.saturating_warps)
         dram = traffic.dram_read_bytes + traffic.dram_write_bytes
         l2_bytes = traffic.l2_read_bytes + traffic.l2_write_bytes
         out.append(LaunchTime(
-            label, len(flops) * heads, busiest / peak_sm,
+            label, blocks, busiest / (peak_sm * hiding),
             dram / (g.hbm_bandwidth * efficiency.memory), l2_bytes / efficiency.l2_bandwidth,
             busiest))
     return out

@@ -6,9 +6,17 @@ from that configuration, by the same code as ``flashsim io`` (the L2 model in
 :mod:`flashsim.l2`, the time model in :mod:`flashsim.timing`), so a test and the notebook
 can both ask: does the model hold?
 
-One number per kernel is taken from the data, and said so: the compute efficiency (the
-fraction of the SMs' peak its code reaches), read off one reference point (N = 4096,
-d = 64, no mask) and then used for every other point of that kernel.
+One number per compiled kernel is taken from the data, and said so: the compute
+efficiency (the fraction of the SMs' peak its code reaches). Head dimension and tiles are
+compile-time constants, so each (kernel, d) is its own code; its efficiency is read off one
+reference point (no mask, default tiles, N = 4096, or the largest N measured below it)
+and used for every other point of that kernel and d: the other N, the causal runs, and the
+block-size experiment's other tiles.
+
+Predictions for the committed dataset take a few minutes to compute (the L2 model steps
+through every wave), so ``python -m flashsim.validation`` stores them beside the data in
+``ncu_h200_predictions.json``; a test recomputes them and requires equality, and the
+notebook reads the stored copy.
 """
 
 from __future__ import annotations
@@ -22,8 +30,29 @@ from . import l2 as _l2
 from . import timing
 from .plan import plan as _plan
 
-DATASET = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "ncu_h200.json"
-REFERENCE = dict(N=4096, d=64, causal=False)
+# Points where a target is missed, with the reason as far as we can tell. Tests hold this
+# list exact: every other point must meet its target, and every point here must still miss
+# it (a model that improves must shrink the list).
+KNOWN_MISSES = {
+    "dram": {
+        ("numba_flash2", 16384, 128, False, 16, 16):
+            "DRAM reads 15% above the model at the largest numba point. Suspected: the numba "
+            "kernels store O in partial 32-byte sectors (their L2 write requests run up to "
+            "4x the bytes written), and a partly written sector must be filled from DRAM "
+            "when it leaves the L2; the model writes whole tiles.",
+    },
+    "time": {
+        ("numba_flash2", 1024, 64, False, 16, 16):
+            "block-size experiment: 16x16 tiles do more shared-memory loads and index "
+            "arithmetic per FLOP than the 32x32 code whose efficiency is used, so the kernel "
+            "runs slower than one efficiency per kernel predicts.",
+    },
+}
+
+RESULTS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+DATASET = RESULTS / "ncu_h200.json"
+PREDICTIONS = RESULTS / "ncu_h200_predictions.json"
+REFERENCE_N = 4096
 SECTOR = 32
 
 
@@ -63,13 +92,16 @@ def predicted(pt: dict, efficiency: float = 1.0) -> dict:
     p = point_plan(pt)
     launches = _l2.launches(p.nest())
     occ = [blocks_per_sm(x) for x in pt["launches"]]
+    warps = [int(x["launch__block_size"]) // 32 for x in pt["launches"]]
     if len(occ) == len(launches):
         bps = {label: b for (label, _, _), b in zip(launches, occ)}
-    else:   # extra launches (a fill kernel): the main kernel's occupancy for all
+        wpb = {label: w for (label, _, _), w in zip(launches, warps)}
+    else:   # extra launches (a fill kernel): the main kernel's for all
         main = max(pt["launches"], key=lambda x: x["gpu__time_duration.sum"])
-        bps = blocks_per_sm(main)
+        bps, wpb = blocks_per_sm(main), int(main["launch__block_size"]) // 32
     rep = _l2.simulate(p, blocks_per_sm=bps)
-    t = timing.predict(p, timing.Efficiency(compute=efficiency), l2=rep)
+    t = timing.predict(p, timing.Efficiency.for_dtype(p.dtype, efficiency), l2=rep,
+                       warps_per_block=wpb)
     return {
         "dram_read_bytes": rep.dram_read_bytes, "dram_write_bytes": rep.dram_write_bytes,
         "dirty_at_end_bytes": rep.dirty_at_end_bytes,
@@ -80,28 +112,60 @@ def predicted(pt: dict, efficiency: float = 1.0) -> dict:
 
 
 def efficiencies(points: list[dict]) -> dict:
-    """Per kernel: predicted compute time at full peak over measured time, at the
-    reference point (at most 1)."""
-    out = {}
+    """``{(kernel, d): efficiency}``: predicted compute time at full peak over measured time
+    at the reference point (at most 1)."""
+    refs: dict = {}
     for pt in points:
-        if all(pt[k] == v for k, v in REFERENCE.items()) and "experiment" not in pt:
-            ideal = predicted(pt, 1.0)["compute_s"]
-            out[pt["kernel"]] = min(1.0, ideal / measured(pt)["time_s"])
-    return out
+        if pt["causal"] or "experiment" in pt or pt["N"] > REFERENCE_N:
+            continue
+        key = (pt["kernel"], pt["d"])
+        if key not in refs or pt["N"] > refs[key]["N"]:
+            refs[key] = pt
+    return {key: min(1.0, predicted(pt, 1.0)["compute_s"] / measured(pt)["time_s"])
+            for key, pt in refs.items()}
 
 
 def compare(data: dict | None = None) -> list[dict]:
-    """One row per point: configuration, measured, predicted."""
+    """One row per measured point: configuration, measured, predicted."""
     data = data or load()
     pts = [p for p in data["points"] if p["launches"]]
     eff = efficiencies(pts)
     rows = []
     for pt in pts:
-        if pt["kernel"] not in eff:
-            continue
-        rows.append({"point": pt, "efficiency": eff[pt["kernel"]], "measured": measured(pt),
-                     "predicted": predicted(pt, eff[pt["kernel"]])})
+        e = eff[(pt["kernel"], pt["d"])]
+        rows.append({"point": pt, "efficiency": e, "measured": measured(pt),
+                     "predicted": predicted(pt, e)})
     return rows
+
+
+def stored_rows() -> list[dict]:
+    """``compare()`` as stored by ``python -m flashsim.validation`` (fast, for notebooks)."""
+    with open(PREDICTIONS) as f:
+        stored = json.load(f)
+    data = load()
+    pts = [p for p in data["points"] if p["launches"]]
+    if len(pts) != len(stored["rows"]):
+        raise RuntimeError("stored predictions do not match the dataset: rerun "
+                           "python -m flashsim.validation")
+    return [{"point": pt, "measured": measured(pt), **row}
+            for pt, row in zip(pts, stored["rows"])]
+
+
+def point_key(pt: dict) -> tuple:
+    c = pt["plan"]
+    return (pt["kernel"], pt["N"], pt["d"], pt["causal"], c["block_rows"], c["block_cols"])
+
+
+def errors(row: dict) -> dict:
+    """Relative errors (DRAM and L2 bytes, read plus write) and the time ratio of one row."""
+    m, p = row["measured"], row["predicted"]
+
+    def both(d, level):
+        return d[f"{level}_read_bytes"] + d[f"{level}_write_bytes"]
+
+    return {"dram": abs(both(p, "dram") / both(m, "dram") - 1),
+            "l2": abs(both(p, "l2") / both(m, "l2") - 1),
+            "time_ratio": p["time_s"] / m["time_s"]}
 
 
 def spearman(a, b) -> float:
@@ -205,3 +269,18 @@ def live_times(points: list[dict], repeats: int = 20) -> list[dict]:
             times.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
         out.append(dict(p, time_s=float(np.median(times))))
     return out
+
+
+def main() -> None:
+    rows = compare()
+    out = {"note": "Computed by `python -m flashsim.validation` from ncu_h200.json's "
+                   "configurations; model output, not measurements.",
+           "summary": summary(rows),
+           "rows": [{"efficiency": r["efficiency"], "predicted": r["predicted"]} for r in rows]}
+    PREDICTIONS.write_text(json.dumps(out, indent=1) + "\n")
+    for k, v in out["summary"].items():
+        print(f"{k:24s} {v}")
+
+
+if __name__ == "__main__":
+    main()

@@ -87,3 +87,31 @@ def test_console_script_exit_status_from_a_real_process():
     good = subprocess.run([sys.executable, "-m", "flashsim.cli", "io", "-a", "flash2",
                            "-N", "64", "-d", "8", "--json"], capture_output=True, text=True)
     assert good.returncode == 0 and json.loads(good.stdout)["seq_len"] == 64
+
+
+def test_gpu_preset_adds_the_three_level_dram_bytes(capsys):
+    code, out, _ = run(capsys, "io", "-a", "flash2", "-N", "1024", "-d", "64", "--batch", "2",
+                       "--heads", "8", "--gpu", "h200", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["l2_bytes"] == 60 * 2**20
+    # L2 requests are the two-level bytes; the L2 keeps K and V for the re-reads.
+    assert d["l2_request_read_bytes"] == d["hbm_read_bytes"]
+    assert d["dram_read_bytes"] == 3 * 2 * 8 * 1024 * 64 * 4 < d["hbm_read_bytes"]
+    assert d["dram_write_bytes"] + d["dram_dirty_at_end_bytes"] == d["hbm_write_bytes"]
+    # One head whose 171 Q blocks need two waves of 132, and an L2 far smaller than its
+    # K and V: the second wave's re-reads miss.
+    args = ["io", "-a", "flash2", "-N", "8192", "-d", "64", "--sram", "64KiB",
+            "--blocks-per-sm", "1", "--json"]
+    code, out, _ = run(capsys, *args, "--l2", "64KiB")
+    tiny = json.loads(out)
+    code, out, _ = run(capsys, *args, "--l2", "60MiB")
+    big = json.loads(out)
+    assert tiny["blocks_per_sm"] == 1 and tiny["block_rows"] == 48
+    assert big["dram_read_bytes"] == 3 * 8192 * 64 * 4 < tiny["dram_read_bytes"]
+    code, out, _ = run(capsys, "io", "-a", "flash2", "-N", "256", "-d", "64")
+    assert "DRAM" not in out          # two levels unless asked
+
+
+def test_bad_l2_size_is_one_line(capsys):
+    code, out, err = run(capsys, "io", "-a", "flash2", "-N", "64", "-d", "8", "--l2", "lots")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "size" in err

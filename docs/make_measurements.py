@@ -1,0 +1,154 @@
+"""Write docs/measurements.md from the committed data in benchmarks/results/.
+
+    python docs/make_measurements.py
+
+Every number in that page comes from a JSON file written by a benchmark script; nothing is
+typed by hand. A test regenerates the page and fails if the committed copy differs.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = ROOT / "docs" / "measurements.md"
+
+
+def _load(name: str):
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def _prov(p: dict) -> str:
+    keys = ("gpu", "driver", "date", "date_utc", "command", "nvidia_smi", "processor")
+    parts = [f"{k}: `{p[k]}`" for k in keys if p.get(k)]
+    if p.get("packages"):
+        parts.append("packages: " + ", ".join(f"{k} {v}" for k, v in p["packages"].items() if v))
+    return "; ".join(parts)
+
+
+def core(lines):
+    d = _load("core_speed.json")
+    if not d:
+        return
+    lines += ["## The simulator's speed (CPU)", "", f"Provenance: {_prov(d['provenance'])}.", ""]
+    lines += _table(["what", "median", "target", "met"],
+                    [[r["what"], f"{r['seconds'] * 1e3:.1f} ms", f"{r['target_s'] * 1e3:.0f} ms",
+                      "yes" if r["met"] else "no"] for r in d["results"]])
+    lines.append("")
+
+
+def slider(lines):
+    d = _load("slider_latency.json")
+    if not d:
+        return
+    lines += ["## Notebook slider latency (CPU: recompute + redraw)", "",
+              f"Provenance: {_prov(d['provenance'])}.", ""]
+    lines += _table(["view", "median", "p90", "met (< 100 ms)"],
+                    [[r["what"], f"{r['median_s'] * 1e3:.1f} ms", f"{r['p90_s'] * 1e3:.1f} ms",
+                      "yes" if r["met"] else "no"] for r in d["results"]])
+    lines.append("")
+
+
+def numba(lines):
+    d = _load("numba_h200.json")
+    if not d:
+        return
+    lines += ["## numba.cuda kernels, fp32 (H200)", "", f"Provenance: {_prov(d['provenance'])}.",
+              "", f"All correctness checks passed: {'yes' if d['all_checks_passed'] else 'no'}."]
+    for f in d.get("failures", []):
+        c = f["check"]
+        lines.append(f"Failed check: {f['algorithm']} N={f['N']} d={f['d']}: max |O - ref| = "
+                     f"{c['max_abs_error']:.3e} > tolerance {c['tolerance']:.3e} (2 x the fp32 "
+                     "baseline's error + 2 ulp); the sweep stopped there, so later points are "
+                     "absent.")
+    lines.append("")
+    rows = [r for r in d["results"] if not r["causal"]]
+    rows.sort(key=lambda r: (r["d"], r["N"], r["algorithm"], r["variant"]))
+    lines += _table(["d", "N", "algorithm", "tiles", "time", "TFLOP/s", "flashsim roofline"],
+                    [[r["d"], r["N"], r["algorithm"], f"{r['variant']} {r['block_rows']}x{r['block_cols']}",
+                      f"{r['time_ms']:.2f} ms", f"{r['tflops']:.1f}", f"{r['predicted_time_ms']:.2f} ms"]
+                     for r in rows if "time_ms" in r])
+    lines += ["", "FA2 over the standard pipeline (time ratio; > 1: FA2 faster):", ""]
+    lines += _table(["N", "d", "flashsim tiles", "tuned tiles", "FA1 / standard"],
+                    [[s["N"], s["d"], f"{s['speedup']:.2f}", f"{s['tuned_flash2_over_standard']:.2f}",
+                      f"{s['flash1_over_standard']:.2f}"] for s in d["summary"]["flash2_over_standard"]])
+    lines.append("")
+
+
+def cupy(lines):
+    d = _load("cupy_h200.json")
+    if not d:
+        return
+    lines += ["## CuPy kernels beside PyTorch (H200)", "", f"Provenance: {_prov(d['provenance'])}.",
+              "", "Tensor-core FlashAttention-2 (ours, fp16) against PyTorch SDPA's flash backend "
+              "in the same run (16k tokens, hidden 2048):", ""]
+    lines += _table(["d", "N", "causal", "ours TFLOP/s", "torch flash TFLOP/s", "ratio"],
+                    [[r["d"], r["N"], r["causal"], f"{r['ours_tflops']:.1f}",
+                      f"{r['torch_flash_tflops']:.1f}", f"{r['ratio']:.2f}"]
+                     for r in d["ratio_vs_torch_flash"]])
+    lines += ["", "Every implementation at d = 128, no mask (TFLOP/s):", ""]
+    impls = sorted({p["impl"] for p in d["points"]})
+    Ns = sorted({p["N"] for p in d["points"]})
+    by = {(p["impl"], p["N"]): p for p in d["points"] if p["d"] == 128 and not p["causal"]}
+    lines += _table(["implementation"] + [str(n) for n in Ns],
+                    [[i] + [f"{by[(i, n)]['tflops']:.1f}" if (i, n) in by else "" for n in Ns]
+                     for i in impls])
+    lines.append("")
+
+
+def backward(lines):
+    d = _load("backward_h200.json")
+    if not d:
+        return
+    lines += ["## Backward pass (H200)", "", f"Provenance: {_prov(d['provenance'])}.", ""]
+    lines += _table(["implementation", "N", "d", "causal", "time", "flashsim HBM bytes"],
+                    [[p["impl"], p["N"], p["d"], p["causal"], f"{p['time_ms']:.2f} ms",
+                      f"{p['flashsim_hbm_bytes']:,}" if p.get("flashsim_hbm_bytes") else ""]
+                     for p in d["points"]])
+    lines.append("")
+
+
+def counters(lines):
+    d = _load("ncu_h200_predictions.json")
+    data = _load("ncu_h200.json")
+    if not d or not data:
+        return
+    s = d["summary"]
+    lines += ["## The model against hardware counters (H200, Nsight Compute)", "",
+              f"Provenance: {_prov(data['provenance'])}.", "",
+              f"{s['points']} points. Predictions are computed by `python -m flashsim.validation` "
+              "from each point's configuration (notebook 06 plots them).", ""]
+    lines += _table(["target", "result"], [
+        ["DRAM bytes within 10 % at every point", f"{s['dram_within_10pct']} of {s['points']} (worst {s['dram_worst_rel_error']:.3f})"],
+        ["L2 request bytes within 15 % at every point", f"{s['l2_within_15pct']} of {s['points']} (worst {s['l2_worst_rel_error']:.3f})"],
+        ["time within a factor 1.5 at every point", f"{s['time_within_1_5x']} of {s['points']} (ratios {s['time_ratio_min']:.2f} to {s['time_ratio_max']:.2f})"],
+        ["Spearman rank correlation of time >= 0.9", f"{s['time_spearman']:.3f}"],
+    ])
+    lines.append("")
+
+
+def main() -> str:
+    lines = ["# Measurements", "",
+             "Generated by `python docs/make_measurements.py` from `benchmarks/results/*.json`; "
+             "do not edit by hand. Each section names the command that produced its data.", ""]
+    for part in (core, slider, numba, cupy, backward, counters):
+        part(lines)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    text = main()
+    if "--check" in sys.argv:
+        sys.exit(0 if OUT.read_text() == text else 1)
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
