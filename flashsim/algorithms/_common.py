@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def largest_square_block(n: int, sram: int, working_set) -> int:
+    """FlashAttention-2's block rule: the largest B with ``working_set(B) <= sram`` (the
+    working set grows with B), rounded down to a multiple of 16 (tensor-core friendly) when
+    B >= 16, then capped at N."""
+    lo, hi = 0, math.isqrt(sram)            # B^2 elements of >= 1 byte never fit past this
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if working_set(mid) <= sram:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo >= 16:
+        lo -= lo % 16
+    return min(lo, n)
 
 
 def block_extent(k, block: int, n: int):

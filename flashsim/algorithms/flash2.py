@@ -24,7 +24,7 @@ import numpy as np
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
 from ..units import STAT_BYTES
 from ._common import (apply_causal_mask, block_extent, causal_stop_j, cdiv, exp_diff,
-                      matmul_flops)
+                      largest_square_block, matmul_flops)
 
 OUTPUTS = ("O", "L")
 
@@ -37,14 +37,7 @@ def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     """B_r = B_c = the largest multiple of 16 (tensor-core friendly) whose working set fits
     in ``sram`` bytes; below 16, the largest that fits. Capped at N."""
-    # b B^2 + (4 b d + 8) B - sram <= 0
-    lin = 4 * b * d + 2 * STAT_BYTES
-    B = int((-lin + math.sqrt(lin * lin + 4 * b * sram)) / (2 * b))
-    while B > 0 and working_set_bytes(B, B, d, b) > sram:
-        B -= 1
-    if B >= 16:
-        B -= B % 16
-    B = min(B, n)
+    B = largest_square_block(n, sram, lambda B: working_set_bytes(B, B, d, b))
     return B, B
 
 
