@@ -210,6 +210,7 @@ def plot_predicted_vs_measured(rows: list[dict], quantity: str, ax=None):
     ax = ax or plt.gca()
     band = {"dram": 0.10, "l2": 0.15, "time": 0.5}[quantity]
     kernels = sorted({r["point"]["kernel"] for r in rows})
+    seen: list = []
     for k in kernels:
         sel = [r for r in rows if r["point"]["kernel"] == k]
         if quantity == "time":
@@ -221,13 +222,16 @@ def plot_predicted_vs_measured(rows: list[dict], quantity: str, ax=None):
             y = [r["predicted"][f"{quantity}_read_bytes"] + r["predicted"][f"{quantity}_write_bytes"]
                  for r in sel]
         ax.scatter(x, y, s=14, label=k)
-    lo, hi = ax.get_xlim()
-    xs = np.geomspace(max(lo, 1e-12), hi, 50)
+        seen += x + y
+    lo, hi = min(seen) / 1.5, max(seen) * 1.5
+    xs = np.geomspace(lo, hi, 50)
     ax.plot(xs, xs, "k-", lw=0.8)
     ax.fill_between(xs, xs * (1 - band) if quantity != "time" else xs / 1.5,
                     xs * (1 + band), color="k", alpha=0.08)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
     unit = "s" if quantity == "time" else "bytes"
     ax.set_xlabel(f"measured {quantity} ({unit})")
     ax.set_ylabel(f"predicted {quantity} ({unit})")
