@@ -11,12 +11,13 @@ every transfer counted by tensor and direction, beside exact closed forms.
 
 from . import presets, reference
 from .errors import FlashsimError, SramOverflowError
-from .plan import Gradients, Plan, Report, plan
+from .plan import Gradients, Plan, Report, fastest_blocks, plan
 from .presets import GPUS, roofline_time
 from .report import format_compare, format_report
 from .units import parse_size
 
-__all__ = ["plan", "Plan", "Report", "Gradients", "FlashsimError", "SramOverflowError", "GPUS",
+__all__ = ["plan", "fastest_blocks", "Plan", "Report", "Gradients", "FlashsimError",
+           "SramOverflowError", "GPUS",
            "presets", "reference", "roofline_time", "parse_size", "format_report",
            "format_compare"]
 __version__ = "0.1.0"

@@ -272,6 +272,59 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     return p
 
 
+def fastest_blocks(algorithm: str, seq_len: int, head_dim: int, efficiency, *,
+                   gpu: str = DEFAULT_GPU, dtype: str = "fp32", causal: bool = False,
+                   block_rows: int | None = None, block_cols: int | None = None,
+                   multiple: int = 16, largest: int = 256) -> tuple[int, int]:
+    """The tiles with the shortest roofline time for a kernel that says how well it runs.
+
+    ``plan`` picks blocks by filling an SRAM of M bytes with the algorithm's working set.
+    A real kernel splits its on-chip memory differently (FlashAttention kernels keep S_ij
+    and O_i in registers, pad shared-memory rows against bank conflicts, add scratch), and
+    the tiles that move the fewest bytes are not always the fastest: a kernel that is
+    bound by arithmetic runs at the speed its thread layout allows. So the kernel answers
+    ``efficiency(B_r, B_c)``: the fraction of the GPU's peak FLOP rate it expects with
+    those tiles, or 0 (or None) when it cannot run them. flashsim ranks candidates by
+
+        time = max(HBM bytes / bandwidth, FLOPs / (peak x efficiency))
+
+    with its exact count of bytes and FLOPs (the forward's closed form, per head), and
+    breaks ties by fewer bytes, then the larger tile. Candidates are the multiples of
+    ``multiple`` up to ``largest`` (capped at N), or the given ``block_rows``/``block_cols``.
+    For FlashAttention-2 the bytes depend on B_r alone (K and V are read T_r times), for
+    FlashAttention (Algorithm 1) on B_c alone (Q and O are read, and O written, T_c times).
+    """
+    if algorithm not in ALGORITHMS or algorithm == "standard":
+        raise FlashsimError(f"fastest_blocks is for flash1 and flash2, not {algorithm!r}")
+    N = positive_int(seq_len, "seq_len")
+    d = positive_int(head_dim, "head_dim")
+    b = dtype_bytes(dtype)
+    preset = _gpu(gpu)
+    module = ALGORITHMS[algorithm]
+
+    def sizes(given, name):
+        if given is not None:
+            return [positive_int(given, name)]
+        return sorted({min(B, N) for B in range(multiple, largest + 1, multiple)})
+
+    ranked = []
+    for Br in sizes(block_rows, "block_rows"):
+        for Bc in sizes(block_cols, "block_cols"):
+            eff = efficiency(Br, Bc)
+            if not eff:
+                continue
+            p = plan(algorithm, N, d, dtype=dtype, causal=causal, block_rows=Br,
+                     block_cols=Bc, sram=module.working_set_bytes(Br, Bc, d, b))
+            read, write, flops = module.closed_form(p)
+            nbytes = sum(read.values()) + sum(write.values())
+            t = max(nbytes / preset.hbm_bandwidth, flops / (preset.peak_flops(dtype) * eff))
+            ranked.append((t, nbytes, -Br * Bc, -Br, Br, Bc))
+    if not ranked:
+        raise SramOverflowError(f"the kernel runs none of the candidate {algorithm} tiles "
+                                f"at head_dim {d}")
+    return min(ranked)[-2:]
+
+
 def _execute(nest: _nest.Nest, hbm: dict, sram: int) -> _nest.Counts:
     lead = hbm["Q"].shape[:-2]
     for name, t in nest.tensors.items():

@@ -132,3 +132,51 @@ def test_bad_arrays_are_refused_before_anything_runs():
         p.run(*(np.ones((2, 8, 4)),) * 3)
     with pytest.raises(FlashsimError, match="real numbers"):
         p.run(good, good.astype(complex), good)
+
+
+# --------------------------------------------------------------------------------------
+# fastest_blocks: a kernel's own notion of what it can run, ranked by flashsim's counts
+
+def _brute_fastest(alg, N, d, eff, causal=False, dtype="fp32"):
+    """Every candidate through the counting engine (not the closed form): the reference."""
+    gpu = flashsim.GPUS["h200"]
+    best = None
+    for Br in sorted({min(B, N) for B in range(16, 257, 16)}):
+        for Bc in sorted({min(B, N) for B in range(16, 257, 16)}):
+            e = eff(Br, Bc)
+            if not e:
+                continue
+            rep = flashsim.plan(alg, seq_len=N, head_dim=d, sram="1GiB", causal=causal,
+                                dtype=dtype, block_rows=Br, block_cols=Bc).count()
+            t = max(rep.hbm_bytes / gpu.hbm_bandwidth, rep.flops / (gpu.peak_flops(dtype) * e))
+            key = (t, rep.hbm_bytes, -Br * Bc, -Br)
+            if best is None or key < best[0]:
+                best = (key, (Br, Bc))
+    return best[1]
+
+
+@pytest.mark.parametrize("alg", ["flash1", "flash2"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fastest_blocks_is_the_brute_force_minimum(alg, causal):
+    # a kernel that runs tiles up to 8192 elements and likes wide ones
+    def eff(Br, Bc):
+        return 0.0 if Br * Bc > 8192 else 1.0 / (1.0 + 32.0 / Bc + 16.0 / Br)
+    got = flashsim.fastest_blocks(alg, 1000, 64, eff, causal=causal)
+    assert got == _brute_fastest(alg, 1000, 64, eff, causal)
+
+
+def test_fastest_blocks_ties_go_to_fewer_bytes_then_the_larger_tile():
+    # compute-bound at a flat efficiency: every tile takes the same time, so FA2 takes the
+    # largest B_r (K and V read T_r times) and then the widest B_c; FA1 the widest B_c
+    assert flashsim.fastest_blocks("flash2", 4096, 64, lambda r, c: 1.0) == (256, 256)
+    r, c = flashsim.fastest_blocks("flash1", 4096, 64, lambda r, c: 1.0 if r <= 32 else 0)
+    assert (r, c) == (32, 256)
+
+
+def test_fastest_blocks_fixed_dimension_and_refusals():
+    assert flashsim.fastest_blocks("flash2", 512, 64, lambda r, c: 1.0, block_cols=16)[1] == 16
+    assert flashsim.fastest_blocks("flash2", 40, 64, lambda r, c: 1.0) == (40, 40)
+    with pytest.raises(SramOverflowError):
+        flashsim.fastest_blocks("flash2", 512, 64, lambda r, c: 0.0)
+    with pytest.raises(FlashsimError):
+        flashsim.fastest_blocks("standard", 512, 64, lambda r, c: 1.0)
