@@ -9,8 +9,9 @@ For each head dimension d in (64, 128) and N from 512 to 16384: batch x heads ho
 tokens x 2048/d heads, as in the FlashAttention-2 paper, except that standard attention's
 S and P (2 x 4 N^2 bytes per head) are capped at 16 GiB, so B*H = min(16384 * 2048 /
 (d N), 2^31 / N^2); the algorithms run the same B, H at each point: standard, FA1 and FA2
-at flashsim's 48 KiB tiles, and FA2 at larger tiles that its registers make room for
-(``TUNED_FLASH2``). Causal runs are added at N = 4096.
+at their default tiles (flashsim's rule at 48 KiB for standard, flashsim's
+``fastest_blocks`` for the flash kernels), and FA2 at the square tiles of flashsim's SRAM
+rule (``SQUARE_FLASH2``). Causal runs are added at N = 4096.
 
 Correct first (llm.c's order): every algorithm is checked at a ragged N = 1000, with and
 without the mask, then at each (N, d) every launch is checked against the float64
@@ -26,7 +27,7 @@ one by one. ``--explore K`` first times FA2 with the K best-scored thread layout
 
 Beside each measurement: flashsim's predicted HBM bytes for exactly that launch (same
 B_r, B_c, N, d, B, H, causal; fp32; SRAM 48 KiB, or what flashsim's model needs for the
-tuned tiles) and its roofline time on the H200 preset (max(bytes / 4.8 TB/s, FLOPs /
+flash kernels' tiles) and its roofline time on the H200 preset (max(bytes / 4.8 TB/s, FLOPs /
 66.9 TFLOP/s), flashsim.presets), the achieved TFLOP/s (4 B H N^2 d / time) and the
 effective bandwidth (flashsim's bytes / time).
 """
@@ -56,9 +57,14 @@ TOKENS, WIDTH = 16384, 2048          # batch * N and heads * d, as in the FA2 pa
 SP_CAP_BYTES = 16 * 2**30            # S + P of standard attention
 FLUSH_BYTES = 256 * 2**20            # > 60 MB of L2
 EPS32 = float(np.finfo(np.float32).eps)
-# Tiles beyond flashsim's 48 KiB choice that this kernel fits (it keeps O_i and S_ij in
-# registers): timed as a second FA2 variant.
-TUNED_FLASH2 = {64: (64, 32), 128: (32, 16)}
+# FA2 beside its default tiles (flashsim's fastest_blocks for this kernel): the square tiles
+# of flashsim's SRAM rule at 48 KiB, which counts O_i and S_ij in SRAM where this kernel keeps
+# them in registers (the default before fastest_blocks).
+SQUARE_FLASH2 = {64: (32, 32), 128: (16, 16)}
+# FA2 tiles timed by --explore at N = 4096 (None: the default); (112, 16) and (48, 16) move
+# the fewest bytes of the tiles that fit
+EXPLORE_TILES = {64: (None, (112, 16), (96, 16), (64, 16), (32, 32)),
+                 128: (None, (48, 16), (32, 32), (16, 16))}
 HEAD_DIMS = (64, 128)
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_SEQ_LENS = (1024, 4096)
@@ -178,7 +184,7 @@ def check(O, refs) -> dict:
 
 def check_ragged() -> list:
     """Correctness only, at a ragged N (not a multiple of any tile) with and without the
-    causal mask, for every algorithm at flashsim's tiles and the tuned FA2 tiles."""
+    causal mask, for every algorithm at its default tiles and FA2 at the square tiles."""
     rng = np.random.default_rng(2)
     failures = []
     for d in HEAD_DIMS:
@@ -202,7 +208,7 @@ def check_ragged() -> list:
 
 def variants_for(d: int):
     return [(alg, "default", {}) for alg in MODULES] + [
-        ("flash2", "tuned-tiles", dict(zip(("block_rows", "block_cols"), TUNED_FLASH2[d])))]
+        ("flash2", "square-tiles", dict(zip(("block_rows", "block_cols"), SQUARE_FLASH2[d])))]
 
 
 def sweep(args, baseline):
@@ -309,9 +315,9 @@ def summarise(rows, complete: bool) -> dict:
                     "N": N, "d": d, "speedup": std["time_ms"] / fa2["time_ms"],
                     "flash1_over_standard": (std["time_ms"] / pick["flash1", "default"]["time_ms"]
                                              if ("flash1", "default") in pick else None),
-                    "tuned_flash2_over_standard": (
-                        std["time_ms"] / pick["flash2", "tuned-tiles"]["time_ms"]
-                        if ("flash2", "tuned-tiles") in pick else None)})
+                    "square_flash2_over_standard": (
+                        std["time_ms"] / pick["flash2", "square-tiles"]["time_ms"]
+                        if ("flash2", "square-tiles") in pick else None)})
     if not complete:
         out["targets"] = "not evaluated: the run stopped at a failed check"
         return out
@@ -328,7 +334,8 @@ def summarise(rows, complete: bool) -> dict:
 
 def explore(args):
     """Time FA2 with the best-scored thread layouts (one per thread count) at N = 4096,
-    for flashsim's tiles and the tuned ones: the evidence for ``choose_tiling``'s model."""
+    for each of ``EXPLORE_TILES``: the evidence for ``choose_tiling``'s model and for the
+    least-traffic default."""
     from gpu_kernels.numba_common import Tiling, _score
     timer = Timer()
     rng = np.random.default_rng(1)
@@ -340,10 +347,15 @@ def explore(args):
         Q, K, V = (cuda.to_device(x) for x in (Qh, Kh, Vh))
         O = cuda.device_array((B * H, N, d), np.float32)
         ref = flashsim.reference.attention(Qh[0], Kh[0], Vh[0])
-        for alg, tiles in (("flash2", None), ("flash2", TUNED_FLASH2[d])):
+        for tiles in EXPLORE_TILES[d]:
+            alg = "flash2"
             mod = MODULES[alg]
-            base = mod.configure((B, H, N, d), **dict(zip(("block_rows", "block_cols"),
-                                                          tiles or (None, None))))
+            try:
+                base = mod.configure((B, H, N, d), **dict(zip(("block_rows", "block_cols"),
+                                                              tiles or (None, None))))
+            except ValueError as e:       # the kernel cannot hold these tiles
+                print(f"explore {alg} d={d} tiles={tiles}: {e}", flush=True)
+                continue
             Br, Bc = base.block_rows, base.block_cols
             ranked = []
             for TR in range(1, min(Br, 32) + 1):

@@ -158,28 +158,53 @@ def shape4(shape) -> tuple[int, int, int, int]:
 
 
 def plan_blocks(algorithm: str, N: int, d: int, *, causal: bool = False, batch: int = 1,
-                heads: int = 1, block_rows=None, block_cols=None, gpu: str = "h200"):
-    """flashsim's plan for this launch, fp32, at the numba shared-memory budget (48 KiB).
+                heads: int = 1, block_rows=None, block_cols=None, gpu: str = "h200",
+                arrays=None):
+    """flashsim's plan for this launch, fp32.
 
-    Blocks left as None are flashsim's choice at 48 KiB. flashsim's SRAM model holds Q_i,
-    K_j, V_j, S_ij, O_i in SRAM; the flash kernels keep S_ij and O_i in registers, so they
-    can run tiles that the model puts over 48 KiB. When both flash tiles are given and the
-    model refuses them at 48 KiB, the plan is made with the SRAM the model needs (the
-    counted traffic of flash1 and flash2 does not depend on M once the tiles are fixed);
-    the kernel's own shared-memory check (``check_shared``) is the one that binds."""
+    The flash kernels keep S_ij and O_i in registers and pad their shared-memory rows, so
+    flashsim's rule for an SRAM of M bytes (which holds every buffer there) is not what
+    these kernels can hold; and they are bound by arithmetic, so the tiles with the fewest
+    bytes are not the fastest. Blocks left as None are flashsim's ``fastest_blocks``: the
+    multiples of 16 with the shortest roofline time, each tile's compute rate scaled by
+    ``_score`` of the best thread layout that fits 48 KiB and the registers. The plan is
+    then made with the SRAM the model needs for those tiles (the counted traffic of flash1
+    and flash2 does not depend on M once the tiles are fixed); the kernel's own
+    shared-memory check (``check_shared``) is the one that binds. Standard attention's
+    kernels hold what flashsim's model holds: its rule at 48 KiB."""
     import flashsim
     from flashsim.algorithms import ALGORITHMS
 
-    def plan(sram):
+    def plan(sram, Br, Bc):
         return flashsim.plan(algorithm, seq_len=N, head_dim=d, dtype="fp32", sram=sram,
                              gpu=gpu, batch=batch, heads=heads, causal=causal,
-                             block_rows=block_rows, block_cols=block_cols)
-    try:
-        return plan(SHARED_LIMIT)
-    except flashsim.SramOverflowError:
-        if algorithm == "standard" or block_rows is None or block_cols is None:
-            raise
-        return plan(ALGORITHMS[algorithm].working_set_bytes(block_rows, block_cols, d, WORD))
+                             block_rows=Br, block_cols=Bc)
+    if algorithm == "standard":
+        return plan(SHARED_LIMIT, block_rows, block_cols)
+    if block_rows is None or block_cols is None:
+        block_rows, block_cols = default_blocks(algorithm, N, d, causal, block_rows,
+                                                block_cols, tuple(arrays or ()))
+    need = ALGORITHMS[algorithm].working_set_bytes(block_rows, block_cols, d, WORD)
+    return plan(max(SHARED_LIMIT, need), block_rows, block_cols)
+
+
+@functools.lru_cache(maxsize=256)
+def default_blocks(algorithm: str, N: int, d: int, causal: bool, block_rows, block_cols,
+                   arrays: tuple) -> tuple[int, int]:
+    """(B_r, B_c): flashsim's fastest tiles for a kernel with shared ``arrays`` whose
+    compute rate is ``_score`` of its best thread layout (see ``plan_blocks``)."""
+    import flashsim
+
+    def efficiency(Br, Bc):
+        # the unpadded arrays are a lower bound on shared memory: a quick no first
+        words = {"Q": Br * d, "K": Bc * d, "V": Bc * d, "P": Bc * Br, "rows": Br}
+        if WORD * sum(words[a] for a in arrays) > SHARED_LIMIT:
+            return 0.0
+        tl = choose_tiling(Br, Bc, d, arrays)
+        return 0.0 if tl is None else _score(tl, arrays)
+
+    return flashsim.fastest_blocks(algorithm, N, d, efficiency, causal=causal,
+                                   block_rows=block_rows, block_cols=block_cols)
 
 
 def _vec(n: int) -> int:
@@ -369,7 +394,8 @@ class Launch:
 
     def predicted_traffic(self, gpu: str = "h200"):
         """flashsim's Report for exactly this launch (same B_r, B_c, N, d, batch, heads,
-        causal; fp32; 48 KiB of SRAM); its ``predicted_time_s`` is the roofline on ``gpu``."""
+        causal; fp32; the SRAM those tiles need); its ``predicted_time_s`` is the roofline on
+        ``gpu``."""
         return self.plan(gpu).count()
 
     def buffer(self, name: str, shape: tuple):
@@ -387,7 +413,7 @@ class Launch:
 
 def configure_launch(cls, algorithm: str, shape, arrays, *, causal=False, block_rows=None,
                      block_cols=None, threads=None):
-    """A validated launch: tiles from flashsim at 48 KiB unless given, threads from
+    """A validated launch: tiles from flashsim unless given (``plan_blocks``), threads from
     ``choose_tiling`` unless given, shared memory checked against 48 KiB."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
@@ -396,7 +422,7 @@ def configure_launch(cls, algorithm: str, shape, arrays, *, causal=False, block_
         raise ValueError(f"head dimension d = {d} is not supported; these kernels take "
                          f"1 <= d <= {MAX_HEAD_DIM}")
     p = plan_blocks(algorithm, N, d, causal=causal, batch=B, heads=H,
-                    block_rows=block_rows, block_cols=block_cols)
+                    block_rows=block_rows, block_cols=block_cols, arrays=arrays)
     tl = check_tiling(threads, p.block_rows, p.block_cols, d, arrays)
     need = check_shared(algorithm, tl, arrays)
     return cls(algorithm, B, H, N, d, p.block_rows, p.block_cols, tl, causal, need)

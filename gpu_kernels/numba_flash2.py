@@ -32,10 +32,12 @@ the formula reads): one fp32 running sum over all N keys lost to the fp32 NumPy 
 on the H200 at N = 2048 (3.8e-7 against a tolerance of 3.8e-7; FA1, which sums per block,
 had 1.4e-7); summed per block, the sum over N is one of T_c terms.
 
-Shared memory: Q_i^T, K_j^T, V_j, P_ij^T and m_part (``Tiling.shared_words``). flashsim's
-defaults at 48 KiB (B_r = B_c = 32 at d = 64, 16 at d = 128) fit, since its SRAM model also
-counts the O_i and S_ij tiles that this kernel keeps in registers. The tile products are
-numba_common's register-tiled micro-kernel.
+Shared memory: Q_i^T, K_j^T, V_j, P_ij^T and m_part (``Tiling.shared_words``). Default tiles
+are flashsim's ``fastest_blocks`` for this kernel (``numba_common.plan_blocks``): the tiles
+with the shortest roofline time, each at the score of its best thread layout that fits 48
+KiB. flashsim's SRAM rule at 48 KiB would give square tiles, because its model also counts
+the O_i and S_ij that this kernel keeps in registers; those run slower (numba_h200.py times
+both). The tile products are numba_common's register-tiled micro-kernel.
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ class Flash2Launch(Launch):
 
 def configure(shape, *, causal=False, block_rows=None, block_cols=None, threads=None):
     """The launch for inputs of ``shape`` ((N, d) or (B, H, N, d)): tiles B_r, B_c from
-    flashsim at 48 KiB unless given, threads (TR, TC) chosen unless given; validated."""
+    flashsim's ``fastest_blocks`` unless given, threads (TR, TC) chosen unless given;
+    validated."""
     return configure_launch(Flash2Launch, ALGORITHM, shape, ARRAYS, causal=causal,
                             block_rows=block_rows, block_cols=block_cols, threads=threads)
 

@@ -136,17 +136,43 @@ def test_softmax_streaming_version(causal):
 @pytest.mark.parametrize("alg", list(MODULES))
 @pytest.mark.parametrize("d", [64, 128])
 def test_default_tiles_and_predicted_traffic_are_flashsims(alg, d):
+    """Standard attention takes flashsim's tiles for 48 KiB of SRAM; the flash kernels take
+    flashsim's fastest tiles for their thread layouts (no neighbouring tile that fits has a
+    shorter roofline time at its layout's score), and the prediction is flashsim's count
+    for those tiles."""
+    from gpu_kernels.numba_common import _score, choose_tiling
+
+    gpu = flashsim.GPUS["h200"]
     shape = (2, 3, 1000, d)
     for causal in (False, True):
         launch = MODULES[alg].configure(shape, causal=causal)
-        p = flashsim.plan(alg, seq_len=1000, head_dim=d, dtype="fp32", sram=48 * 1024,
-                          batch=2, heads=3, causal=causal)
-        assert (launch.block_rows, launch.block_cols) == (p.block_rows, p.block_cols)
+        Br, Bc = launch.block_rows, launch.block_cols
         assert launch.shared_bytes <= 48 * 1024
+        if alg == "standard":
+            p = flashsim.plan(alg, seq_len=1000, head_dim=d, dtype="fp32", sram=48 * 1024,
+                              batch=2, heads=3, causal=causal)
+            assert (Br, Bc) == (p.block_rows, p.block_cols)
+        else:
+            assert Br % 16 == 0 and Bc % 16 == 0
+
+            def time(r, c):
+                tl = choose_tiling(r, c, d, MODULES[alg].ARRAYS)
+                if tl is None:
+                    return None
+                rep = flashsim.plan(alg, seq_len=1000, head_dim=d, sram="1GiB", causal=causal,
+                                    block_rows=r, block_cols=c).count()
+                return max(rep.hbm_bytes / gpu.hbm_bandwidth,
+                           rep.flops / (gpu.peak_fp32 * _score(tl, MODULES[alg].ARRAYS)))
+            best = time(Br, Bc)
+            for r, c in [(Br + 16, Bc), (Br, Bc + 16), (Br - 16, Bc), (Br, Bc - 16)]:
+                t = time(r, c) if min(r, c) > 0 else None
+                assert t is None or t >= best, (r, c)
+            p = flashsim.plan(alg, seq_len=1000, head_dim=d, sram="1GiB", batch=2, heads=3,
+                              causal=causal, block_rows=Br, block_cols=Bc)
         rep = MODULES[alg].predicted_traffic(shape, causal=causal)
         want = p.count()
         assert rep.per_tensor == want.per_tensor and rep.flops == want.flops
-        assert (rep.plan.block_rows, rep.plan.block_cols) == (p.block_rows, p.block_cols)
+        assert (rep.plan.block_rows, rep.plan.block_cols) == (Br, Bc)
         assert rep.predicted_time_s > 0
 
 
