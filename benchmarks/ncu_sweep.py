@@ -45,6 +45,24 @@ METRICS = [
     "launch__occupancy_limit_shared_mem", "launch__occupancy_limit_warps",
     "sm__warps_active.avg.pct_of_peak_sustained_active",
 ]
+# Where the SMs' requests go before L2 (L1 hits never reach it) and what L2 itself hit:
+# recorded when this ncu knows the metric (checked against ``ncu --query-metrics``).
+OPTIONAL_METRICS = [
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld_lookup_hit.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld_lookup_miss.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_access.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum",
+    "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum",
+    "lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum",
+    # Hopper's L2 request coalescer merges reads of one sector by several SMs in flight
+    # at once: what it merged never reaches the L2 slices
+    "lrc__request_sectors_op_read_coalescable.sum",
+    "lrc__request_sectors_op_read_coalescing_achieved_type_hardware.sum",
+    "lrc__lrc2xbar_sectors_op_read.sum",
+    "lrc__xbar2lrc_requests_op_read.sum",
+]
 MARKER = "flashsim_point_marker"
 
 
@@ -210,7 +228,17 @@ def workload(manifest_path: str, quick: bool) -> None:
 
 
 # ------------------------------------------------------------------ the driver
-def parse_ncu_csv(text: str) -> list[dict]:
+def known_metrics(out_dir: str) -> list[str]:
+    """``METRICS`` plus the optional ones this ncu lists for the GPU (the full list is
+    kept in ``ncu_query_metrics.txt``)."""
+    q = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
+    with open(os.path.join(out_dir, "ncu_query_metrics.txt"), "w") as f:
+        f.write(q.stdout)
+    names = {ln.split()[0] for ln in q.stdout.splitlines() if ln.strip()}
+    return METRICS + [m for m in OPTIONAL_METRICS if m.rsplit(".", 1)[0] in names]
+
+
+def parse_ncu_csv(text: str, metrics=METRICS) -> list[dict]:
     """Rows of ``ncu --csv --page raw``: one per profiled kernel, metric columns."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
@@ -219,7 +247,7 @@ def parse_ncu_csv(text: str) -> list[dict]:
     for r in body:
         rec = dict(zip(header, r))
         row = {"kernel_name": rec.get("Kernel Name"), "id": rec.get("ID")}
-        for m in METRICS:
+        for m in metrics:
             v = rec.get(m)
             if v is None or v == "":
                 row[m] = None
@@ -228,7 +256,7 @@ def parse_ncu_csv(text: str) -> list[dict]:
                 row[m] = float(v.replace(",", ""))
             except ValueError:
                 row[m] = v
-        row["units"] = {m: units[header.index(m)] for m in METRICS if m in header}
+        row["units"] = {m: units[header.index(m)] for m in metrics if m in header}
         out.append(row)
     return out
 
@@ -255,14 +283,23 @@ def run(out_dir: str, quick: bool) -> None:
     from benchmarks._provenance import provenance
 
     manifest = os.path.join(out_dir, "manifest.json")
-    cmd = ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "m/",
-           "--metrics", ",".join(METRICS), "--csv", "--page", "raw",
-           sys.executable, os.path.abspath(__file__), "workload", "--manifest", manifest]
-    if quick:
-        cmd.append("--quick")
+    metrics = known_metrics(out_dir)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
+
+    def command(metrics):
+        cmd = ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "m/",
+               "--metrics", ",".join(metrics), "--csv", "--page", "raw",
+               sys.executable, os.path.abspath(__file__), "workload", "--manifest", manifest]
+        return cmd + ["--quick"] if quick else cmd
+    cmd = command(metrics)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0 and len(metrics) > len(METRICS):
+        print(proc.stderr[-2000:])
+        print("ncu failed with the optional metrics; again without them", flush=True)
+        metrics = METRICS
+        cmd = command(metrics)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     with open(os.path.join(out_dir, "ncu_raw.csv"), "w") as f:
         f.write(proc.stdout)
     with open(os.path.join(out_dir, "ncu_stderr.txt"), "w") as f:
@@ -272,7 +309,7 @@ def run(out_dir: str, quick: bool) -> None:
         raise SystemExit(f"ncu exited {proc.returncode}")
     with open(manifest) as f:
         man = json.load(f)
-    points = assign(parse_ncu_csv(proc.stdout), man["points"])
+    points = assign(parse_ncu_csv(proc.stdout, metrics), man["points"])
     import cupy
     props = cupy.cuda.runtime.getDeviceProperties(0)
     ncu_version = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout
@@ -282,7 +319,7 @@ def run(out_dir: str, quick: bool) -> None:
         "driver": _driver(), "ncu": ncu_version.strip().splitlines()[-1] if ncu_version else None,
         "ncu_command": " ".join(cmd), "cuda_runtime":
             cupy.cuda.runtime.runtimeGetVersion()})
-    data = {"provenance": prov, "metrics": METRICS, "correctness": man["correctness"],
+    data = {"provenance": prov, "metrics": metrics, "correctness": man["correctness"],
             "skipped": man.get("skipped", []), "points": points}
     with open(os.path.join(out_dir, "ncu_h200.json"), "w") as f:
         json.dump(data, f, indent=1)

@@ -24,10 +24,25 @@ this model needs a schedule, read from the same loop nest as everything else:
 * **Sectors.** Every tile is charged the 32-byte sectors it touches, row by row: the
   L2 request bytes are the two-level bytes rounded up to sectors.
 
-What it leaves out, each a reason a prediction can miss: L1 hits (co-resident blocks on one
-SM can share a line in L1, which lowers L2 requests), the H200's L2 being two partitions
-(data used by SMs on both sides may be held twice, which lowers the useful capacity),
-hashing and set conflicts (LRU here is fully associative), and prefetching.
+What it leaves out, each a reason a prediction can miss:
+
+* **Between the SMs and the L2.** The model's L2 requests are what the SMs ask for, and on
+  the H200 that count is exact (Nsight's L1 request sectors equal it at every measured
+  point). Two things stand between those requests and the L2 slices, and both depend on
+  timing that a step model does not have: L1 hits (a co-resident block on the same SM read
+  the sector a moment before; the numba kernels' padded tiles re-read clamped rows) and
+  Hopper's L2 request coalescer, which merges reads of one sector by several SMs that are in
+  flight at once. Blocks of one head stream the same K_j, V_j almost together, so without a
+  mask the coalescer removes a large share of FlashAttention-2's read requests; under a
+  causal mask the blocks drift apart and it removes little. ``flashsim.validation`` reads
+  both from the counters and shows they account for the difference.
+* The H200's L2 being two partitions (data used by SMs on both sides may be held twice,
+  which lowers the useful capacity), hashing and set conflicts (LRU here is fully
+  associative), and prefetching.
+
+The schedule itself was measured (``benchmarks/sm_placement.py``): the first
+SMs x blocks-per-SM blocks start together in launch order, consecutive blocks on different
+SMs.
 """
 
 from __future__ import annotations

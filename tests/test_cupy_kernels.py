@@ -83,6 +83,17 @@ def test_no_spills_in_default_kernels(resources):
         assert not r.spills and r.stack_frame == 0, r
 
 
+def test_tc_128x128_tiles_spill_at_d64():
+    """The reason flashsim.validation gives for that point's L2 write requests (ten times
+    the O it stores): at B_r = B_c = 128, d = 64 the kernel spills registers to local
+    memory, and local-memory traffic reaches the L2."""
+    pytest.importorskip("cuda.core")
+    from gpu_kernels.cuda_compile import compile_variant
+    (res,) = compile_variant("flash2_tc.cu", cupy_flash2_tc.defines(64, "float16", block_m=128,
+                                                                    block_n=128))
+    assert res.spill_stores > 0, res
+
+
 @pytest.mark.parametrize("cu_file", CU_FILES)
 def test_file_compiles_on_its_own(cu_file):
     pytest.importorskip("cuda.core")

@@ -1,0 +1,102 @@
+"""Which SM runs which thread block, and when: the schedule an L1/L2 model must assume.
+
+    PYTHONPATH=. python3 benchmarks/sm_placement.py --out $OUT
+
+A probe kernel records, for every block, the SM it ran on (``%smid``) and its start and end
+on the global timer (``%globaltimer``, ns). Its grid is laid out as the attention kernels'
+(``blockIdx.x`` = the Q block, ``blockIdx.y`` = the head); dynamic shared memory is sized so
+that ``k`` blocks fit on an SM at once, as the kernels' occupancy limits do. Each block
+spins for a fixed time (``uniform``) or for a time that grows with ``blockIdx.x``
+(``causal``: block i of a causal FA2 kernel does i + 1 steps). Writes
+``$OUT/sm_placement.json``: the raw per-block records and, per configuration, the blocks
+that shared an SM at the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SOURCE = r"""
+extern "C" __global__ void probe(unsigned* sm, unsigned long long* start,
+                                 unsigned long long* stop, long long base_ns, long long step_ns) {
+    extern __shared__ float pad[];
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    const long long spin = base_ns + step_ns * (long long)blockIdx.x;
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while ((long long)(t - t0) < spin);
+    if (threadIdx.x == 0) {
+        unsigned s;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+        const size_t b = blockIdx.x + (size_t)gridDim.x * blockIdx.y;
+        pad[0] = (float)s;                       // keep the shared allocation
+        sm[b] = s; start[b] = t0; stop[b] = t;
+    }
+}
+"""
+
+CONFIGS = [  # (name, grid x (Q blocks), grid y (heads), blocks per SM, base ns, step ns)
+    ("uniform", 16, 256, 1, 20000, 0),
+    ("uniform", 16, 256, 2, 20000, 0),
+    ("uniform", 16, 256, 4, 20000, 0),
+    ("uniform", 16, 256, 6, 20000, 0),
+    ("uniform", 64, 64, 4, 20000, 0),
+    ("uniform", 512, 8, 4, 20000, 0),
+    ("causal", 16, 256, 4, 2000, 2000),
+    ("causal", 64, 64, 4, 2000, 500),
+]
+
+
+def run(out_dir: str) -> None:
+    import cupy
+
+    from benchmarks._provenance import provenance
+
+    dev = cupy.cuda.Device(0)
+    smem_per_sm = dev.attributes["MaxSharedMemoryPerMultiprocessor"]
+    kern = cupy.RawKernel(SOURCE, "probe")
+    kern.max_dynamic_shared_size_bytes = dev.attributes["MaxSharedMemoryPerBlockOptin"]
+    results = []
+    for name, gx, gy, k, base, step in CONFIGS:
+        n = gx * gy
+        # k blocks per SM: each takes just over 1/(k+1) of the SM's shared memory
+        smem = smem_per_sm // (k + 1) + 1024 if k > 1 else smem_per_sm // 2 + 1024
+        sm = cupy.zeros(n, dtype=cupy.uint32)
+        t0 = cupy.zeros(n, dtype=cupy.uint64)
+        t1 = cupy.zeros(n, dtype=cupy.uint64)
+        for _ in range(2):          # the second run is recorded
+            kern((gx, gy), (128,), (sm, t0, t1, cupy.int64(base), cupy.int64(step)),
+                 shared_mem=smem)
+        cupy.cuda.runtime.deviceSynchronize()
+        sm_h, t0_h, t1_h = sm.get().tolist(), t0.get(), t1.get()
+        origin = int(t0_h.min())
+        results.append(dict(
+            config=name, grid=[gx, gy], blocks_per_sm_target=k, dynamic_smem=smem,
+            base_ns=base, step_ns=step, sm=sm_h,
+            start_ns=(t0_h - origin).tolist(), stop_ns=(t1_h - origin).tolist()))
+        first = sorted(range(n), key=lambda b: t0_h[b])[:8]
+        print(f"{name:8s} grid=({gx},{gy}) k={k}: first blocks {first} on SMs "
+              f"{[sm_h[b] for b in first]}", flush=True)
+    from benchmarks.ncu_sweep import _driver
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    prov = provenance(("cupy-cuda13x",), {
+        "gpu": name, "driver": _driver(), "sms": dev.attributes["MultiProcessorCount"],
+        "smem_per_sm": smem_per_sm, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion()})
+    with open(os.path.join(out_dir, "sm_placement.json"), "w") as f:
+        json.dump({"provenance": prov, "source": SOURCE, "runs": results}, f)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    run(ap.parse_args().out)
+
+
+if __name__ == "__main__":
+    main()
