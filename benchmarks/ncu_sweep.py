@@ -300,7 +300,7 @@ def run(out_dir: str, quick: bool) -> None:
         metrics = METRICS
         cmd = command(metrics)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    with open(os.path.join(out_dir, "ncu_raw.csv"), "w") as f:
+    with open(os.path.join(out_dir, "ncu_h200_raw.csv"), "w") as f:
         f.write(proc.stdout)
     with open(os.path.join(out_dir, "ncu_stderr.txt"), "w") as f:
         f.write(proc.stderr[-200000:])
