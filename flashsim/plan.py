@@ -317,7 +317,8 @@ def fastest_blocks(algorithm: str, seq_len: int, head_dim: int, efficiency, *,
                      block_cols=Bc, sram=module.working_set_bytes(Br, Bc, d, b))
             read, write, flops = module.closed_form(p)
             nbytes = sum(read.values()) + sum(write.values())
-            t = max(nbytes / preset.hbm_bandwidth, flops / (preset.peak_flops(dtype) * eff))
+            # the roofline with the compute rate scaled down: eff x peak
+            t = roofline_time(nbytes, flops / eff, preset, dtype)
             ranked.append((t, nbytes, -Br * Bc, -Br, Br, Bc))
     if not ranked:
         raise SramOverflowError(f"the kernel runs none of the candidate {algorithm} tiles "

@@ -229,22 +229,10 @@ def spearman(a, b) -> float:
 
 def summary(rows: list[dict]) -> dict:
     """The issue's targets, computed on ``rows``: worst relative errors and time ratios."""
-    def rel(key_pred, key_meas=None):
-        out = []
-        for r in rows:
-            m = r["measured"][key_meas or key_pred]
-            p = r["predicted"][key_pred]
-            out.append(abs(p - m) / m if m else float("inf"))
-        return out
-
-    dram = [abs((r["predicted"]["dram_read_bytes"] + r["predicted"]["dram_write_bytes"])
-                - (r["measured"]["dram_read_bytes"] + r["measured"]["dram_write_bytes"]))
-            / (r["measured"]["dram_read_bytes"] + r["measured"]["dram_write_bytes"])
-            for r in rows]
-    l2 = [abs((r["predicted"]["l2_read_bytes"] + r["predicted"]["l2_write_bytes"])
-              - (r["measured"]["l2_read_bytes"] + r["measured"]["l2_write_bytes"]))
-          / (r["measured"]["l2_read_bytes"] + r["measured"]["l2_write_bytes"]) for r in rows]
-    ratio = [r["predicted"]["time_s"] / r["measured"]["time_s"] for r in rows]
+    errs = [errors(r) for r in rows]
+    dram = [e["dram"] for e in errs]
+    l2 = [e["l2"] for e in errs]
+    ratio = [e["time_ratio"] for e in errs]
     sm = [abs(r["predicted"]["l2_read_bytes"] / r["measured"]["sm_read_bytes"] - 1)
           for r in rows if r["measured"]["sm_read_bytes"]]
     filtered = [e for e in map(filtered_l2_error, rows) if e is not None]

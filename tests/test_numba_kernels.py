@@ -161,8 +161,8 @@ def test_default_tiles_and_predicted_traffic_are_flashsims(alg, d):
                     return None
                 rep = flashsim.plan(alg, seq_len=1000, head_dim=d, sram="1GiB", causal=causal,
                                     block_rows=r, block_cols=c).count()
-                return max(rep.hbm_bytes / gpu.hbm_bandwidth,
-                           rep.flops / (gpu.peak_fp32 * _score(tl, MODULES[alg].ARRAYS)))
+                return flashsim.roofline_time(
+                    rep.hbm_bytes, rep.flops / _score(tl, MODULES[alg].ARRAYS), gpu, "fp32")
             best = time(Br, Bc)
             for r, c in [(Br + 16, Bc), (Br, Bc + 16), (Br - 16, Bc), (Br, Bc - 16)]:
                 t = time(r, c) if min(r, c) > 0 else None
