@@ -15,7 +15,7 @@ causal, dtype, the tiles it used) the launches it made, each with the counters
     launch__* (grid, block, registers, shared memory, occupancy limits)
 
 Measured values are written as ncu printed them and never edited. The model's predictions
-are not stored: ``flashsim.validation`` computes them from the points' configurations.
+are not stored: ``flashsim.measured.validation`` computes them from the points' configurations.
 
 ``workload`` is the program ncu profiles: it checks each kernel on small inputs against
 the float64 reference first, then runs each point once inside the NVTX range ``m``,

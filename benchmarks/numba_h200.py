@@ -28,7 +28,7 @@ one by one. ``--explore K`` first times FA2 with the K best-scored thread layout
 Beside each measurement: flashsim's predicted HBM bytes for exactly that launch (same
 B_r, B_c, N, d, B, H, causal; fp32; SRAM 48 KiB, or what flashsim's model needs for the
 flash kernels' tiles) and its roofline time on the H200 preset (max(bytes / 4.8 TB/s, FLOPs /
-66.9 TFLOP/s), flashsim.presets), the achieved TFLOP/s (4 B H N^2 d / time) and the
+66.9 TFLOP/s), flashsim.hardware.presets), the achieved TFLOP/s (4 B H N^2 d / time) and the
 effective bandwidth (flashsim's bytes / time).
 """
 

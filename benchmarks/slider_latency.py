@@ -4,7 +4,7 @@ to 65536), recorded as data.
     python benchmarks/slider_latency.py     # writes benchmarks/results/slider_latency.json
 
 Each figure times the real callback: setting ``control.value`` on a panel from
-``flashsim.widgets`` runs the observer exactly as dragging a slider in JupyterLab does, and
+``flashsim.views.widgets`` runs the observer exactly as dragging a slider in JupyterLab does, and
 the observer recomputes the view, redraws the matplotlib figure on the Agg canvas and
 encodes the PNG the browser will show. Nothing is skipped but the browser's own paint.
 One move per scenario is made first and not recorded (warm-up); then every value in the
@@ -27,7 +27,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from flashsim import widgets  # noqa: E402
+from flashsim.views import widgets  # noqa: E402
 from _provenance import provenance  # noqa: E402
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "slider_latency.json"

@@ -1,4 +1,4 @@
-"""Draws the pictures the README shows, with the same flashsim.pictures classes the
+"""Draws the pictures the README shows, with the same flashsim.views.pictures classes the
 notebooks' panels use.
 
     python docs/make_figures.py         # writes docs/img/sram_slider.png
@@ -15,7 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from flashsim import pictures, widgets  # noqa: E402
+from flashsim.views import pictures, widgets  # noqa: E402
 
 IMG = pathlib.Path(__file__).resolve().parent / "img"
 

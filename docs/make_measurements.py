@@ -1,4 +1,4 @@
-"""Write docs/measurements.md from the committed data in benchmarks/results/.
+"""Write docs/measurements.md from the committed data in flashsim/measured/data/.
 
     python docs/make_measurements.py
 
@@ -8,18 +8,17 @@ typed by hand. A test regenerates the page and fails if the committed copy diffe
 
 from __future__ import annotations
 
-import json
 import pathlib
 import sys
 
+from flashsim import measured
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 OUT = ROOT / "docs" / "measurements.md"
 
 
 def _load(name: str):
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.exists() else None
+    return measured.load(name) if measured.path(name).exists() else None
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -138,7 +137,7 @@ def counters(lines):
     s = d["summary"]
     lines += ["## The model against hardware counters (H200, Nsight Compute)", "",
               f"Provenance: {_prov(data['provenance'])}.", "",
-              f"{s['points']} points. Predictions are computed by `python -m flashsim.validation` "
+              f"{s['points']} points. Predictions are computed by `python -m flashsim.measured.validation` "
               "from each point's configuration (notebook 06 plots them).", ""]
     lines += _table(["target", "result"], [
         ["DRAM bytes within 10 % at every point", f"{s['dram_within_10pct']} of {s['points']} (worst {s['dram_worst_rel_error']:.3f})"],
@@ -158,7 +157,7 @@ def counters(lines):
              f"{s['l2_after_l1_coalescer_stores_within_15pct']} of {s['points']} (worst "
              f"{s['l2_after_l1_coalescer_stores_worst_rel_error']:.3f})"],
         ])
-        from flashsim import validation   # noqa: PLC0415 - only for this table
+        from flashsim.measured import validation   # noqa: PLC0415 - only for this table
         rows = validation.stored_rows()
         misses = [r for r in rows if validation.errors(r)["l2"] > 0.15]
         lines += ["", f"The {len(misses)} points that miss the L2 target, with their counters:",

@@ -9,10 +9,11 @@ every transfer counted by tensor and direction, beside exact closed forms.
     print(flashsim.format_report(p.count()))
 """
 
-from . import presets, reference
+from . import reference
+from .hardware import presets
 from .errors import FlashsimError, SramOverflowError
 from .plan import Gradients, Plan, Report, fastest_blocks, plan
-from .presets import GPUS, roofline_time
+from .hardware.presets import GPUS, roofline_time
 from .report import format_compare, format_report
 from .units import parse_size
 

@@ -11,11 +11,12 @@ import sys
 
 import numpy as np
 
-from . import l2, reference
+from . import reference
+from .hardware import l2
 from .algorithms import ALGORITHMS
 from .errors import FlashsimError
 from .plan import PASSES, plan
-from .presets import GPUS
+from .hardware.presets import GPUS
 from .report import format_compare, format_report
 from .units import DTYPE_BYTES, format_bytes, parse_size
 

@@ -128,11 +128,14 @@ class Ctx:
         return hi - lo
 
 
-def _span(ctx: Ctx, var: str | None, full: int) -> tuple[int, int]:
+def span(ctx: Ctx, var: str | None, full: int) -> tuple[int, int]:
+    """The half-open range a tile covers along one dimension: the block of ``var``, or the
+    whole ``full`` extent when ``var`` is None."""
     return (0, full) if var is None else ctx.range(var)
 
 
-def _loop_range(loop: Loop, ctx: Ctx) -> range:
+def loop_range(loop: Loop, ctx: Ctx) -> range:
+    """The block indices ``loop`` visits in context ``ctx`` (its causal bounds applied)."""
     start = 0 if loop.start is None else loop.start(ctx)
     stop = loop.blocks if loop.stop is None else loop.stop(ctx)
     return range(max(start, 0), min(stop, loop.blocks))
@@ -165,7 +168,7 @@ def _walk(ops: tuple, tensors: dict, ctx: Ctx, owner: Loop | None = None) -> Ite
     for op in ops:
         if isinstance(op, (Load, Store)):
             t = tensors[op.tensor]
-            rows, cols = _span(ctx, op.rows, t.rows), _span(ctx, op.cols, t.cols)
+            rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
             nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * t.elem_bytes
             if isinstance(op, Load) and op.buf not in created:
                 created.append(op.buf)
@@ -180,7 +183,7 @@ def _walk(ops: tuple, tensors: dict, ctx: Ctx, owner: Loop | None = None) -> Ite
             yield Step(op, ctx)
         elif isinstance(op, Loop):
             ctx.loops[op.var] = op
-            for i in _loop_range(op, ctx):
+            for i in loop_range(op, ctx):
                 ctx.idx[op.var] = i
                 yield from _walk(op.body, tensors, ctx, op)
             ctx.idx.pop(op.var, None)
@@ -247,6 +250,16 @@ def count(nest: Nest) -> Counts:
     return counts
 
 
+def count_scope(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts | None = None,
+                resident: int = 0) -> Counts:
+    """Add the counts of ``ops`` run in context ``ctx`` (the enclosing loops' blocks already
+    chosen: one thread block of a launch, say) to ``counts`` and return it."""
+    counts = counts if counts is not None else Counts(
+        {n: 0 for n in tensors}, {n: 0 for n in tensors})
+    _count(ops, tensors, ctx, counts, resident)
+    return counts
+
+
 def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: int) -> int:
     """Count ``ops`` in context ``ctx`` with ``resident`` bytes already in SRAM from outer
     scopes; returns the bytes this scope holds at its end (freed by the caller)."""
@@ -254,7 +267,7 @@ def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: int) -
     for op in ops:
         if isinstance(op, (Load, Store)):
             t = tensors[op.tensor]
-            rows, cols = _span(ctx, op.rows, t.rows), _span(ctx, op.cols, t.cols)
+            rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
             nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * t.elem_bytes
             if isinstance(op, Load):
                 counts.read[op.tensor] += nbytes
@@ -271,7 +284,7 @@ def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: int) -
                 counts.flops += int(op.flops(ctx.extent))
         elif isinstance(op, Loop):
             ctx.loops[op.var] = op
-            blocks = _loop_range(op, ctx)
+            blocks = loop_range(op, ctx)
             if any(isinstance(o, Loop) for o in op.body):
                 for i in blocks:
                     ctx.idx[op.var] = i
@@ -315,6 +328,54 @@ def _count_leaf(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Coun
             counts.sram_peak = max(counts.sram_peak, resident + int(held.max()))
         elif isinstance(op, Compute) and op.flops is not None:
             counts.flops += int(np.broadcast_to(op.flops(ext), idx.shape).sum())
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a nest: its ops and, when its iterations are thread blocks, the
+    parallel loop over them (``loop`` is None for a launch of one block per head)."""
+    label: str
+    loop: Loop | None
+    ops: tuple
+
+    @property
+    def var(self) -> str | None:
+        return None if self.loop is None else self.loop.var
+
+
+def launches(nest: Nest) -> list[Launch]:
+    """The kernel launches of ``nest``: each top-level loop marked ``parallel`` is one launch
+    whose iterations are thread blocks; a run of top-level ops without it is one launch with
+    one block per head (flash1, as the original FlashAttention kernel)."""
+    out, run = [], []
+
+    def close():
+        if run:
+            out.append(Launch(run[0].label if isinstance(run[0], Loop) else "", None,
+                              tuple(run)))
+            run.clear()
+
+    for op in nest.body:
+        if isinstance(op, Loop) and op.parallel:
+            close()
+            out.append(Launch(op.label, op, op.body))
+        else:
+            run.append(op)
+    close()
+    return out
+
+
+def blocks(launch: Launch) -> Iterator[Ctx]:
+    """The thread blocks of one head in ``launch``, in launch order: a context whose parallel
+    loop index is set (live: copy what you keep). Read by the L2 and the time models."""
+    ctx = Ctx()
+    if launch.loop is None:
+        yield ctx
+        return
+    ctx.loops[launch.var] = launch.loop
+    for i in loop_range(launch.loop, ctx):
+        ctx.idx[launch.var] = i
+        yield ctx
 
 
 def working_set(nest: Nest) -> list[tuple[str, int]]:

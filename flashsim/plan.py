@@ -11,19 +11,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
 
 from . import nest as _nest
-from .algorithms import ALGORITHMS, BACKWARD, standard, standard_bwd
+from .algorithms import ALGORITHMS, BACKWARD, standard
 from .errors import FlashsimError, SramOverflowError
-from .presets import GPU, gpu as _gpu, roofline_time
+from .hardware.presets import DEFAULT_GPU, GPU, gpu as _gpu, roofline_time
+from .report import Report
 from .units import dtype_bytes, parse_size, positive_int
 
-DEFAULT_GPU = "h200"
 # What a plan runs: the forward, the backward (the forward's saved tensors are its inputs),
 # or both, one after the other, their traffic added tensor by tensor.
 PASSES = ("fwd", "bwd", "fwd+bwd")
@@ -132,6 +132,17 @@ class Plan:
             return Gradients(hbm["dQ"], hbm["dK"], hbm["dV"]), report
         return hbm["O"], report
 
+    def saved_for_backward(self) -> dict:
+        """{tensor: bytes}, over batch x heads: what the forward writes to HBM and the
+        backward reads back, i.e. what must stay in memory between the two passes (besides
+        Q, K, V). Read from the two loop nests' counts, so it cannot disagree with them."""
+        fwd, bwd = (replace(self, pass_=pass_) for pass_ in ("fwd", "bwd"))
+        wrote, read = _nest.count(fwd.nest()).write, _nest.count(bwd.nest()).read
+        heads = self.batch * self.heads
+        return {name: heads * t.rows * t.cols * t.elem_bytes
+                for name, t in bwd.nest().tensors.items()
+                if wrote.get(name, 0) and read.get(name, 0)}
+
     def trace(self) -> list[dict]:
         """Every load, store and compute in order, as plain records (for pictures)."""
         out = []
@@ -154,68 +165,6 @@ class Plan:
                              "write_bytes": heads * c.write.get(name, 0)}
                       for name in dict.fromkeys(list(c.read) + list(c.write))}
         return Report(self, per_tensor, heads * c.flops, c.sram_peak)
-
-
-@dataclass
-class Report:
-    """Traffic of one run, totalled over batch x heads. ``sram_peak_bytes`` is per block."""
-    plan: Plan
-    per_tensor: dict
-    flops: int
-    sram_peak_bytes: int
-    max_abs_error: float | None = None
-    hbm: dict = field(default_factory=dict, repr=False)
-    max_abs_errors: dict | None = None     # by tensor (O, dQ, dK, dV) when checked
-    l2: object | None = None               # flashsim.l2.L2Report, when the L2 model ran
-
-    @property
-    def hbm_read_bytes(self) -> int:
-        return sum(t["read_bytes"] for t in self.per_tensor.values())
-
-    @property
-    def hbm_write_bytes(self) -> int:
-        return sum(t["write_bytes"] for t in self.per_tensor.values())
-
-    @property
-    def hbm_bytes(self) -> int:
-        return self.hbm_read_bytes + self.hbm_write_bytes
-
-    @property
-    def predicted_time_s(self) -> float | None:
-        p = self.plan
-        return None if p.gpu is None else roofline_time(self.hbm_bytes, self.flops, p.gpu, p.dtype)
-
-    def to_dict(self) -> dict:
-        p = self.plan
-        d = {
-            "algorithm": p.algorithm, "pass": p.pass_, "seq_len": p.seq_len, "head_dim": p.head_dim,
-            "batch": p.batch, "heads": p.heads, "dtype": p.dtype, "causal": p.causal,
-            "extra_passes": list(p.extra_passes), "sram_bytes": p.sram_bytes,
-            "block_rows": p.block_rows, "block_cols": p.block_cols,
-            "hbm_read_bytes": self.hbm_read_bytes, "hbm_write_bytes": self.hbm_write_bytes,
-            "hbm_bytes": self.hbm_bytes, "flops": self.flops, "per_tensor": self.per_tensor,
-            "sram_peak_bytes": self.sram_peak_bytes,
-        }
-        if p.algorithm == "standard":
-            d["softmax_rows"] = p.softmax_rows
-            if p.pass_ != "fwd":
-                d["softmax_bwd_rows"] = standard_bwd.softmax_bwd_rows(
-                    p.seq_len, p.sram_bytes, p.elem_bytes)
-        if p.gpu is not None:
-            d["gpu"] = p.gpu.name
-            d["predicted_time_s"] = self.predicted_time_s
-        if self.max_abs_error is not None:
-            d["max_abs_error"] = self.max_abs_error
-        if self.max_abs_errors is not None:
-            d["max_abs_error_by_tensor"] = dict(self.max_abs_errors)
-        if self.l2 is not None:
-            d.update({"l2_bytes": self.l2.l2_bytes, "blocks_per_sm": self.l2.blocks_per_sm,
-                      "l2_request_read_bytes": self.l2.l2_read_bytes,
-                      "l2_request_write_bytes": self.l2.l2_write_bytes,
-                      "dram_read_bytes": self.l2.dram_read_bytes,
-                      "dram_write_bytes": self.l2.dram_write_bytes,
-                      "dram_dirty_at_end_bytes": self.l2.dirty_at_end_bytes})
-        return d
 
 
 def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,

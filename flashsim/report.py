@@ -1,8 +1,77 @@
-"""One fixed-format table for every run, so standard and tiled results line up row by row."""
+"""A run's report (traffic by tensor and direction, FLOPs, SRAM peak, and the L2 model's
+figures when it ran), and one fixed-format table for every run, so standard and tiled
+results line up row by row."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from .algorithms import standard_bwd
+from .hardware.presets import roofline_time
 from .units import format_bytes
+
+@dataclass
+class Report:
+    """Traffic of one run, totalled over batch x heads. ``sram_peak_bytes`` is per block."""
+    plan: "Plan"  # noqa: F821 - flashsim.plan.Plan
+    per_tensor: dict
+    flops: int
+    sram_peak_bytes: int
+    max_abs_error: float | None = None
+    hbm: dict = field(default_factory=dict, repr=False)
+    max_abs_errors: dict | None = None     # by tensor (O, dQ, dK, dV) when checked
+    l2: object | None = None               # flashsim.hardware.l2.L2Report, when the L2 model ran
+
+    @property
+    def hbm_read_bytes(self) -> int:
+        return sum(t["read_bytes"] for t in self.per_tensor.values())
+
+    @property
+    def hbm_write_bytes(self) -> int:
+        return sum(t["write_bytes"] for t in self.per_tensor.values())
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.hbm_read_bytes + self.hbm_write_bytes
+
+    @property
+    def predicted_time_s(self) -> float | None:
+        p = self.plan
+        return None if p.gpu is None else roofline_time(self.hbm_bytes, self.flops, p.gpu, p.dtype)
+
+    def to_dict(self) -> dict:
+        p = self.plan
+        d = {
+            "algorithm": p.algorithm, "pass": p.pass_, "seq_len": p.seq_len, "head_dim": p.head_dim,
+            "batch": p.batch, "heads": p.heads, "dtype": p.dtype, "causal": p.causal,
+            "extra_passes": list(p.extra_passes), "sram_bytes": p.sram_bytes,
+            "block_rows": p.block_rows, "block_cols": p.block_cols,
+            "hbm_read_bytes": self.hbm_read_bytes, "hbm_write_bytes": self.hbm_write_bytes,
+            "hbm_bytes": self.hbm_bytes, "flops": self.flops, "per_tensor": self.per_tensor,
+            "sram_peak_bytes": self.sram_peak_bytes,
+        }
+        if p.algorithm == "standard":
+            d["softmax_rows"] = p.softmax_rows
+            if p.pass_ != "fwd":
+                d["softmax_bwd_rows"] = standard_bwd.softmax_bwd_rows(
+                    p.seq_len, p.sram_bytes, p.elem_bytes)
+        if p.gpu is not None:
+            d["gpu"] = p.gpu.name
+            d["predicted_time_s"] = self.predicted_time_s
+        if self.max_abs_error is not None:
+            d["max_abs_error"] = self.max_abs_error
+        if self.max_abs_errors is not None:
+            d["max_abs_error_by_tensor"] = dict(self.max_abs_errors)
+        if self.l2 is not None:
+            d.update({"l2_bytes": self.l2.l2_bytes, "blocks_per_sm": self.l2.blocks_per_sm,
+                      "l2_request_read_bytes": self.l2.l2_read_bytes,
+                      "l2_request_write_bytes": self.l2.l2_write_bytes,
+                      "dram_read_bytes": self.l2.dram_read_bytes,
+                      "dram_write_bytes": self.l2.dram_write_bytes,
+                      "dram_dirty_at_end_bytes": self.l2.dirty_at_end_bytes})
+        return d
+
+
 
 _RULE = "-" * 72
 

@@ -47,6 +47,11 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive integers: the number of blocks of ``b`` covering ``a``."""
+    return -(-a // b)
+
+
 def positive_int(value, name: str) -> int:
     """``value`` as an int > 0, or a FlashsimError naming ``name`` (floats are refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:

@@ -338,9 +338,9 @@ def test_cli_tables_and_bad_pass(capsys):
 
 
 # --------------------------------------------------------------------------------------
-# Notebook 07's logic: flashsim.recomputation
+# Notebook 07's logic: flashsim.views.backward
 
-from flashsim import recomputation  # noqa: E402
+from flashsim.views import backward as recomputation, widgets  # noqa: E402
 
 
 def test_saved_for_backward_is_what_the_forward_leaves_for_the_backward():
@@ -350,7 +350,7 @@ def test_saved_for_backward_is_what_the_forward_leaves_for_the_backward():
     for alg, saved in expect.items():
         p = flashsim.plan(alg, N, d, batch=2, heads=3, dtype="fp16", sram="1MiB",
                           pass_="fwd+bwd")
-        assert recomputation.saved_for_backward(p) == {k: heads * v for k, v in saved.items()}
+        assert p.saved_for_backward() == {k: heads * v for k, v in saved.items()}
 
 
 def test_fwd_bwd_rows_add_up_to_the_fwd_plus_bwd_plan():
@@ -411,7 +411,7 @@ def test_measurements_absent_or_consistent_with_the_model(tmp_path):
 def test_recomputation_panel_follows_its_slider():
     pytest.importorskip("ipywidgets")
     pytest.importorskip("matplotlib")
-    panel = recomputation.recomputation_panel(seq_len=512, batch=1, heads=1)
+    panel = widgets.recomputation_panel(seq_len=512, batch=1, heads=1)
     assert panel.view["seq_len"] == 512
     panel.controls["seq_len"].value = 4096
     assert panel.view["seq_len"] == 4096 and panel.error is None

@@ -84,7 +84,7 @@ def test_no_spills_in_default_kernels(resources):
 
 
 def test_tc_128x128_tiles_spill_at_d64():
-    """The reason flashsim.validation gives for that point's L2 write requests (ten times
+    """The reason flashsim.measured.validation gives for that point's L2 write requests (ten times
     the O it stores): at B_r = B_c = 128, d = 64 the kernel spills registers to local
     memory, and local-memory traffic reaches the L2."""
     pytest.importorskip("cuda.core")

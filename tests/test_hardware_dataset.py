@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from flashsim import validation
+from flashsim import measured
+from flashsim.measured import validation
 
 pytestmark = pytest.mark.skipif(not validation.DATASET.exists(), reason="no dataset committed")
 
@@ -90,10 +91,10 @@ def test_l2_requests_are_the_two_level_count_for_the_kernel_that_loads_each_tile
 
 
 def test_first_wave_is_the_first_sms_x_k_blocks_in_launch_order():
-    """The schedule flashsim.l2 assumes, as the H200 ran it (benchmarks/sm_placement.py):
+    """The schedule flashsim.hardware.l2 assumes, as the H200 ran it (benchmarks/sm_placement.py):
     the first SMs x k blocks start at once, in launch order, k on every SM, and
     consecutive blocks (one head's Q blocks) land on different SMs."""
-    path = validation.RESULTS / "sm_placement.json"
+    path = measured.path("sm_placement.json")
     with open(path) as f:
         data = json.load(f)
     sms = data["provenance"]["sms"]

@@ -6,9 +6,9 @@ from collections import OrderedDict
 import pytest
 
 import flashsim
-from flashsim import l2
-from flashsim.l2 import _program, launches
-from flashsim.nest import Ctx, _loop_range
+from flashsim.hardware import l2
+from flashsim.hardware.l2 import block_steps
+from flashsim.nest import blocks, launches
 
 
 def naive_dram(plan, cap, slots):
@@ -16,16 +16,9 @@ def naive_dram(plan, cap, slots):
     nest = plan.nest()
     heads = plan.batch * plan.heads
     total_r = total_w = 0
-    for label, loop, ops in launches(nest):
-        ctx = Ctx()
-        if loop is None:
-            progs = [_program(ops, nest.tensors, ctx, None, {}, {})]
-        else:
-            ctx.loops[loop.var] = loop
-            progs = []
-            for i in _loop_range(loop, ctx):
-                ctx.idx[loop.var] = i
-                progs.append(_program(ops, nest.tensors, ctx, loop.var, {}, {}))
+    for launch in launches(nest):
+        progs = [block_steps(launch.ops, nest.tensors, ctx, launch.var, {}, {})
+                 for ctx in blocks(launch)]
         order = [(h, i) for h in range(heads) for i in range(len(progs))]
         active, cache, used = [], OrderedDict(), 0
         while order or active:

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from flashsim import FlashsimError, online_softmax as osm
+from flashsim import FlashsimError
+from flashsim.algorithms import online_softmax as osm
 
 
 def reference_softmax(x):

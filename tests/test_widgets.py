@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import flashsim
-from flashsim import FlashsimError, widgets as w
+from flashsim import FlashsimError
+from flashsim.views import widgets as w
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -257,7 +258,7 @@ def test_step_slider_follows_the_number_of_steps():
 
 def test_pictures_draw_without_widgets():
     pytest.importorskip("matplotlib")
-    from flashsim import pictures as P
+    from flashsim.views import pictures as P
     for cls, view in ((P.SramPicture, w.sram_view(2048)),
                       (P.TilePicture, w.tile_view()),
                       (P.OnlineSoftmaxPicture, w.online_softmax_view()),
@@ -271,8 +272,8 @@ def test_pictures_draw_without_widgets():
 
 
 def test_import_flashsim_stays_light():
-    code = ("import sys, flashsim, flashsim.widgets, flashsim.online_softmax, "
-            "flashsim.pictures; bad = [m for m in ('matplotlib', 'ipywidgets') "
+    code = ("import sys, flashsim, flashsim.views.widgets, flashsim.algorithms.online_softmax, "
+            "flashsim.views.pictures; bad = [m for m in ('matplotlib', 'ipywidgets') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

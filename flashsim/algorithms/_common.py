@@ -7,10 +7,6 @@ import math
 import numpy as np
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def largest_square_block(n: int, sram: int, working_set) -> int:
     """FlashAttention-2's block rule: the largest B with ``working_set(B) <= sram`` (the
     working set grows with B), rounded down to a multiple of 16 (tensor-core friendly) when

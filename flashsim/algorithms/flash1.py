@@ -31,11 +31,9 @@ import math
 import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
-from ..units import STAT_BYTES
-from ._common import (apply_causal_mask, block_extent, causal_start_i, cdiv, exp_diff,
-                      matmul_flops)
+from ..units import STAT_BYTES, cdiv
+from ._common import apply_causal_mask, block_extent, causal_start_i, exp_diff, matmul_flops
 
-OUTPUTS = ("O", "l", "m")
 
 
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:

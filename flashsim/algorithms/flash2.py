@@ -22,11 +22,10 @@ import math
 import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
-from ..units import STAT_BYTES
-from ._common import (apply_causal_mask, block_extent, causal_stop_j, cdiv, exp_diff,
+from ..units import STAT_BYTES, cdiv
+from ._common import (apply_causal_mask, block_extent, causal_stop_j, exp_diff,
                       largest_square_block, matmul_flops)
 
-OUTPUTS = ("O", "L")
 
 
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:

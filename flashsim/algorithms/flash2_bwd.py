@@ -35,7 +35,7 @@ So per K/V block the inner loop moves Q_i and dO_i in and dQ_i in and out: witho
 R = T_c N, as in Algorithm 4, but O_i, l_i and m_i no longer cross HBM every step.
 FLOPs: 10 d sum_j c_j rows(j), as in Algorithm 4 (five matmuls per tile).
 SRAM working set: b (4 B_c d + 2 B_r d + 2 B_r B_c) + 4 B_r d + 8 B_r
-(K_j, V_j, dK_j, dV_j, Q_i, dO_i, S_ij/P_ij, dP_ij/dS_ij, the fp32 dQ_i, and L_i, D_i).
+(K_j, V_j, dK_j, dV_j, Q_i, dO_i, S_ij/P_ij, dS_ij, the fp32 dQ_i, and L_i, D_i).
 """
 
 from __future__ import annotations
@@ -45,12 +45,10 @@ import math
 import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
-from ..units import STAT_BYTES
-from ._common import (apply_causal_mask, block_extent, causal_start_i, cdiv, exp_diff,
+from ..units import STAT_BYTES, cdiv
+from ._common import (apply_causal_mask, block_extent, causal_start_i, exp_diff,
                       largest_square_block, matmul_flops)
 
-OUTPUTS = ("dQ", "dK", "dV")
-SAVED = ("O", "L")        # what this backward reads from the forward
 ACC_BYTES = 4             # dQ is accumulated in fp32 (atomic adds)
 
 
@@ -104,13 +102,13 @@ def build(plan) -> Nest:
 
     def dp_ds(sram, ctx):
         dP = sram["dO_i"] @ T(sram["V_j"], -1, -2)
-        sram["dP_ij"] = sram["S_ij"] * (dP - sram["D_i"])              # dS_ij
+        sram["dS_ij"] = sram["S_ij"] * (dP - sram["D_i"])
 
     def dq(sram, ctx):
-        sram["dQ_i"] = sram["dQ_i"] + tau * (sram["dP_ij"] @ sram["K_j"])
+        sram["dQ_i"] = sram["dQ_i"] + tau * (sram["dS_ij"] @ sram["K_j"])
 
     def dk(sram, ctx):
-        sram["dK_j"] = sram["dK_j"] + tau * (T(sram["dP_ij"], -1, -2) @ sram["Q_i"])
+        sram["dK_j"] = sram["dK_j"] + tau * (T(sram["dS_ij"], -1, -2) @ sram["Q_i"])
 
     inner = Loop("i", Br, N, label="Q blocks streamed; dQ_i added to in HBM",
                  start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
@@ -120,7 +118,7 @@ def build(plan) -> Nest:
                      Load("L_i", "L", rows="i"),
                      Load("D_i", "D", rows="i"),
                      Alloc("S_ij", "i", "j", b),
-                     Alloc("dP_ij", "i", "j", b),
+                     Alloc("dS_ij", "i", "j", b),
                      Compute("S_ij = tau Q_i K_j^T, masked; P_ij = exp(S_ij - L_i)",
                              recompute_p, matmul_flops("i", "j", d)),
                      Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),

@@ -40,10 +40,9 @@ import numpy as np
 
 from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
-from ..units import STAT_BYTES
-from ._common import apply_causal_mask, cdiv, exp_diff, matmul_flops
+from ..units import STAT_BYTES, cdiv
+from ._common import apply_causal_mask, exp_diff, matmul_flops
 
-OUTPUTS = ("O",)
 PASSES = ("scale", "mask")
 # The tile an eager matmul uses: fixed, like a cuBLAS kernel's, and independent of M.
 MATMUL_TILE = 64

@@ -45,12 +45,10 @@ import math
 import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
-from ..units import STAT_BYTES
+from ..units import STAT_BYTES, cdiv
 from . import standard
-from ._common import cdiv, matmul_flops
+from ._common import matmul_flops
 
-OUTPUTS = ("dQ", "dK", "dV")
-SAVED = ("P",)            # what this backward reads from the forward
 
 
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:

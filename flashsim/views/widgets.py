@@ -6,12 +6,12 @@ assert on. They call flashsim's closed forms (``Plan.closed_form()``, equal to
 ``Plan.count()`` byte for byte, as ``tests/test_counts.py`` holds) so a slider answers fast
 even at N = 65536.
 
-:class:`Panel` wires controls, a view function and a picture from :mod:`flashsim.pictures`:
+:class:`Panel` wires controls, a view function and a picture from :mod:`flashsim.views.pictures`:
 moving a control runs :meth:`Panel.refresh` (recompute, redraw, PNG into an ``Image``
 widget). The ``*_panel`` functions build the notebooks' panels. ipywidgets and matplotlib
 are imported only when a panel is built, so ``import flashsim`` stays light.
 
-    panel = flashsim.widgets.sram_panel(seq_len=4096)
+    panel = flashsim.views.widgets.sram_panel(seq_len=4096)
     panel                                   # in a notebook: sliders and the picture
     panel.controls["sram"].value = 2**17    # runs the callback, as dragging does
     panel.view["bytes"]["flash1"]           # what the picture now shows
@@ -25,30 +25,18 @@ from typing import Callable
 
 import numpy as np
 
-from . import online_softmax
-from .algorithms._common import cdiv
-from .errors import FlashsimError
-from .plan import plan
-from .presets import GPUS, gpu as _gpu, roofline_time
-from .units import DTYPE_BYTES, parse_size
+from ..algorithms import online_softmax
+from ..errors import FlashsimError
+from ..plan import plan
+from ..hardware.presets import DEFAULT_GPU, GPUS, gpu as _gpu, roofline_time
+from ..units import DTYPE_BYTES, cdiv, parse_size
 
 ALGS = ("standard", "flash1", "flash2")
 KiB = 1024
 
-# Datasheet figures the presets do not carry, for notebook 01's capacity/bandwidth table.
 # SRAM bandwidth is estimated as SMs x 128 bytes per clock (32 banks of 4 bytes each per
 # clock: CUDA C++ Programming Guide, "Shared Memory") x boost clock; for the A100 this gives
 # the 19 TB/s the FlashAttention paper quotes.
-DATASHEET = {
-    "a100-40gb": {"memory": "HBM2", "capacity": 40e9, "boost_clock_hz": 1.41e9},
-    "a100-80gb": {"memory": "HBM2e", "capacity": 80e9, "boost_clock_hz": 1.41e9},
-    "h100": {"memory": "HBM3", "capacity": 80e9, "boost_clock_hz": 1.98e9},
-    "h200": {"memory": "HBM3e", "capacity": 141e9, "boost_clock_hz": 1.98e9},
-    "rtx4090": {"memory": "GDDR6X", "capacity": 24e9, "boost_clock_hz": 2.52e9},
-}
-DATASHEET_SOURCE = ("NVIDIA A100 (2021), H100 (2023), H200 (2024) datasheets; Ada Lovelace "
-                    "whitepaper v1.1 (RTX 4090); CUDA C++ Programming Guide (32 x 4-byte "
-                    "shared-memory banks per SM per clock)")
 SHARED_BYTES_PER_CLOCK_PER_SM = 128
 
 # Panels render without font hinting: glyph rendering dominates a redraw and unhinted text
@@ -62,16 +50,16 @@ def memory_table(names=None) -> list[dict]:
     """One row per GPU preset: capacities (bytes) and bandwidths (bytes/s) of SRAM and HBM.
 
     ``sram_total`` is SMs x the shared memory one block may use (what the model calls M, on
-    every SM at once); ``sram_bandwidth`` the estimate in :data:`DATASHEET`'s comment."""
+    every SM at once); ``sram_bandwidth`` the estimate in :data:`SHARED_BYTES_PER_CLOCK_PER_SM`'s comment."""
     rows = []
     for name in names or GPUS:
-        g, extra = _gpu(name), DATASHEET[name]
+        g = _gpu(name)
         rows.append({
             "gpu": name, "name": g.name, "sms": g.sms,
             "sram_per_block": g.sram_per_block, "sram_total": g.sms * g.sram_per_block,
-            "l2_bytes": g.l2_bytes, "hbm_kind": extra["memory"],
-            "hbm_capacity": extra["capacity"], "hbm_bandwidth": g.hbm_bandwidth,
-            "sram_bandwidth": g.sms * SHARED_BYTES_PER_CLOCK_PER_SM * extra["boost_clock_hz"],
+            "l2_bytes": g.l2_bytes, "hbm_kind": g.hbm_kind,
+            "hbm_capacity": g.hbm_capacity, "hbm_bandwidth": g.hbm_bandwidth,
+            "sram_bandwidth": g.sms * SHARED_BYTES_PER_CLOCK_PER_SM * g.boost_clock_hz,
         })
     return rows
 
@@ -91,7 +79,7 @@ def format_memory_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def roofline_view(gpu: str = "h200", seq_len: int = 4096, head_dim: int = 64,
+def roofline_view(gpu: str = DEFAULT_GPU, seq_len: int = 4096, head_dim: int = 64,
                   dtype: str = "fp16", causal: bool = False) -> dict:
     """Arithmetic intensity I = FLOPs / HBM bytes of each algorithm, on ``gpu``'s roofline.
 
@@ -118,7 +106,7 @@ N_GRID = tuple(2**k for k in range(8, 17))          # 256 .. 65536
 
 
 def standard_view(seq_len: int = 4096, head_dim: int = 64, dtype: str = "fp16",
-                  scale: bool = False, mask: bool = False, gpu: str = "h200") -> dict:
+                  scale: bool = False, mask: bool = False, gpu: str = DEFAULT_GPU) -> dict:
     """Standard attention's HBM bytes by tensor at one N, and total traffic against N.
 
     The eager extra passes (``scale``: S / sqrt(d) as its own kernel, ``mask``: masked_fill)
@@ -400,7 +388,7 @@ def occupancy(scheme: str, batch: int, heads: int, seq_len: int, block_rows: int
 
 
 def parallelism_view(batch: int = 2, heads: int = 4, seq_len: int = 8192,
-                     block_rows: int = 128, gpu: str = "h200") -> dict:
+                     block_rows: int = 128, gpu: str = DEFAULT_GPU) -> dict:
     """FA1's and FA2's grids side by side on ``gpu``'s SMs: {"flash1": occupancy(...),
     "flash2": ...}, ``speedup`` = FA1 time / FA2 time, ``time_units`` T (the longer of the
     two) and ``busy`` {scheme: (sms, C)}: the fraction of each of C <= 512 equal slices of
@@ -522,7 +510,7 @@ def _pow2_slider(options, value, description):
                              continuous_update=True, style=_style())
 
 
-def roofline_panel(gpu: str = "h200", seq_len: int = 4096, head_dim: int = 64,
+def roofline_panel(gpu: str = DEFAULT_GPU, seq_len: int = 4096, head_dim: int = 64,
                    dtype: str = "fp16") -> Panel:
     """Notebook 01: the roofline of a preset with standard, flash1 and flash2 on it."""
     from . import pictures
@@ -625,3 +613,19 @@ def parallelism_panel(batch: int = 2, heads: int = 4, seq_len: int = 8192,
         "seq_len": _pow2_slider(N_GRID, seq_len, "N"),
         "block_rows": _pow2_slider((64, 128, 256), block_rows, "B_r"),
     }, figsize=(9.0, 4.6))
+
+
+def recomputation_panel(seq_len: int = 1024, head_dim: int = 64, batch: int = 64,
+                        heads: int = 16, dtype: str = "fp16", gpu: str = DEFAULT_GPU):
+    """A slider on N over :func:`memory_view` and :class:`RecomputationPicture`."""
+    import ipywidgets as W
+
+    from . import backward, pictures
+    controls = {"seq_len": W.SelectionSlider(options=[2**k for k in range(8, 17)],
+                                             value=seq_len, description="N",
+                                             continuous_update=False)}
+
+    def compute(seq_len):
+        return backward.memory_view(seq_len, head_dim, batch, heads, dtype, gpu)
+
+    return Panel(compute, pictures.RecomputationPicture, controls, figsize=(10.0, 4.0))

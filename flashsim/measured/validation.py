@@ -3,7 +3,7 @@
 ``benchmarks/ncu_sweep.py`` measured each kernel of ours with Nsight Compute and stored
 only measurements and each point's configuration. Everything predicted is computed here,
 from that configuration, by the same code as ``flashsim io`` (the L2 model in
-:mod:`flashsim.l2`, the time model in :mod:`flashsim.timing`), so a test and the notebook
+:mod:`flashsim.hardware.l2`, the time model in :mod:`flashsim.hardware.timing`), so a test and the notebook
 can both ask: does the model hold?
 
 One number per compiled kernel is taken from the data, and said so: the compute
@@ -14,7 +14,7 @@ and used for every other point of that kernel and d: the other N, the causal run
 block-size experiment's other tiles.
 
 Predictions for the committed dataset take a few minutes to compute (the L2 model steps
-through every wave), so ``python -m flashsim.validation`` stores them beside the data in
+through every wave), so ``python -m flashsim.measured.validation`` stores them beside the data in
 ``ncu_h200_predictions.json``; a test recomputes them and requires equality, and the
 notebook reads the stored copy.
 """
@@ -22,13 +22,16 @@ notebook reads the stored copy.
 from __future__ import annotations
 
 import json
-import pathlib
 
 import numpy as np
 
-from . import l2 as _l2
-from . import timing
-from .plan import plan as _plan
+from .. import nest as _nest
+from ..hardware import l2 as _l2
+from ..hardware.l2 import SECTOR
+from ..hardware.presets import DEFAULT_GPU
+from ..hardware import timing
+from ..plan import plan as _plan
+from . import path
 
 # Points where a target is missed, with the reason as far as we can tell. Tests hold this
 # list exact: every other point must meet its target, and every point here must still miss
@@ -56,11 +59,9 @@ KNOWN_MISSES = {
     },
 }
 
-RESULTS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-DATASET = RESULTS / "ncu_h200.json"
-PREDICTIONS = RESULTS / "ncu_h200_predictions.json"
+DATASET = path("ncu_h200.json")
+PREDICTIONS = path("ncu_h200_predictions.json")
 REFERENCE_N = 4096
-SECTOR = 32
 
 
 def load(path=DATASET) -> dict:
@@ -72,7 +73,7 @@ def point_plan(pt: dict):
     c = pt["plan"]
     sram = {"sram": c["sram"]} if c.get("sram") else {}
     return _plan(c["algorithm"], pt["N"], pt["d"], batch=pt["batch"], heads=pt["heads"],
-                 dtype=c["dtype"], gpu="h200", block_rows=c["block_rows"],
+                 dtype=c["dtype"], gpu=DEFAULT_GPU, block_rows=c["block_rows"],
                  block_cols=c["block_cols"], causal=pt["causal"], **sram)
 
 
@@ -119,12 +120,12 @@ def measured(pt: dict) -> dict:
 
 def predicted(pt: dict, efficiency: float = 1.0) -> dict:
     p = point_plan(pt)
-    launches = _l2.launches(p.nest())
+    launches = _nest.launches(p.nest())
     occ = [blocks_per_sm(x) for x in pt["launches"]]
     warps = [int(x["launch__block_size"]) // 32 for x in pt["launches"]]
     if len(occ) == len(launches):
-        bps = {label: b for (label, _, _), b in zip(launches, occ)}
-        wpb = {label: w for (label, _, _), w in zip(launches, warps)}
+        bps = {x.label: b for x, b in zip(launches, occ)}
+        wpb = {x.label: w for x, w in zip(launches, warps)}
     else:   # extra launches (a fill kernel): the main kernel's for all
         main = max(pt["launches"], key=lambda x: x["gpu__time_duration.sum"])
         bps, wpb = blocks_per_sm(main), int(main["launch__block_size"]) // 32
@@ -168,14 +169,14 @@ def compare(data: dict | None = None) -> list[dict]:
 
 
 def stored_rows() -> list[dict]:
-    """``compare()`` as stored by ``python -m flashsim.validation`` (fast, for notebooks)."""
+    """``compare()`` as stored by ``python -m flashsim.measured.validation`` (fast, for notebooks)."""
     with open(PREDICTIONS) as f:
         stored = json.load(f)
     data = load()
     pts = [p for p in data["points"] if p["launches"]]
     if len(pts) != len(stored["rows"]):
         raise RuntimeError("stored predictions do not match the dataset: rerun "
-                           "python -m flashsim.validation")
+                           "python -m flashsim.measured.validation")
     return [{"point": pt, "measured": measured(pt), **row}
             for pt, row in zip(pts, stored["rows"])]
 
@@ -250,86 +251,9 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def plot_predicted_vs_measured(rows: list[dict], quantity: str, ax=None):
-    """Log-log scatter, one colour per kernel, with the y = x line and a +-band."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.gca()
-    band = {"dram": 0.10, "l2": 0.15, "sm": 0.15, "time": 0.5}[quantity]
-    kernels = sorted({r["point"]["kernel"] for r in rows})
-    seen: list = []
-    for k in kernels:
-        sel = [r for r in rows if r["point"]["kernel"] == k]
-        if quantity == "time":
-            x = [r["measured"]["time_s"] for r in sel]
-            y = [r["predicted"]["time_s"] for r in sel]
-        elif quantity == "sm":       # reads: what the SMs asked for, before L1
-            sel = [r for r in sel if r["measured"]["sm_read_bytes"]]
-            x = [r["measured"]["sm_read_bytes"] for r in sel]
-            y = [r["predicted"]["l2_read_bytes"] for r in sel]
-        else:
-            x = [r["measured"][f"{quantity}_read_bytes"] + r["measured"][f"{quantity}_write_bytes"]
-                 for r in sel]
-            y = [r["predicted"][f"{quantity}_read_bytes"] + r["predicted"][f"{quantity}_write_bytes"]
-                 for r in sel]
-        ax.scatter(x, y, s=14, label=k)
-        seen += x + y
-    lo, hi = min(seen) / 1.5, max(seen) * 1.5
-    xs = np.geomspace(lo, hi, 50)
-    ax.plot(xs, xs, "k-", lw=0.8)
-    ax.fill_between(xs, xs * (1 - band) if quantity != "time" else xs / 1.5,
-                    xs * (1 + band), color="k", alpha=0.08)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    unit = "s" if quantity == "time" else "bytes"
-    name = "SM read requests" if quantity == "sm" else quantity
-    ax.set_xlabel(f"measured {name} ({unit})")
-    ax.set_ylabel(f"predicted {name} ({unit})")
-    ax.legend(fontsize=7)
-    return ax
-
-
-def gpu_present() -> bool:
-    """Asked only when called (never at import): is a CUDA GPU usable through CuPy?"""
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no"
-        return False
-
-
-def live_times(points: list[dict], repeats: int = 20) -> list[dict]:
-    """Time ``points`` (dicts with kernel, N, d, causal, batch, heads) on this machine's GPU:
-    warm-up, CUDA events, L2 flushed before each repeat, median. Correctness is checked
-    by the benchmarks; this is the notebook's live view."""
-    import cupy
-
-    import benchmarks.ncu_sweep as sweep   # noqa: PLC0415 - only with a GPU
-
-    runner = sweep.Runner()
-    flush = cupy.empty(256 * 2**20, dtype=cupy.uint8)
-    out = []
-    for p in points:
-        fn, _ = runner.launcher(p)
-        fn()
-        times = []
-        for _ in range(repeats):
-            flush.fill(1)
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
-        out.append(dict(p, time_s=float(np.median(times))))
-    return out
-
-
 def main() -> None:
     rows = compare()
-    out = {"note": "Computed by `python -m flashsim.validation` from ncu_h200.json's "
+    out = {"note": "Computed by `python -m flashsim.measured.validation` from ncu_h200.json's "
                    "configurations; model output, not measurements.",
            "summary": summary(rows),
            "rows": [{"efficiency": r["efficiency"], "predicted": r["predicted"]} for r in rows]}

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import FlashsimError
+from ..errors import FlashsimError
 
 KiB, MiB = 1024, 2**20
+# The preset every default refers to: the GPU this project measures on.
+DEFAULT_GPU = "h200"
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class GPU:
     peak_fp32: float             # FLOP/s on the plain fp32 units (no TF32)
     source: str
     sram_per_sm: int = 0         # shared memory of one SM, shared by its resident blocks
+    hbm_capacity: float = 0.0    # bytes of device memory (datasheet, decimal GB)
+    hbm_kind: str = ""           # the memory technology, for tables
+    boost_clock_hz: float = 0.0  # SM boost clock (datasheet)
 
     def peak_flops(self, dtype: str) -> float:
         """The rate that bounds attention's matmuls in ``dtype``."""
@@ -39,21 +44,25 @@ GPUS: dict[str, GPU] = {
         "NVIDIA A100 40GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
         hbm_bandwidth=1555e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
         sram_per_sm=164 * KiB,
+        hbm_capacity=40e9, hbm_kind="HBM2", boost_clock_hz=1.41e9,
         source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
     "a100-80gb": GPU(
         "NVIDIA A100 80GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
         hbm_bandwidth=2039e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
         sram_per_sm=164 * KiB,
+        hbm_capacity=80e9, hbm_kind="HBM2e", boost_clock_hz=1.41e9,
         source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
     "h100": GPU(
         "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MiB,
         hbm_bandwidth=3.35e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
         sram_per_sm=228 * KiB,
+        hbm_capacity=80e9, hbm_kind="HBM3", boost_clock_hz=1.98e9,
         source="NVIDIA H100 datasheet (2023); CUDA Programming Guide, cc 9.0"),
     "h200": GPU(
         "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MiB,
         hbm_bandwidth=4.8e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
         sram_per_sm=228 * KiB,
+        hbm_capacity=141e9, hbm_kind="HBM3e", boost_clock_hz=1.98e9,
         source="NVIDIA H200 datasheet (2024); L2 (62,914,560 B) and SM count measured on "
                "the project's H200 (cudaGetDeviceProperties, benchmarks/results/ncu_h200.json); "
                "CUDA Programming Guide, cc 9.0"),
@@ -61,6 +70,7 @@ GPUS: dict[str, GPU] = {
         "NVIDIA GeForce RTX 4090", sms=128, sram_per_block=99 * KiB, l2_bytes=72 * MiB,
         hbm_bandwidth=1008e9, peak_tensor_fp16=165.2e12, peak_fp32=82.6e12,
         sram_per_sm=100 * KiB,
+        hbm_capacity=24e9, hbm_kind="GDDR6X", boost_clock_hz=2.52e9,
         source="NVIDIA Ada Lovelace architecture whitepaper v1.1 (fp16 tensor rate with "
                "fp32 accumulate); CUDA Programming Guide, cc 8.9"),
 }

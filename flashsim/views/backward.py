@@ -9,7 +9,6 @@ fewer bytes. Everything here is computed from flashsim's plans (closed forms, wh
 
     rows = fwd_bwd_rows(1024, 64, batch=64, heads=16, dtype="fp16", gpu="a100-40gb")
     print(format_rows(rows))
-    saved_for_backward(flashsim.plan("flash2", 1024, 64, pass_="fwd+bwd"))   # {"O": .., "L": ..}
     print(format_figure2(figure2()))         # the paper's Figure 2 (left) beside the model
     panel = recomputation_panel()            # a slider on N (notebooks; needs ipywidgets)
 """
@@ -22,45 +21,20 @@ import pathlib
 
 import numpy as np
 
-from . import nest as _nest
-from .plan import plan
-from .presets import GPUS, gpu as _gpu, roofline_time
-from .units import format_bytes
+from .. import measured, nest as _nest
+from ..measured import papers
+from ..plan import plan
+from ..hardware.presets import DEFAULT_GPU, GPUS, gpu as _gpu, roofline_time
+from ..units import format_bytes
 
 ALGS = ("standard", "flash1", "flash2")
-MEASUREMENTS = (pathlib.Path(__file__).resolve().parent.parent
-                / "benchmarks" / "results" / "backward_h200.json")
+MEASUREMENTS = measured.path("backward_h200.json")
 
-# Quoted from the paper, not computed: Dao, Fu, Ermon, Rudra and Ré, "FlashAttention: Fast
-# and Memory-Efficient Exact Attention with IO-Awareness", NeurIPS 2022 (arXiv:2205.14135),
-# Figure 2 (left): forward + backward of GPT-2 medium's attention on an A100.
-PAPER_FIGURE2 = {
-    "source": "Dao et al., FlashAttention, NeurIPS 2022 (arXiv:2205.14135), Figure 2 (left)",
-    "config": {"model": "GPT-2 medium", "seq_len": 1024, "head_dim": 64, "heads": 16,
-               "batch": 64, "passes": "forward + backward", "gpu": "A100"},
-    "standard": {"gflops": 66.6, "hbm_rw_gb": 40.3, "runtime_ms": 41.7},
-    "flash": {"gflops": 75.2, "hbm_rw_gb": 4.4, "runtime_ms": 7.3},
-}
 FIGURE2_SHAPE = {"seq_len": 1024, "head_dim": 64, "heads": 16, "batch": 64}
 
 
-def saved_for_backward(p) -> dict:
-    """{tensor: bytes}, over batch x heads: what the forward writes to HBM and the backward
-    reads back, i.e. what must stay in memory between the two passes (besides Q, K, V).
-    Read from the two loop nests' counts, so it cannot disagree with them."""
-    fwd, bwd = (plan(p.algorithm, p.seq_len, p.head_dim, batch=p.batch, heads=p.heads,
-                     dtype=p.dtype, sram=p.sram_bytes, block_rows=p.block_rows,
-                     block_cols=p.block_cols, causal=p.causal, extra_passes=p.extra_passes,
-                     pass_=pass_) for pass_ in ("fwd", "bwd"))
-    wrote, read = _nest.count(fwd.nest()).write, _nest.count(bwd.nest()).read
-    tensors = bwd.nest().tensors
-    heads = p.batch * p.heads
-    return {name: heads * t.rows * t.cols * t.elem_bytes for name, t in tensors.items()
-            if wrote.get(name, 0) and read.get(name, 0)}
-
-
 def fwd_bwd_rows(seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
-                 dtype: str = "fp16", gpu: str = "h200", sram=None, causal: bool = False,
+                 dtype: str = "fp16", gpu: str = DEFAULT_GPU, sram=None, causal: bool = False,
                  extra_passes=()) -> list[dict]:
     """One row per algorithm: forward and backward bytes and FLOPs (the backward's tiles,
     shared by both passes), what is saved between them, and the roofline time on ``gpu``.
@@ -77,7 +51,7 @@ def fwd_bwd_rows(seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
         bwd = plan(alg, seq_len, head_dim, pass_="bwd", **kw).closed_form()
         total = fwd.hbm_bytes + bwd.hbm_bytes
         flops = fwd.flops + bwd.flops
-        saved = saved_for_backward(both)
+        saved = both.saved_for_backward()
         rows.append({
             "algorithm": alg, "extra_passes": list(passes),
             "block_rows": both.block_rows, "block_cols": both.block_cols,
@@ -111,15 +85,14 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def memory_view(seq_len: int = 1024, head_dim: int = 64, batch: int = 64, heads: int = 16,
-                dtype: str = "fp16", gpu: str = "h200", causal: bool = False,
+                dtype: str = "fp16", gpu: str = DEFAULT_GPU, causal: bool = False,
                 sizes=tuple(2**k for k in range(8, 17))) -> dict:
     """What notebook 07's slider shows: over sequence lengths ``sizes`` (and ``seq_len``),
     the bytes kept between the passes and the fwd+bwd roofline time of each algorithm; the
     rows at ``seq_len``; and the GPU's memory capacity for scale."""
     sizes = sorted(set(int(n) for n in sizes) | {int(seq_len)})
     per = {n: _rows(n, head_dim, batch, heads, dtype, gpu, causal) for n in sizes}
-    capacity = {"h200": 141e9, "h100": 80e9, "a100-40gb": 40e9, "a100-80gb": 80e9,
-                "rtx4090": 24e9}.get(gpu)
+    capacity = _gpu(gpu).hbm_capacity
     return {
         "seq_len": int(seq_len), "head_dim": head_dim, "batch": batch, "heads": heads,
         "dtype": dtype, "gpu": GPUS[gpu].name, "causal": causal, "sizes": np.array(sizes),
@@ -147,7 +120,7 @@ def figure2(gpu: str = "a100-40gb", causal: bool = False) -> dict:
     eager = fwd_bwd_rows(N, d, dtype="fp16", gpu=gpu, causal=causal,
                          extra_passes=("scale", "mask"), **shape)[0]
     eager["algorithm"] = "standard +scale,mask"
-    return {"paper": PAPER_FIGURE2, "gpu": GPUS[gpu].name, "causal": causal,
+    return {"paper": papers.FLASHATTENTION_FIGURE2, "gpu": GPUS[gpu].name, "causal": causal,
             "rows": [plain[0], eager, plain[1], plain[2]]}
 
 
@@ -194,72 +167,3 @@ def format_measurements(points: list[dict]) -> str:
                    + (f"{model / 1e9:>10.2f}{p['roofline_time_ms']:>13.2f}" if model else
                       f"{'-':>10}{'-':>13}"))
     return "\n".join(out)
-
-
-# ----------------------------------------------------------------------- picture, panel
-
-
-class RecomputationPicture:
-    """Left: bytes kept between the passes against N (log-log): P is N^2, O and the
-    statistics are N. Right: the fwd+bwd roofline time. The current N marked."""
-
-    def __init__(self, fig):
-        from .pictures import COLORS, LABELS
-        self.colors = COLORS
-        self.ax, self.bx = fig.add_subplot(121), fig.add_subplot(122)
-        for ax in (self.ax, self.bx):
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.grid(True, alpha=0.25)
-            ax.set_xlabel("sequence length N")
-        self.saved = {a: self.ax.plot([], [], color=c, lw=2, label=LABELS[a])[0]
-                      for a, c in COLORS.items()}
-        self.time = {a: self.bx.plot([], [], color=c, lw=2, label=LABELS[a])[0]
-                     for a, c in COLORS.items()}
-        self.cap = self.ax.axhline(1, color="black", ls=":", lw=1.2, label="GPU memory")
-        self.marks = [ax.axvline(1, color="gray", lw=1) for ax in (self.ax, self.bx)]
-        self.ax.set_ylabel("bytes kept for the backward pass")
-        self.bx.set_ylabel("fwd+bwd roofline time (s)")
-        self.ax.legend(fontsize=8, loc="upper left", frameon=False)
-        self.title = fig.suptitle("", fontsize=10)
-        fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.13, wspace=0.3)
-
-    def update(self, v: dict) -> None:
-        n = v["sizes"]
-        for a in self.saved:
-            self.saved[a].set_data(n, v["saved"][a])
-            self.time[a].set_data(n, v["time"][a])
-        for m in self.marks:
-            m.set_xdata([v["seq_len"], v["seq_len"]])
-        cap = v["capacity_bytes"] or 1
-        self.cap.set_ydata([cap, cap])
-        self.cap.set_visible(v["capacity_bytes"] is not None)
-        lo = min(x.min() for x in v["saved"].values())
-        hi = max(max(x.max() for x in v["saved"].values()), cap)
-        self.ax.set_ylim(lo / 2, hi * 2)
-        self.ax.set_xlim(n.min() / 1.2, n.max() * 1.2)
-        t = np.concatenate(list(v["time"].values()))
-        self.bx.set_ylim(t.min() / 2, t.max() * 2)
-        self.bx.set_xlim(n.min() / 1.2, n.max() * 1.2)
-        rows = {r["algorithm"]: r for r in v["rows"]}
-        self.title.set_text(
-            f"batch {v['batch']} x {v['heads']} heads, d = {v['head_dim']}, {v['dtype']}, "
-            f"{v['gpu']}: at N = {v['seq_len']}, standard keeps "
-            f"{format_bytes(rows['standard']['saved_bytes'])}, FlashAttention-2 "
-            f"{format_bytes(rows['flash2']['saved_bytes'])}")
-
-
-def recomputation_panel(seq_len: int = 1024, head_dim: int = 64, batch: int = 64,
-                        heads: int = 16, dtype: str = "fp16", gpu: str = "h200"):
-    """A slider on N over :func:`memory_view` and :class:`RecomputationPicture`."""
-    import ipywidgets as W
-
-    from .widgets import Panel
-    controls = {"seq_len": W.SelectionSlider(options=[2**k for k in range(8, 17)],
-                                             value=seq_len, description="N",
-                                             continuous_update=False)}
-
-    def compute(seq_len):
-        return memory_view(seq_len, head_dim, batch, heads, dtype, gpu)
-
-    return Panel(compute, RecomputationPicture, controls, figsize=(10.0, 4.0))

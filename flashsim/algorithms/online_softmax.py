@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .algorithms._common import exp_diff
-from .errors import FlashsimError
-from .nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, count, execute
-from .units import STAT_BYTES
+from ._common import exp_diff
+from ..errors import FlashsimError
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, count, execute
+from ..units import STAT_BYTES
 
 KINDS = ("naive", "safe", "online")
 

@@ -34,7 +34,7 @@ What it leaves out, each a reason a prediction can miss:
   Hopper's L2 request coalescer, which merges reads of one sector by several SMs that are in
   flight at once. Blocks of one head stream the same K_j, V_j almost together, so without a
   mask the coalescer removes a large share of FlashAttention-2's read requests; under a
-  causal mask the blocks drift apart and it removes little. ``flashsim.validation`` reads
+  causal mask the blocks drift apart and it removes little. ``flashsim.measured.validation`` reads
   both from the counters and shows they account for the difference.
 * The H200's L2 being two partitions (data used by SMs on both sides may be held twice,
   which lowers the useful capacity), hashing and set conflicts (LRU here is fully
@@ -50,8 +50,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from . import nest as _nest
-from .nest import Ctx, Load, Loop, Store, _loop_range, _span
+from ..errors import FlashsimError
+from ..nest import Ctx, Load, Loop, Store, blocks, launches, loop_range, span
+from .presets import DEFAULT_GPU, gpu as _gpu
 
 SECTOR = 32
 
@@ -122,23 +123,7 @@ def _sector_bytes(rows: tuple[int, int], cols: tuple[int, int], width: int, b: i
     return total
 
 
-def launches(nest: _nest.Nest) -> list[tuple[str, Loop | None, tuple]]:
-    """``[(label, parallel_loop_or_None, ops)]``: the kernel launches of a nest."""
-    out, run = [], []
-    for op in nest.body:
-        if isinstance(op, Loop) and op.parallel:
-            if run:
-                out.append((run[0].label if isinstance(run[0], Loop) else "", None, tuple(run)))
-                run = []
-            out.append((op.label, op, op.body))
-        else:
-            run.append(op)
-    if run:
-        out.append((run[0].label if isinstance(run[0], Loop) else "", None, tuple(run)))
-    return out
-
-
-def _program(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, sizes: dict,
+def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, sizes: dict,
              intern: dict) -> list:
     """A block's steps: ``[(shared, private, read_bytes, write_bytes)]``. A step is one
     iteration of an innermost loop, or a run of loads/stores between loops; its requests are
@@ -163,7 +148,7 @@ def _program(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, sizes
         for op in body:
             if isinstance(op, (Load, Store)):
                 t = tensors[op.tensor]
-                rows, cols = _span(ctx, op.rows, t.rows), _span(ctx, op.cols, t.cols)
+                rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
                 key = (op.tensor, rows[0], cols[0])
                 nb = sizes.get((op.tensor, rows, cols))
                 if nb is None:
@@ -175,7 +160,7 @@ def _program(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, sizes
             elif isinstance(op, Loop):
                 flush()
                 ctx.loops[op.var] = op
-                for i in _loop_range(op, ctx):
+                for i in loop_range(op, ctx):
                     ctx.idx[op.var] = i
                     visit(op.body)
                     flush()
@@ -304,9 +289,7 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
     blocks per SM, an int or ``{launch label: int}``) defaults to what the plan's SRAM
     working set allows in the SM's shared memory, at most 32.
     """
-    from .errors import FlashsimError
-    from .presets import gpu as _gpu
-    g = plan.gpu or _gpu("h200")
+    g = plan.gpu or _gpu(DEFAULT_GPU)
     cap = g.l2_bytes if l2_bytes is None else l2_bytes
     n_sms = g.sms if sms is None else sms
     if cap <= 0 or n_sms <= 0:
@@ -319,19 +302,12 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
     report = L2Report(cap, default_bps if blocks_per_sm is None else blocks_per_sm, n_sms)
     sizes: dict = {}
     intern: dict = {}
-    for label, loop, ops in launches(nest):
+    for launch in launches(nest):
         if isinstance(blocks_per_sm, dict):
-            bps = blocks_per_sm[label]
+            bps = blocks_per_sm[launch.label]
         else:
             bps = default_bps if blocks_per_sm is None else blocks_per_sm
-        ctx = Ctx()
-        if loop is None:
-            programs = [_program(ops, nest.tensors, ctx, None, sizes, intern)]
-        else:
-            ctx.loops[loop.var] = loop
-            programs = []
-            for i in _loop_range(loop, ctx):
-                ctx.idx[loop.var] = i
-                programs.append(_program(ops, nest.tensors, ctx, loop.var, sizes, intern))
-        report.launches.append(_simulate(label, programs, heads, n_sms * bps, cap))
+        programs = [block_steps(launch.ops, nest.tensors, ctx, launch.var, sizes, intern)
+                    for ctx in blocks(launch)]
+        report.launches.append(_simulate(launch.label, programs, heads, n_sms * bps, cap))
     return report

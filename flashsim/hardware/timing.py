@@ -31,9 +31,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from . import nest as _nest
-from .l2 import L2Report, launches, simulate
-from .nest import Ctx, _count, _loop_range
+from .l2 import L2Report, simulate
+from .presets import DEFAULT_GPU, gpu as _gpu
+from ..nest import blocks, count_scope, launches
 
 LAUNCH_LATENCY_S = 4e-6          # a kernel launch's fixed cost, back to back in a stream
 
@@ -69,23 +69,9 @@ class LaunchTime:
 def block_flops(plan) -> list[tuple[str, list[int]]]:
     """``[(launch label, [FLOPs of each thread block of one head])]``."""
     nest = plan.nest()
-    out = []
-    for label, loop, ops in launches(nest):
-        counts = _nest.Counts({n: 0 for n in nest.tensors}, {n: 0 for n in nest.tensors})
-        ctx = Ctx()
-        if loop is None:
-            _count(ops, nest.tensors, ctx, counts, 0)
-            out.append((label, [counts.flops]))
-            continue
-        ctx.loops[loop.var] = loop
-        per_block = []
-        for i in _loop_range(loop, ctx):
-            ctx.idx[loop.var] = i
-            before = counts.flops
-            _count(ops, nest.tensors, ctx, counts, 0)
-            per_block.append(counts.flops - before)
-        out.append((label, per_block))
-    return out
+    return [(launch.label, [count_scope(launch.ops, nest.tensors, ctx).flops
+                            for ctx in blocks(launch)])
+            for launch in launches(nest)]
 
 
 def _busiest_sm(flops: list[int], heads: int, sms: int) -> int:
@@ -108,8 +94,7 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
 
     ``warps_per_block`` (an int, or ``{launch label: int}``) enables the latency-hiding
     term; without it every SM is taken to hold enough warps."""
-    from .presets import gpu as _gpu
-    g = plan.gpu or _gpu("h200")
+    g = plan.gpu or _gpu(DEFAULT_GPU)
     if l2 is None:
         l2 = simulate(plan, **l2_options)
     peak_sm = g.peak_flops(plan.dtype) / g.sms * efficiency.compute

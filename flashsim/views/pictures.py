@@ -1,11 +1,11 @@
 """Pictures for the notebooks (matplotlib, imported lazily: ``import flashsim`` stays light).
 
 Each picture is a class built once on a matplotlib Figure and redrawn by ``update(view)``
-from a view dict of :mod:`flashsim.widgets`. Artists are created once and only their data
+from a view dict of :mod:`flashsim.views.widgets`. Artists are created once and only their data
 change, so a slider's redraw stays fast (a fresh Axes costs tens of milliseconds).
 
-    fig = flashsim.pictures.figure((9, 4.6))
-    flashsim.pictures.SramPicture(fig).update(flashsim.widgets.sram_view(seq_len=4096))
+    fig = flashsim.views.pictures.figure((9, 4.6))
+    flashsim.views.pictures.SramPicture(fig).update(flashsim.views.widgets.sram_view(seq_len=4096))
     fig.savefig("sram.png")
 
 :func:`draw` does the three lines at once; ``docs/make_figures.py`` uses it for the README.
@@ -14,6 +14,8 @@ change, so a slider's redraw stays fast (a fresh Axes costs tens of milliseconds
 from __future__ import annotations
 
 import numpy as np
+
+from ..units import format_bytes
 
 COLORS = {"standard": "#d62728", "flash1": "#1f77b4", "flash2": "#2ca02c"}
 LABELS = {"standard": "standard attention", "flash1": "FlashAttention (Alg. 1)",
@@ -143,7 +145,7 @@ def _log_limits(values, pad: float = 1.6) -> tuple[float, float]:
 
 def memory_hierarchy(rows: list[dict], figsize=(10.0, 3.8), dpi: int = 80):
     """Two bar charts (log scale): capacity and bandwidth of SRAM and HBM per GPU preset.
-    ``rows`` from :func:`flashsim.widgets.memory_table`. Returns the figure."""
+    ``rows`` from :func:`flashsim.views.widgets.memory_table`. Returns the figure."""
     fig = figure(figsize, dpi)
     ax1, ax2 = fig.subplots(1, 2)
     y = np.arange(len(rows))
@@ -636,3 +638,93 @@ class WavesPicture:
         self.sup.set_text(
             f"batch {v['batch']}, heads {v['heads']}, N = {v['seq_len']}, B_r = "
             f"{v['block_rows']}: FA2 finishes {v['speedup']:.1f}x sooner")
+
+
+def predicted_vs_measured(rows: list[dict], quantity: str, ax=None):
+    """Log-log scatter, one colour per kernel, with the y = x line and a +-band."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    band = {"dram": 0.10, "l2": 0.15, "sm": 0.15, "time": 0.5}[quantity]
+    kernels = sorted({r["point"]["kernel"] for r in rows})
+    seen: list = []
+    for k in kernels:
+        sel = [r for r in rows if r["point"]["kernel"] == k]
+        if quantity == "time":
+            x = [r["measured"]["time_s"] for r in sel]
+            y = [r["predicted"]["time_s"] for r in sel]
+        elif quantity == "sm":       # reads: what the SMs asked for, before L1
+            sel = [r for r in sel if r["measured"]["sm_read_bytes"]]
+            x = [r["measured"]["sm_read_bytes"] for r in sel]
+            y = [r["predicted"]["l2_read_bytes"] for r in sel]
+        else:
+            x = [r["measured"][f"{quantity}_read_bytes"] + r["measured"][f"{quantity}_write_bytes"]
+                 for r in sel]
+            y = [r["predicted"][f"{quantity}_read_bytes"] + r["predicted"][f"{quantity}_write_bytes"]
+                 for r in sel]
+        ax.scatter(x, y, s=14, label=k)
+        seen += x + y
+    lo, hi = min(seen) / 1.5, max(seen) * 1.5
+    xs = np.geomspace(lo, hi, 50)
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, xs * (1 - band) if quantity != "time" else xs / 1.5,
+                    xs * (1 + band), color="k", alpha=0.08)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    unit = "s" if quantity == "time" else "bytes"
+    name = "SM read requests" if quantity == "sm" else quantity
+    ax.set_xlabel(f"measured {name} ({unit})")
+    ax.set_ylabel(f"predicted {name} ({unit})")
+    ax.legend(fontsize=7)
+    return ax
+
+
+class RecomputationPicture:
+    """Left: bytes kept between the passes against N (log-log): P is N^2, O and the
+    statistics are N. Right: the fwd+bwd roofline time. The current N marked."""
+
+    def __init__(self, fig):
+        self.colors = COLORS
+        self.ax, self.bx = fig.add_subplot(121), fig.add_subplot(122)
+        for ax in (self.ax, self.bx):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.grid(True, alpha=0.25)
+            ax.set_xlabel("sequence length N")
+        self.saved = {a: self.ax.plot([], [], color=c, lw=2, label=LABELS[a])[0]
+                      for a, c in COLORS.items()}
+        self.time = {a: self.bx.plot([], [], color=c, lw=2, label=LABELS[a])[0]
+                     for a, c in COLORS.items()}
+        self.cap = self.ax.axhline(1, color="black", ls=":", lw=1.2, label="GPU memory")
+        self.marks = [ax.axvline(1, color="gray", lw=1) for ax in (self.ax, self.bx)]
+        self.ax.set_ylabel("bytes kept for the backward pass")
+        self.bx.set_ylabel("fwd+bwd roofline time (s)")
+        self.ax.legend(fontsize=8, loc="upper left", frameon=False)
+        self.title = fig.suptitle("", fontsize=10)
+        fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.13, wspace=0.3)
+
+    def update(self, v: dict) -> None:
+        n = v["sizes"]
+        for a in self.saved:
+            self.saved[a].set_data(n, v["saved"][a])
+            self.time[a].set_data(n, v["time"][a])
+        for m in self.marks:
+            m.set_xdata([v["seq_len"], v["seq_len"]])
+        cap = v["capacity_bytes"] or 1
+        self.cap.set_ydata([cap, cap])
+        self.cap.set_visible(v["capacity_bytes"] is not None)
+        lo = min(x.min() for x in v["saved"].values())
+        hi = max(max(x.max() for x in v["saved"].values()), cap)
+        self.ax.set_ylim(lo / 2, hi * 2)
+        self.ax.set_xlim(n.min() / 1.2, n.max() * 1.2)
+        t = np.concatenate(list(v["time"].values()))
+        self.bx.set_ylim(t.min() / 2, t.max() * 2)
+        self.bx.set_xlim(n.min() / 1.2, n.max() * 1.2)
+        rows = {r["algorithm"]: r for r in v["rows"]}
+        self.title.set_text(
+            f"batch {v['batch']} x {v['heads']} heads, d = {v['head_dim']}, {v['dtype']}, "
+            f"{v['gpu']}: at N = {v['seq_len']}, standard keeps "
+            f"{format_bytes(rows['standard']['saved_bytes'])}, FlashAttention-2 "
+            f"{format_bytes(rows['flash2']['saved_bytes'])}")
