@@ -37,8 +37,9 @@ Traffic per head, with b bytes per element, T_r = ceil(N / B_r), T_c = ceil(N / 
 FLOPs: 8 N^2 d (four matmuls). Outside the matmuls (``flashsim.nest.Compute`` says what
 counts): no exponentials (P is read, not recomputed); the softmax backward 4 N^2; the
 1/sqrt(d) scale either as the ``scale`` pass's backward, N^2, or on each tile product of
-kernels 4 and 5 as the code applies it, N d (T_c + T_r). SRAM working set: b (B_r d + B_c d + B_r B_c) for the matmul
-kernels; R (2 N b + 4) for kernel 3, or 2 b B_r B_c + 4 B_r when it streams tiles.
+kernels 4 and 5 as the code applies it, N d (T_c + T_r).
+SRAM working set: b (B_r d + B_c d + B_r B_c) for the matmul kernels; R (2 N b + 4) for
+kernel 3, or 2 b B_r B_c + 4 B_r when it streams tiles.
 """
 
 from __future__ import annotations

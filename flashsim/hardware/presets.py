@@ -100,8 +100,9 @@ GPUS: dict[str, GPU] = {
         tensor_fp8_flops_per_clk_sm=8192,
         unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 9.0: 128 fp32 and 16 "
                     "special-function results per clock per SM); H100 whitepaper (dense fp16 "
-                    "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice that; the FlashAttention-3 "
-                    "paper's 3.9 TFLOP/s of special functions is 132 x 1.83 GHz x 16)",
+                    "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
+                    "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
+                    "132 x 1.83 GHz x 16)",
         source="NVIDIA H100 datasheet (2023); CUDA Programming Guide, cc 9.0"),
     "h200": GPU(
         "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MiB,
@@ -112,8 +113,9 @@ GPUS: dict[str, GPU] = {
         tensor_fp8_flops_per_clk_sm=8192,
         unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 9.0: 128 fp32 and 16 "
                     "special-function results per clock per SM); H100 whitepaper (dense fp16 "
-                    "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice that; the FlashAttention-3 "
-                    "paper's 3.9 TFLOP/s of special functions is 132 x 1.83 GHz x 16)",
+                    "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
+                    "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
+                    "132 x 1.83 GHz x 16)",
         source="NVIDIA H200 datasheet (2024); L2 (62,914,560 B) and SM count measured on "
                "the project's H200 (cudaGetDeviceProperties, benchmarks/results/ncu_h200.json); "
                "CUDA Programming Guide, cc 9.0"),
