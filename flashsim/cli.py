@@ -17,6 +17,7 @@ from .algorithms import ALGORITHMS
 from .errors import FlashsimError
 from .plan import PASSES, plan
 from .hardware.presets import GPUS
+from .numerics import Recipe, error_table, hadamard
 from .report import format_compare, format_report
 from .units import DTYPE_BYTES, format_bytes, parse_size
 
@@ -82,7 +83,40 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--extra-passes", type=_passes, default=(),
                       help="eager elementwise passes for the standard column, e.g. scale,mask")
     sub.add_parser("gpus", help="list the hardware presets")
+    num = sub.add_parser("numerics", help="the FlashAttention-3 paper's FP16/FP8 error table "
+                                          "(Table 3), on emulated numbers")
+    r = Recipe()
+    num.add_argument("--seq-len", "-N", type=_int, default=r.seq_len)
+    num.add_argument("--head-dim", "-d", type=_int, default=r.head_dim,
+                     help="a power of two (the Hadamard rotation)")
+    num.add_argument("--heads", type=_int, default=r.heads)
+    num.add_argument("--outlier-fraction", type=float, default=r.outlier_fraction,
+                     help="fraction of entries with an added N(0, 100) term (paper: 0.001)")
+    num.add_argument("--block-rows", type=_int, default=r.block_rows,
+                     help="B_r: FP8 scale blocks of Q")
+    num.add_argument("--block-cols", type=_int, default=r.block_cols,
+                     help="B_c: FP8 scale blocks of K, V and the K/V tiles")
+    num.add_argument("--seed", type=int, default=r.seed)
+    num.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     return parser
+
+
+def _numerics(args) -> int:
+    recipe = Recipe(seq_len=args.seq_len, head_dim=args.head_dim, heads=args.heads,
+                    outlier_fraction=args.outlier_fraction, block_rows=args.block_rows,
+                    block_cols=args.block_cols, seed=args.seed)
+    hadamard(recipe.head_dim)                   # refuse a bad d before any work
+    rows = error_table(recipe)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"N={recipe.seq_len} d={recipe.head_dim} heads={recipe.heads} outliers "
+          f"{recipe.outlier_fraction} (N(0,100)); RMSE of O against float64\n"
+          f"{'method':<28}{'ours':>10}{'paper':>10}{'ours/paper':>12}  how")
+    for row in rows:
+        print(f"{row['method']:<28}{row['rmse']:>10.2e}{row['paper_rmse']:>10.2e}"
+              f"{row['rmse'] / row['paper_rmse']:>12.2f}  {row['how']}")
+    return 0
 
 
 def _plan(args, algorithm: str, passes=()):
@@ -132,6 +166,11 @@ def main(argv=None) -> int:
                       f"{g.peak_tensor_fp16 / 1e12:.0f} / fp32 {g.peak_fp32 / 1e12:.1f} TFLOP/s"
                       f"\n{'':<11}source: {g.source}")
             return 0
+        if args.command == "numerics":
+            if not 0 <= args.outlier_fraction <= 1:
+                raise FlashsimError(f"--outlier-fraction must lie in [0, 1], got "
+                                    f"{args.outlier_fraction}")
+            return _numerics(args)
         inputs = _inputs(args) if args.verify else None
         if args.command == "io":
             p = _plan(args, args.algorithm, args.extra_passes)
