@@ -16,7 +16,9 @@ from .hardware import l2
 from .algorithms import ALGORITHMS
 from .errors import FlashsimError
 from .plan import PASSES, plan
-from .hardware.presets import GPUS
+from .hardware import schedules
+from .hardware.presets import DEFAULT_GPU, GPUS
+from .hardware.schedules import LOADS, SCHEDULES
 from .numerics import Recipe, error_table, hadamard
 from .report import format_compare, format_report
 from .units import DTYPE_BYTES, format_bytes, parse_size
@@ -78,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--blocks-per-sm", type=_int,
                     help="resident thread blocks per SM for the L2 model (default: as many "
                          "as the SRAM working set allows)")
+    io.add_argument("--schedule", choices=SCHEDULES,
+                    help="flash2 forward, fp16/bf16: predict the time under a schedule of "
+                         "the tensor cores, special-function units and loads "
+                         "(flashsim/hardware/schedules.py)")
+    io.add_argument("--loads", choices=LOADS, default="producer",
+                    help="with --schedule: how K_j, V_j reach shared memory (default "
+                         "producer: a warp-specialised producer)")
+    io.add_argument("--stages", type=_int, default=2,
+                    help="with --schedule and --loads producer: K/V stages in shared memory")
     cmp_ = sub.add_parser("compare", help="standard, flash1 and flash2 side by side")
     _shape_args(cmp_)
     cmp_.add_argument("--extra-passes", type=_passes, default=(),
@@ -99,6 +110,23 @@ def build_parser() -> argparse.ArgumentParser:
     num.add_argument("--seed", type=int, default=r.seed)
     num.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     return parser
+
+
+def _schedule(p, args) -> dict:
+    """The schedule model's prediction for plan ``p`` (flash2 forward on tensor cores)."""
+    if p.algorithm != "flash2" or p.pass_ != "fwd" or p.dtype == "fp32":
+        raise FlashsimError("--schedule models the flash2 forward on tensor cores: use "
+                            "-a flash2 --pass fwd --dtype fp16 (or bf16)")
+    got = schedules.launch_seconds(
+        p.seq_len, p.head_dim, batch=p.batch, heads=p.heads, causal=p.causal,
+        block_rows=p.block_rows, block_cols=p.block_cols, schedule=args.schedule,
+        loads=args.loads, stages=args.stages, gpu=args.gpu or DEFAULT_GPU, dtype=p.dtype)
+    ph = got["phases"]
+    return {"schedule": args.schedule, "loads": args.loads, "stages": args.stages,
+            "predicted_time_s": got["seconds"], "tflops": got["tflops"],
+            "cycles_per_block": got["cycles_per_block"],
+            "phase_cycles": {"gemm0": ph.gemm0, "softmax": ph.softmax, "gemm1": ph.gemm1,
+                             "load": ph.load}}
 
 
 def _numerics(args) -> int:
@@ -178,7 +206,20 @@ def main(argv=None) -> int:
             if args.gpu is not None or args.l2 is not None:
                 rep.l2 = l2.simulate(p, l2_bytes=None if args.l2 is None else parse_size(args.l2),
                                      blocks_per_sm=args.blocks_per_sm)
-            print(json.dumps(rep.to_dict()) if args.json else format_report(rep))
+            sched = _schedule(p, args) if args.schedule else None
+            if args.json:
+                out = rep.to_dict()
+                if sched is not None:
+                    out["schedule"] = sched
+                print(json.dumps(out))
+            else:
+                print(format_report(rep))
+                if sched is not None:
+                    print(f"schedule {sched['schedule']} (loads {sched['loads']}): "
+                          f"{sched['predicted_time_s'] * 1e3:.4f} ms, "
+                          f"{sched['tflops']:.0f} TFLOP/s; per K/V block "
+                          + ", ".join(f"{k} {v:.0f}" for k, v in sched["phase_cycles"].items())
+                          + " cycles")
         else:
             reps = [_report(_plan(args, a, args.extra_passes if a == "standard" else ()),
                             args, inputs) for a in ALGORITHMS]
