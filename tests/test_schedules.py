@@ -74,6 +74,18 @@ def test_timelines_respect_dependencies_and_resources(schedule, loads):
     assert {t.name for t in tl.tasks} >= {f"g1.0.{j}" for j in range(5)}
 
 
+@pytest.mark.parametrize("schedule", sc.SCHEDULES)
+@pytest.mark.parametrize("loads", sc.LOADS)
+def test_cycles_by_blocks_equals_one_timeline_per_length(schedule, loads):
+    if loads == "blocking" and schedule != "sequential":
+        return
+    for d, Bc in ((64, 64), (128, 128)):
+        ph = sc.phases(d, 128, Bc, "h200")
+        got = sc.cycles_by_blocks(ph, 10, schedule, loads, stages=2)
+        want = [sc.timeline(ph, n, schedule, loads, stages=2).cycles for n in range(1, 11)]
+        assert got == pytest.approx(want)
+
+
 def test_stages_must_fit_in_shared_memory():
     assert sc.max_stages(128, 128, 128, gpu("h100").sram_per_block) == 3
     sc.launch_seconds(1024, 128, schedule="pingpong", loads="producer", stages=3, gpu="h100")

@@ -49,8 +49,11 @@ pressure and the partial overlap that warps find on their own are outside it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..errors import FlashsimError
 from ..nest import Ctx, Loop, count_scope
@@ -87,6 +90,7 @@ class Phases:
                       self.block_cols, self.head_dim)
 
 
+@functools.lru_cache(maxsize=64)
 def tile_counts(head_dim: int, block_rows: int, block_cols: int) -> dict:
     """Matmul FLOPs, exponentials and non-matmul operations of one full B_r x B_c tile of
     the flash2 forward, counted by the loop nest's engine (``count_scope`` over the inner
@@ -292,6 +296,40 @@ def timeline(ph: Phases, kv_blocks: int, schedule: str = "sequential",
     return tl
 
 
+def cycles_by_blocks(ph: Phases, max_blocks: int, schedule: str = "sequential",
+                     loads: str = "prefetch", stages: int = 2) -> np.ndarray:
+    """``c[n - 1]`` = ``timeline(ph, n, ...).cycles`` for every n = 1 .. ``max_blocks``.
+
+    Sequential: from one timeline of ``max_blocks`` blocks. Its tasks are listed block after
+    block and start in list order, so the tasks of blocks before n start and end as they
+    would if the thread block stopped at n; it would then end with the normalisation after
+    its last gemm1 and O_i's store after its last load. The overlapped schedules list
+    gemm0 of block n before gemm1 of block n - 1 (or one warp group's tasks between the
+    other's), so there each n gets its own timeline."""
+    if schedule != "sequential":
+        return np.array([timeline(ph, n, schedule, loads, stages).cycles
+                         for n in range(1, max_blocks + 1)])
+    tl = timeline(ph, max_blocks, schedule, loads, stages)
+    g1 = np.zeros(max_blocks)
+    load = np.zeros(max_blocks)
+    q_end = 0.0
+    for t in tl.tasks:
+        if t.name.startswith("g1."):
+            g1[t.block] = max(g1[t.block], t.end)
+        elif t.resource == "memory" and t.name not in ("Q", "O"):
+            load[t.block] = max(load[t.block], t.end)
+        elif t.name == "Q":
+            q_end = t.end
+    q_cycles = ph.load * ph.block_rows / (2 * ph.block_cols)
+    memory_free = np.maximum(np.maximum.accumulate(load), q_end)
+    return np.maximum(g1 + ph.finish, memory_free) + q_cycles
+
+
+@functools.lru_cache(maxsize=128)
+def _cycles_by_blocks(ph, max_blocks, schedule, loads, stages):
+    return cycles_by_blocks(ph, max_blocks, schedule, loads, stages)
+
+
 def launch_seconds(seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
                    causal: bool = False, block_rows: int = 128, block_cols: int = 128,
                    schedule: str = "sequential", loads: str = "prefetch", stages: int = 2,
@@ -310,14 +348,10 @@ def launch_seconds(seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 
                                 f"beside Q_i in {g.sram_per_block} B of shared memory "
                                 f"(at most {fit})")
     T_r, T_c = math.ceil(seq_len / block_rows), math.ceil(seq_len / block_cols)
-    cache: dict[int, float] = {}
-    per_block = []
-    for i in range(T_r):
-        n = min(T_c, (min((i + 1) * block_rows, seq_len) - 1) // block_cols + 1) \
-            if causal else T_c
-        if n not in cache:
-            cache[n] = timeline(ph, n, schedule, loads, stages).cycles
-        per_block.append(cache[n])
+    blocks = [min(T_c, (min((i + 1) * block_rows, seq_len) - 1) // block_cols + 1)
+              if causal else T_c for i in range(T_r)]
+    cycles = _cycles_by_blocks(ph, max(blocks), schedule, loads, stages)
+    per_block = [float(cycles[n - 1]) for n in blocks]
     busiest = _busiest_sm(per_block, batch * heads, g.sms * blocks_per_sm) * blocks_per_sm
     seconds = busiest / g.tensor_clock_hz
     flops = 4 * seq_len * seq_len * head_dim * batch * heads / (2 if causal else 1)

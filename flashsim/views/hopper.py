@@ -174,33 +174,41 @@ def rescale_view(stream: str = "local", threshold: float = 8.0, block_cols: int 
 # ================================================================ pictures
 class SfuRooflinePicture:
     """Roofline (FLOP/s against FLOPs per HBM byte) with the tensor-core peak, the
-    special-function ceiling and the no-overlap ceiling; FlashAttention-2 as a point."""
+    special-function ceiling and the no-overlap ceiling; FlashAttention-2 as a point.
+    Built once; an update moves the lines and points."""
 
     def __init__(self, fig):
-        self.fig = fig
-
-    def update(self, v: dict) -> None:
-        self.fig.clear()
-        ax = self.fig.add_subplot(111)
-        intensity = np.geomspace(1, 1e5, 64)
-        ax.loglog(intensity, np.minimum(v["tensor"], intensity * v["bandwidth"]), "k-", lw=2,
-                  label=f"tensor cores {v['tensor'] / 1e12:.0f} TFLOP/s, HBM")
-        ax.axhline(v["sfu_ceiling"], color="#d62728", ls="--",
-                   label=f"exponentials alone: {v['sfu_ceiling'] / 1e12:.0f} TFLOP/s")
-        ax.axhline(v["serial_ceiling"], color="#9467bd", ls=":",
-                   label=f"GEMMs then exponentials: {v['serial_ceiling'] / 1e12:.0f} TFLOP/s")
-        ax.plot([v["intensity"]], [v["attainable_serial"]], "o", color="#2ca02c", ms=9,
-                label="FlashAttention-2, no overlap")
-        ax.plot([v["intensity"]], [v["attainable_overlapped"]], "^", color="#2ca02c", ms=9,
-                label="... with the softmax hidden")
+        ax = self.ax = fig.add_subplot(111)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(1, 1e5)
+        self.roof, = ax.plot([], [], "k-", lw=2, label="tensor cores, HBM")
+        self.sfu, = ax.plot([], [], color="#d62728", ls="--", label="exponentials alone")
+        self.serial, = ax.plot([], [], color="#9467bd", ls=":",
+                               label="GEMMs, then exponentials")
+        self.p_serial, = ax.plot([], [], "o", color="#2ca02c", ms=9,
+                                 label="FlashAttention-2, no overlap")
+        self.p_over, = ax.plot([], [], "^", color="#2ca02c", ms=9,
+                               label="... with the softmax hidden")
         ax.set_xlabel("FLOPs per HBM byte")
         ax.set_ylabel("matmul FLOP/s")
-        ax.set_ylim(v["tensor"] / 100, v["tensor"] * 4)
-        ax.set_title(f"{v['gpu_name']}, d = {v['head_dim']}, N = {v['seq_len']}, "
-                     f"{v['dtype']}: exponentials take {v['exp_time_share']:.0%} of the "
-                     f"GEMMs' time", fontsize=9)
+        self.title = ax.set_title("", fontsize=9)
         ax.legend(loc="lower right", fontsize=7)
-        self.fig.subplots_adjust(left=0.12, right=0.97, top=0.9, bottom=0.13)
+        fig.subplots_adjust(left=0.12, right=0.97, top=0.86, bottom=0.13)
+
+    def update(self, v: dict) -> None:
+        x = np.geomspace(1, 1e5, 64)
+        self.roof.set_data(x, np.minimum(v["tensor"], x * v["bandwidth"]))
+        self.sfu.set_data([1, 1e5], [v["sfu_ceiling"]] * 2)
+        self.serial.set_data([1, 1e5], [v["serial_ceiling"]] * 2)
+        self.p_serial.set_data([v["intensity"]], [v["attainable_serial"]])
+        self.p_over.set_data([v["intensity"]], [v["attainable_overlapped"]])
+        self.ax.set_ylim(v["tensor"] / 100, v["tensor"] * 8)
+        self.title.set_text(
+            f"{v['gpu_name']}, d = {v['head_dim']}, {v['dtype']}: exponentials take "
+            f"{v['exp_time_share']:.0%} of the GEMMs' time\ntensor {v['tensor'] / 1e12:.0f}, "
+            f"exponentials alone {v['sfu_ceiling'] / 1e12:.0f}, no overlap "
+            f"{v['serial_ceiling'] / 1e12:.0f} TFLOP/s")
 
 
 class TimelinePicture:
