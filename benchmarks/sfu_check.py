@@ -229,9 +229,9 @@ def run(out_dir: str, quick: bool) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
 
     def command(metrics):
+        instances = ["--print-metric-instances", "details"] if PER_OPCODE in metrics else []
         return [_tool("ncu") or "ncu", "--clock-control", "none", "--kernel-name", KERNEL,
-                "--metrics", ",".join(metrics), "--csv", "--page", "raw",
-                "--print-metric-instances", "details",
+                "--metrics", ",".join(metrics), "--csv", "--page", "raw", *instances,
                 sys.executable, os.path.abspath(__file__), "workload", "--manifest", manifest]
     # sass__* metrics come from another provider and are not in --query-metrics' list:
     # ask for the per-opcode counts anyway, and do without them if this ncu refuses
