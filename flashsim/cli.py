@@ -16,7 +16,10 @@ from .hardware import l2
 from .algorithms import ALGORITHMS
 from .errors import FlashsimError
 from .plan import PASSES, plan
-from .hardware.presets import GPUS
+from .hardware import schedules
+from .hardware.presets import DEFAULT_GPU, GPUS
+from .hardware.schedules import LOADS, SCHEDULES
+from .numerics import Recipe, error_table, hadamard
 from .report import format_compare, format_report
 from .units import DTYPE_BYTES, format_bytes, parse_size
 
@@ -77,12 +80,71 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--blocks-per-sm", type=_int,
                     help="resident thread blocks per SM for the L2 model (default: as many "
                          "as the SRAM working set allows)")
+    io.add_argument("--schedule", choices=SCHEDULES,
+                    help="flash2 forward, fp16/bf16: predict the time under a schedule of "
+                         "the tensor cores, special-function units and loads "
+                         "(flashsim/hardware/schedules.py)")
+    io.add_argument("--loads", choices=LOADS, default="producer",
+                    help="with --schedule: how K_j, V_j reach shared memory (default "
+                         "producer: a warp-specialised producer)")
+    io.add_argument("--stages", type=_int, default=2,
+                    help="with --schedule and --loads producer: K/V stages in shared memory")
     cmp_ = sub.add_parser("compare", help="standard, flash1 and flash2 side by side")
     _shape_args(cmp_)
     cmp_.add_argument("--extra-passes", type=_passes, default=(),
                       help="eager elementwise passes for the standard column, e.g. scale,mask")
     sub.add_parser("gpus", help="list the hardware presets")
+    num = sub.add_parser("numerics", help="the FlashAttention-3 paper's FP16/FP8 error table "
+                                          "(Table 3), on emulated numbers")
+    r = Recipe()
+    num.add_argument("--seq-len", "-N", type=_int, default=r.seq_len)
+    num.add_argument("--head-dim", "-d", type=_int, default=r.head_dim,
+                     help="a power of two (the Hadamard rotation)")
+    num.add_argument("--heads", type=_int, default=r.heads)
+    num.add_argument("--outlier-fraction", type=float, default=r.outlier_fraction,
+                     help="fraction of entries with an added N(0, 100) term (paper: 0.001)")
+    num.add_argument("--block-rows", type=_int, default=r.block_rows,
+                     help="B_r: FP8 scale blocks of Q")
+    num.add_argument("--block-cols", type=_int, default=r.block_cols,
+                     help="B_c: FP8 scale blocks of K, V and the K/V tiles")
+    num.add_argument("--seed", type=int, default=r.seed)
+    num.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     return parser
+
+
+def _schedule(p, args) -> dict:
+    """The schedule model's prediction for plan ``p`` (flash2 forward on tensor cores)."""
+    if p.algorithm != "flash2" or p.pass_ != "fwd" or p.dtype == "fp32":
+        raise FlashsimError("--schedule models the flash2 forward on tensor cores: use "
+                            "-a flash2 --pass fwd --dtype fp16 (or bf16)")
+    got = schedules.launch_seconds(
+        p.seq_len, p.head_dim, batch=p.batch, heads=p.heads, causal=p.causal,
+        block_rows=p.block_rows, block_cols=p.block_cols, schedule=args.schedule,
+        loads=args.loads, stages=args.stages, gpu=args.gpu or DEFAULT_GPU, dtype=p.dtype)
+    ph = got["phases"]
+    return {"schedule": args.schedule, "loads": args.loads, "stages": args.stages,
+            "predicted_time_s": got["seconds"], "tflops": got["tflops"],
+            "cycles_per_block": got["cycles_per_block"],
+            "phase_cycles": {"gemm0": ph.gemm0, "softmax": ph.softmax, "gemm1": ph.gemm1,
+                             "load": ph.load}}
+
+
+def _numerics(args) -> int:
+    recipe = Recipe(seq_len=args.seq_len, head_dim=args.head_dim, heads=args.heads,
+                    outlier_fraction=args.outlier_fraction, block_rows=args.block_rows,
+                    block_cols=args.block_cols, seed=args.seed)
+    hadamard(recipe.head_dim)                   # refuse a bad d before any work
+    rows = error_table(recipe)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"N={recipe.seq_len} d={recipe.head_dim} heads={recipe.heads} outliers "
+          f"{recipe.outlier_fraction} (N(0,100)); RMSE of O against float64\n"
+          f"{'method':<28}{'ours':>10}{'paper':>10}{'ours/paper':>12}  how")
+    for row in rows:
+        print(f"{row['method']:<28}{row['rmse']:>10.2e}{row['paper_rmse']:>10.2e}"
+              f"{row['rmse'] / row['paper_rmse']:>12.2f}  {row['how']}")
+    return 0
 
 
 def _plan(args, algorithm: str, passes=()):
@@ -132,6 +194,11 @@ def main(argv=None) -> int:
                       f"{g.peak_tensor_fp16 / 1e12:.0f} / fp32 {g.peak_fp32 / 1e12:.1f} TFLOP/s"
                       f"\n{'':<11}source: {g.source}")
             return 0
+        if args.command == "numerics":
+            if not 0 <= args.outlier_fraction <= 1:
+                raise FlashsimError(f"--outlier-fraction must lie in [0, 1], got "
+                                    f"{args.outlier_fraction}")
+            return _numerics(args)
         inputs = _inputs(args) if args.verify else None
         if args.command == "io":
             p = _plan(args, args.algorithm, args.extra_passes)
@@ -139,7 +206,20 @@ def main(argv=None) -> int:
             if args.gpu is not None or args.l2 is not None:
                 rep.l2 = l2.simulate(p, l2_bytes=None if args.l2 is None else parse_size(args.l2),
                                      blocks_per_sm=args.blocks_per_sm)
-            print(json.dumps(rep.to_dict()) if args.json else format_report(rep))
+            sched = _schedule(p, args) if args.schedule else None
+            if args.json:
+                out = rep.to_dict()
+                if sched is not None:
+                    out["schedule"] = sched
+                print(json.dumps(out))
+            else:
+                print(format_report(rep))
+                if sched is not None:
+                    print(f"schedule {sched['schedule']} (loads {sched['loads']}): "
+                          f"{sched['predicted_time_s'] * 1e3:.4f} ms, "
+                          f"{sched['tflops']:.0f} TFLOP/s; per K/V block "
+                          + ", ".join(f"{k} {v:.0f}" for k, v in sched["phase_cycles"].items())
+                          + " cycles")
         else:
             reps = [_report(_plan(args, a, args.extra_passes if a == "standard" else ()),
                             args, inputs) for a in ALGORITHMS]

@@ -73,10 +73,20 @@ class Alloc:
 class Compute:
     """Arithmetic on buffers already in SRAM. ``fn(sram, ctx)`` updates ``sram`` in place;
     ``flops(ext)`` counts matmul FLOPs from the extents ``ext(var)`` of the current blocks
-    (it must also accept NumPy arrays of extents, for :func:`count`)."""
+    (it must also accept NumPy arrays of extents, for :func:`count`).
+
+    ``exps(ext)`` counts the exponentials ``fn`` evaluates (one per element it exponentiates,
+    masked elements of a visited tile included: a kernel computes exp(-inf) = 0 too) and
+    ``nonmatmul(ext)`` every other scalar operation outside the matmuls, exponentials
+    included (one each for a max, add, subtract, multiply, divide, exp or log; a row
+    reduction over c elements folded into a running value costs c; adding a matmul's
+    product into its accumulator is matmul work; masking is a select, not an operation).
+    The special-function units run the exponentials, the FP32 units the rest."""
     name: str
     fn: Callable[[dict, "Ctx"], None]
     flops: Callable[[Callable], object] | None = None
+    exps: Callable[[Callable], object] | None = None
+    nonmatmul: Callable[[Callable], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,11 +205,26 @@ def _walk(ops: tuple, tensors: dict, ctx: Ctx, owner: Loop | None = None) -> Ite
 
 @dataclass
 class Counts:
-    """Bytes by tensor and direction, matmul FLOPs and the SRAM peak, for one head."""
+    """Bytes by tensor and direction, matmul FLOPs and the SRAM peak, for one head; and the
+    work outside the matmuls: exponentials, and all non-matmul operations (exponentials
+    included), as :class:`Compute` defines them."""
     read: dict = field(default_factory=dict)
     write: dict = field(default_factory=dict)
     flops: int = 0
     sram_peak: int = 0
+    exp_ops: int = 0
+    nonmatmul_flops: int = 0
+
+    def add_compute(self, op: "Compute", ext, times=None) -> None:
+        """Add what ``op`` does with extents ``ext`` (NumPy arrays over the iterations of an
+        innermost loop when ``times`` is their shape, summed)."""
+        for attr, fn in (("flops", op.flops), ("exp_ops", op.exps),
+                         ("nonmatmul_flops", op.nonmatmul)):
+            if fn is not None:
+                v = fn(ext)
+                if times is not None:
+                    v = np.broadcast_to(v, times).sum()
+                setattr(self, attr, getattr(self, attr) + int(v))
 
 
 def execute(nest: Nest, hbm: dict, sram_limit: int | None = None) -> Counts:
@@ -227,8 +252,7 @@ def execute(nest: Nest, hbm: dict, sram_limit: int | None = None) -> Counts:
             sizes[op.buf] = step.nbytes
         elif isinstance(op, Compute):
             op.fn(sram, step.ctx)
-            if op.flops is not None:
-                counts.flops += int(op.flops(step.ctx.extent))
+            counts.add_compute(op, step.ctx.extent)
         if step.freed:
             for buf in step.freed:
                 sram.pop(buf, None)
@@ -280,8 +304,7 @@ def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: int) -
             held += ctx.extent(op.rows) * cols * op.elem_bytes
             counts.sram_peak = max(counts.sram_peak, resident + held)
         elif isinstance(op, Compute):
-            if op.flops is not None:
-                counts.flops += int(op.flops(ctx.extent))
+            counts.add_compute(op, ctx.extent)
         elif isinstance(op, Loop):
             ctx.loops[op.var] = op
             blocks = loop_range(op, ctx)
@@ -326,8 +349,8 @@ def _count_leaf(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Coun
             cols = op.cols if isinstance(op.cols, int) else ext(op.cols)
             held = held + np.broadcast_to(ext(op.rows) * cols * op.elem_bytes, idx.shape)
             counts.sram_peak = max(counts.sram_peak, resident + int(held.max()))
-        elif isinstance(op, Compute) and op.flops is not None:
-            counts.flops += int(np.broadcast_to(op.flops(ext), idx.shape).sum())
+        elif isinstance(op, Compute):
+            counts.add_compute(op, ext, idx.shape)
 
 
 @dataclass(frozen=True)

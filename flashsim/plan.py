@@ -90,15 +90,17 @@ class Plan:
 
     def closed_form(self) -> "Report":
         """The same report from the closed-form formulas (SRAM peak from the working set)."""
-        read, write, flops = {}, {}, 0
+        read, write, flops, exps, nonmatmul = {}, {}, 0, 0, 0
         for module in self.modules:        # fwd+bwd: the two passes' counts added
             r, w, f = module.closed_form(self)
             for name in r:
                 read[name] = read.get(name, 0) + r[name]
                 write[name] = write.get(name, 0) + w[name]
             flops += f
+            e, n = module.closed_form_nonmatmul(self)
+            exps, nonmatmul = exps + e, nonmatmul + n
         peak = sum(b for _, b in self.working_set())
-        return self._report(_nest.Counts(read, write, flops, peak))
+        return self._report(_nest.Counts(read, write, flops, peak, exps, nonmatmul))
 
     def run(self, Q, K, V, dO=None) -> tuple:
         """Run with values. Q, K, V: (..., N, d) with N = seq_len, d = head_dim; the leading
@@ -164,7 +166,8 @@ class Plan:
         per_tensor = {name: {"read_bytes": heads * c.read.get(name, 0),
                              "write_bytes": heads * c.write.get(name, 0)}
                       for name in dict.fromkeys(list(c.read) + list(c.write))}
-        return Report(self, per_tensor, heads * c.flops, c.sram_peak)
+        return Report(self, per_tensor, heads * c.flops, c.sram_peak,
+                      exp_ops=heads * c.exp_ops, nonmatmul_flops=heads * c.nonmatmul_flops)
 
 
 def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,

@@ -21,6 +21,8 @@ class Report:
     hbm: dict = field(default_factory=dict, repr=False)
     max_abs_errors: dict | None = None     # by tensor (O, dQ, dK, dV) when checked
     l2: object | None = None               # flashsim.hardware.l2.L2Report, when the L2 model ran
+    exp_ops: int = 0                       # exponentials (special-function unit work)
+    nonmatmul_flops: int = 0               # every operation outside the matmuls, exps included
 
     @property
     def hbm_read_bytes(self) -> int:
@@ -47,7 +49,9 @@ class Report:
             "extra_passes": list(p.extra_passes), "sram_bytes": p.sram_bytes,
             "block_rows": p.block_rows, "block_cols": p.block_cols,
             "hbm_read_bytes": self.hbm_read_bytes, "hbm_write_bytes": self.hbm_write_bytes,
-            "hbm_bytes": self.hbm_bytes, "flops": self.flops, "per_tensor": self.per_tensor,
+            "hbm_bytes": self.hbm_bytes, "flops": self.flops,
+            "exp_ops": self.exp_ops, "nonmatmul_flops": self.nonmatmul_flops,
+            "per_tensor": self.per_tensor,
             "sram_peak_bytes": self.sram_peak_bytes,
         }
         if p.algorithm == "standard":
@@ -104,6 +108,8 @@ def format_report(rep) -> str:
         _row("HBM bytes (r+w)", _cell(rep.hbm_bytes)),
         _row("SRAM peak / block", _cell(rep.sram_peak_bytes)),
         _row("FLOPs (matmuls)", f"{rep.flops:,}"),
+        _row("exponentials", f"{rep.exp_ops:,}"),
+        _row("non-matmul ops", f"{rep.nonmatmul_flops:,}"),
     ]
     if getattr(rep, "l2", None) is not None:
         x = rep.l2
@@ -154,7 +160,9 @@ def format_compare(reports) -> str:
               row("", [format_bytes(r.hbm_bytes) for r in reports]),
               row(f"vs {reports[0].plan.algorithm}", [f"{r.hbm_bytes / base:.3f}x" for r in reports]),
               row("SRAM peak / block", [f"{r.sram_peak_bytes:,}" for r in reports]),
-              row("FLOPs (matmuls)", [f"{r.flops:,}" for r in reports])]
+              row("FLOPs (matmuls)", [f"{r.flops:,}" for r in reports]),
+              row("exponentials", [f"{r.exp_ops:,}" for r in reports]),
+              row("non-matmul ops", [f"{r.nonmatmul_flops:,}" for r in reports])]
     if all(r.predicted_time_s is not None for r in reports):
         lines.append(row("roofline time (ms)", [f"{r.predicted_time_s * 1e3:.4f}" for r in reports]))
     if all(r.max_abs_errors is not None for r in reports):

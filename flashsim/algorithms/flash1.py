@@ -15,6 +15,14 @@ Traffic per head, with b bytes per element, T_c = ceil(N/B_c) and 4-byte statist
 Without a mask R = T_c N, so Q and O cross T_c = N / B_c times: with the paper's
 B_c = ceil(M / 4d) that is Theta(N^2 d^2 / M) (Theorem 2), and doubling M halves it.
 FLOPs: 4 d sum_j c_j rows(j), with c_j the columns of block j (4 N^2 d without a mask).
+Outside the matmuls (``flashsim.nest.Compute`` says what counts), with E = sum_j c_j rows(j)
+elements of S visited:
+
+    exponentials    E + 2 R                  (P~_ij; e^(m_i - m_new), e^(m~_ij - m_new))
+    non-matmul ops  5 E + (9 + 4 d) R
+                    (O_i is rescaled by diag(l_new)^-1 diag(l_i) at every tile: 4 d per row
+                    per tile, where FlashAttention-2 pays d per row per tile and d + 2 per
+                    row once; with the same tiles FlashAttention does more at every shape)
 SRAM working set: b (2 B_c d + 2 B_r d + B_r B_c) + 16 B_r
 (K_j, V_j, Q_i, O_i, S_ij and four statistics vectors: l_i, m_i, m~_ij, l~_ij).
 
@@ -105,13 +113,21 @@ def build(plan) -> Nest:
                      Alloc("S_ij", "i", "j", b),
                      Alloc("mt_ij", "i", 1, STAT_BYTES),
                      Alloc("lt_ij", "i", 1, STAT_BYTES),
-                     Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d)),
+                     Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d),
+                             nonmatmul=lambda e: e("i") * e("j")),             # tau x
+                     # rowmax rc, subtract rc, exp rc, rowsum rc
                      Compute("m~_ij = rowmax S_ij; P~_ij = exp(S_ij - m~_ij); "
-                             "l~_ij = rowsum P~_ij", tile_softmax),
+                             "l~_ij = rowsum P~_ij", tile_softmax,
+                             exps=lambda e: e("i") * e("j"),
+                             nonmatmul=lambda e: 4 * e("i") * e("j")),
+                     # per row: max 1, two (subtract, exp) 4, l_new 3, l_i e^.. 1; per
+                     # element of O_i: two products, a sum and a division, 4 d per row
                      Compute("m_new = max(m_i, m~_ij); l_new = e^(m_i-m_new) l_i + "
                              "e^(m~_ij-m_new) l~_ij; O_i = diag(l_new)^-1 (diag(l_i) "
                              "e^(m_i-m_new) O_i + e^(m~_ij-m_new) P~_ij V_j)",
-                             update, matmul_flops("i", "j", d)),
+                             update, matmul_flops("i", "j", d),
+                             exps=lambda e: 2 * e("i"),
+                             nonmatmul=lambda e: 9 * e("i") + 4 * d * e("i")),
                      Store("O_i", "O", rows="i"),
                      Store("l_i", "l", rows="i"),
                      Store("m_i", "m", rows="i"),
@@ -137,3 +153,12 @@ def closed_form(plan) -> tuple[dict, dict, int]:
              "l": s * R + s * N, "m": s * R + s * N}
     flops = int(4 * d * (block_extent(j, Bc, N) * rows).sum())
     return read, write, flops
+
+
+def closed_form_nonmatmul(plan) -> tuple[int, int]:
+    """(exponentials, non-matmul operations) per head, from the formulas in the header."""
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    j = np.arange(cdiv(N, Bc))
+    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
+    E, R = int((block_extent(j, Bc, N) * rows).sum()), int(rows.sum())
+    return E + 2 * R, 5 * E + (9 + 4 * d) * R

@@ -31,6 +31,9 @@ Without a mask R = T_c N: Q, O, dO and dQ cross HBM T_c = N / B_c times, Theta(N
 (Theorem 5), against standard attention's N x N matrices.
 FLOPs: 10 d sum_j c_j rows(j), with c_j the columns of block j (10 N^2 d without a mask):
 five matmuls per tile, one of them (S_ij) the forward's, recomputed.
+Outside the matmuls (``flashsim.nest.Compute`` says what counts), with E = sum_j c_j rows(j)
+elements of S visited and C = sum_j c_j tiles(j), tiles(j) the Q blocks block j visits:
+exponentials E; operations 6 E + 3 d R + d C (D_i recomputed at every tile, line 19).
 SRAM working set: b (4 B_c d + 4 B_r d + 2 B_r B_c) + 12 B_r
 (K_j, V_j, dK~_j, dV~_j, Q_i, O_i, dO_i, dQ_i, S_ij/P_ij, dP_ij/dS_ij, and l_i, m_i, D_i).
 """
@@ -116,13 +119,18 @@ def build(plan) -> Nest:
                      Alloc("dP_ij", "i", "j", b),
                      Alloc("D_i", "i", 1, STAT_BYTES),
                      Compute("S_ij = tau Q_i K_j^T, masked; P_ij = diag(l_i)^-1 exp(S_ij - m_i)",
-                             recompute_p, matmul_flops("i", "j", d)),
+                             recompute_p, matmul_flops("i", "j", d),
+                             exps=lambda e: e("i") * e("j"),          # tau x, -, exp, /
+                             nonmatmul=lambda e: 4 * e("i") * e("j")),
                      Compute("dV~_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),
                      Compute("dP_ij = dO_i V_j^T", dp, matmul_flops("i", "j", d)),
-                     Compute("D_i = rowsum(dO_i o O_i); dS_ij = P_ij o (dP_ij - D_i)", ds),
-                     Compute("dQ_i += tau dS_ij K_j", dq, matmul_flops("i", "j", d)),
+                     Compute("D_i = rowsum(dO_i o O_i); dS_ij = P_ij o (dP_ij - D_i)", ds,
+                             nonmatmul=lambda e: 2 * e("i") * d + 2 * e("i") * e("j")),
+                     Compute("dQ_i += tau dS_ij K_j", dq, matmul_flops("i", "j", d),
+                             nonmatmul=lambda e: e("i") * d),          # tau x
                      Store("dQ_i", "dQ", rows="i"),
-                     Compute("dK~_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d)),
+                     Compute("dK~_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
+                             nonmatmul=lambda e: e("j") * d),          # tau x
                  ))
     outer = Loop("j", Bc, N, label="K/V blocks (outer)", body=(
         Load("K_j", "K", rows="j"),
@@ -148,3 +156,13 @@ def closed_form(plan) -> tuple[dict, dict, int]:
              "dQ": R * d * b + nd, "dK": nd, "dV": nd, "l": 0, "m": 0}
     flops = int(10 * d * (block_extent(j, Bc, N) * rows).sum())
     return read, write, flops
+
+
+def closed_form_nonmatmul(plan) -> tuple[int, int]:
+    """(exponentials, non-matmul operations) per head, from the formulas in the header."""
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    j = np.arange(cdiv(N, Bc))
+    first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
+    rows, tiles, c = N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+    E, R, C = int((c * rows).sum()), int(rows.sum()), int((c * tiles).sum())
+    return E, 6 * E + 3 * d * R + d * C

@@ -12,6 +12,14 @@ Traffic per head, with b bytes per element, T_r = ceil(N/B_r) and 4-byte statist
 
 so without a mask K and V are read T_r times: 2 N^2 d b / B_r, which falls as B_r grows.
 FLOPs: 4 d sum_i r_i cols(i), with r_i the rows of block i (4 N^2 d without a mask).
+Outside the matmuls (``flashsim.nest.Compute`` says what counts), with E = sum_i r_i cols(i)
+elements of S visited and R = sum_i r_i tiles(i) tile rows, tiles(i) = ceil(cols(i) / B_c):
+
+    exponentials    E + R                    (P_ij, and alpha once per row per tile)
+    non-matmul ops  5 E + (3 + d) R + (d + 2) N
+                    (the O_i rescale by alpha costs d per row per tile; the division by l_i
+                    and the logsumexp, d + 2 per row, come once, at the end: FlashAttention-2's
+                    deferred rescaling, against FlashAttention's every tile)
 SRAM working set: b (2 B_r d + 2 B_c d + B_r B_c) + 8 B_r  (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i).
 """
 
@@ -74,11 +82,16 @@ def build(plan) -> Nest:
                      Load("K_j", "K", rows="j"),
                      Load("V_j", "V", rows="j"),
                      Alloc("S_ij", "i", "j", b),
-                     Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d)),
+                     Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d),
+                             nonmatmul=lambda e: e("i") * e("j")),             # tau x
+                     # max rc, subtract rc, exp rc; alpha: subtract r, exp r; l_i: r x,
+                     # rc +; O_i rescale: r d x (adding P V is the matmul's accumulate)
                      Compute("m_new = max(m_i, rowmax S_ij); P_ij = exp(S_ij - m_new); "
                              "alpha = exp(m_i - m_new); l_i = alpha l_i + rowsum P_ij; "
                              "O_i = alpha O_i + P_ij V_j; m_i = m_new",
-                             online_update, matmul_flops("i", "j", d)),
+                             online_update, matmul_flops("i", "j", d),
+                             exps=lambda e: e("i") * e("j") + e("i"),
+                             nonmatmul=lambda e: 4 * e("i") * e("j") + 3 * e("i") + e("i") * d),
                  ))
     body = (Loop("i", Br, N, label="Q blocks (one thread block each)",
                  parallel=True, body=(
@@ -88,7 +101,8 @@ def build(plan) -> Nest:
         Alloc("l_i", "i", 1, STAT_BYTES, 0.0),
         inner,
         Alloc("L_i", "i", 1, STAT_BYTES),
-        Compute("O_i = O_i / l_i; L_i = m_i + log l_i", finish),
+        Compute("O_i = O_i / l_i; L_i = m_i + log l_i", finish,     # r d divisions, r logs, r +
+                nonmatmul=lambda e: e("i") * d + 2 * e("i")),
         Store("O_i", "O", rows="i"),
         Store("L_i", "L", rows="i"),
     )),)
@@ -109,3 +123,18 @@ def closed_form(plan) -> tuple[dict, dict, int]:
     write = {"Q": 0, "K": 0, "V": 0, "O": N * d * b, "L": STAT_BYTES * N}
     flops = int(4 * d * (block_extent(i, Br, N) * cols).sum())
     return read, write, flops
+
+
+def closed_form_nonmatmul(plan) -> tuple[int, int]:
+    """(exponentials, non-matmul operations) per head, from the formulas in the header."""
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    i = np.arange(cdiv(N, Br))
+    if plan.causal:
+        last_row = np.minimum((i + 1) * Br, N) - 1
+        tiles = last_row // Bc + 1
+        cols = np.minimum(N, tiles * Bc)
+    else:
+        tiles, cols = np.full(len(i), cdiv(N, Bc)), np.full(len(i), N)
+    r = block_extent(i, Br, N)
+    E, R = int((r * cols).sum()), int((r * tiles).sum())
+    return E + R, 5 * E + (3 + d) * R + (d + 2) * N

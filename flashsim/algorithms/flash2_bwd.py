@@ -34,6 +34,10 @@ and R = sum_j rows(j) the Q rows visited (rows(j) = N; causal: N - floor(j B_c /
 So per K/V block the inner loop moves Q_i and dO_i in and dQ_i in and out: without a mask
 R = T_c N, as in Algorithm 4, but O_i, l_i and m_i no longer cross HBM every step.
 FLOPs: 10 d sum_j c_j rows(j), as in Algorithm 4 (five matmuls per tile).
+Outside the matmuls (``flashsim.nest.Compute`` says what counts), with E = sum_j c_j rows(j)
+elements of S visited and C = sum_j c_j tiles(j), tiles(j) the Q blocks block j visits:
+exponentials E (P_ij recomputed); operations 2 N d (D, once) + 5 E + d R + d C (tau on
+each tile's dQ_i and dK_j products, as the code applies it).
 SRAM working set: b (4 B_c d + 2 B_r d + 2 B_r B_c) + 4 B_r d + 8 B_r
 (K_j, V_j, dK_j, dV_j, Q_i, dO_i, S_ij/P_ij, dS_ij, the fp32 dQ_i, and L_i, D_i).
 """
@@ -85,7 +89,8 @@ def build(plan) -> Nest:
         Load("O_i", "O", rows="i"),
         Load("dO_i", "dO", rows="i"),
         Alloc("D_i", "i", 1, STAT_BYTES),
-        Compute("D_i = rowsum(dO_i o O_i)", rowsum_do_o),
+        Compute("D_i = rowsum(dO_i o O_i)", rowsum_do_o,
+                nonmatmul=lambda e: 2 * e("i") * d),                   # x, +
         Store("D_i", "D", rows="i"),
         Alloc("dQ_i", "i", d, ACC_BYTES, 0.0),
         Store("dQ_i", acc, rows="i"),
@@ -120,14 +125,19 @@ def build(plan) -> Nest:
                      Alloc("S_ij", "i", "j", b),
                      Alloc("dS_ij", "i", "j", b),
                      Compute("S_ij = tau Q_i K_j^T, masked; P_ij = exp(S_ij - L_i)",
-                             recompute_p, matmul_flops("i", "j", d)),
+                             recompute_p, matmul_flops("i", "j", d),
+                             exps=lambda e: e("i") * e("j"),          # tau x, -, exp
+                             nonmatmul=lambda e: 3 * e("i") * e("j")),
                      Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),
                      Compute("dP_ij = dO_i V_j^T; dS_ij = P_ij o (dP_ij - D_i)", dp_ds,
-                             matmul_flops("i", "j", d)),
+                             matmul_flops("i", "j", d),
+                             nonmatmul=lambda e: 2 * e("i") * e("j")),  # -, x
                      Load("dQ_i", acc, rows="i"),
-                     Compute("dQ_i += tau dS_ij K_j (atomic add)", dq, matmul_flops("i", "j", d)),
+                     Compute("dQ_i += tau dS_ij K_j (atomic add)", dq, matmul_flops("i", "j", d),
+                             nonmatmul=lambda e: e("i") * d),          # tau x
                      Store("dQ_i", acc, rows="i"),
-                     Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d)),
+                     Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
+                             nonmatmul=lambda e: e("j") * d),          # tau x
                  ))
     main = Loop("j", Bc, N, label="K/V blocks (one thread block each)", parallel=True, body=(
         Load("K_j", "K", rows="j"),
@@ -171,3 +181,13 @@ def closed_form(plan) -> tuple[dict, dict, int]:
         write["dQ"] = nd
     flops = int(10 * d * (block_extent(j, Bc, N) * rows).sum())
     return read, write, flops
+
+
+def closed_form_nonmatmul(plan) -> tuple[int, int]:
+    """(exponentials, non-matmul operations) per head, from the formulas in the header."""
+    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+    j = np.arange(cdiv(N, Bc))
+    first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
+    rows, tiles, c = N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+    E, R, C = int((c * rows).sum()), int(rows.sum()), int((c * tiles).sum())
+    return E, 2 * N * d + 5 * E + d * R + d * C

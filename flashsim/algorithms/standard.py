@@ -30,6 +30,11 @@ The paper's Theta(N d + N^2) is this with the K/V re-reads folded in: they add
 2 N^2 d b / B_r, a fraction d / B_r of one N x N pass each.
 FLOPs: 4 N^2 d (the two matmuls). SRAM working set: b (B_r d + B_c d + B_r B_c) for
 kernels 1 and 3; R (N b + 8) for kernel 2.
+Outside the matmuls (``flashsim.nest.Compute`` says what counts): the 1/sqrt(d) scale, N^2
+(in kernel 1 or the ``scale`` pass), and the softmax: exponentials N^2, operations 5 N^2
+(max, subtract, exp, sum, divide), causal or not (the mask hides nothing from the work).
+When a row does not fit, the softmax streams twice: exponentials 2 N^2 + N T_c, operations
+7 N^2 + 3 N T_c, T_c = ceil(N / B_c) (the online pass rescales its sum once per tile).
 """
 
 from __future__ import annotations
@@ -89,7 +94,8 @@ def build(plan) -> Nest:
         Loop("j", Bc, N, body=(
             Load("K_j", "K", rows="j"),
             Alloc("S_ij", "i", "j", b),
-            Compute("S_ij = Q_i K_j^T", s_tile, matmul_flops("i", "j", d)),
+            Compute("S_ij = Q_i K_j^T", s_tile, matmul_flops("i", "j", d),
+                    nonmatmul=None if "scale" in passes else (lambda e: e("i") * e("j"))),
             Store("S_ij", "S", rows="i", cols="j"),
         )),
     ))
@@ -105,7 +111,8 @@ def build(plan) -> Nest:
     pass_loops = tuple(
         Loop("i", Br, N, label=f"pass: {name}", parallel=True, body=(Loop("j", Bc, N, body=(
             Load("X_ij", src, rows="i", cols="j"),
-            Compute(f"{name} S_ij", elementwise(name)),
+            Compute(f"{name} S_ij", elementwise(name),       # masking is a select: no op
+                    nonmatmul=(lambda e: e("i") * e("j")) if name == "scale" else None),
             Store("X_ij", dst, rows="i", cols="j"),
         )),))
         for name, src, dst in zip(passes, mats[:-2], mats[1:-1]))
@@ -128,7 +135,8 @@ def build(plan) -> Nest:
             Alloc("m_r", "r", 1, STAT_BYTES),
             Alloc("l_r", "r", 1, STAT_BYTES),
             Compute("m_r = rowmax S_r; l_r = rowsum exp(S_r - m_r); P_r = exp(S_r - m_r) / l_r",
-                    row_softmax),
+                    row_softmax, exps=lambda e: e("r") * N,     # max, -, exp, sum, /
+                    nonmatmul=lambda e: 5 * e("r") * N),
             Store("S_r", "P", rows="r"),
         ))
     else:
@@ -153,11 +161,15 @@ def build(plan) -> Nest:
                            Alloc("l_i", "i", 1, STAT_BYTES, 0.0),
                            Loop("j", Bc, N, body=(
                                Load("S_ij", last, rows="i", cols="j"),
-                               Compute("online m_i, l_i over S_ij", stats),
+                               Compute("online m_i, l_i over S_ij", stats,
+                                       exps=lambda e: e("i") * e("j") + e("i"),
+                                       nonmatmul=lambda e: 4 * e("i") * e("j") + 3 * e("i")),
                            )),
                            Loop("j", Bc, N, body=(
                                Load("S_ij", last, rows="i", cols="j"),
-                               Compute("P_ij = exp(S_ij - m_i) / l_i", normalise),
+                               Compute("P_ij = exp(S_ij - m_i) / l_i", normalise,
+                                       exps=lambda e: e("i") * e("j"),
+                                       nonmatmul=lambda e: 3 * e("i") * e("j")),
                                Store("S_ij", "P", rows="i", cols="j"),
                            )),
                        ))
@@ -189,6 +201,15 @@ def closed_form(plan) -> tuple[dict, dict, int]:
     if plan.softmax_rows == 0:
         read[mats[-2]] = 2 * nn
     return read, write, 4 * N * N * d
+
+
+def closed_form_nonmatmul(plan) -> tuple[int, int]:
+    """(exponentials, non-matmul operations) per head, from the formulas in the header."""
+    N, nn = plan.seq_len, plan.seq_len ** 2
+    if plan.softmax_rows >= 1:
+        return nn, nn + 5 * nn
+    tiles = N * cdiv(N, plan.block_cols)
+    return 2 * nn + tiles, nn + 7 * nn + 3 * tiles
 
 
 def check_passes(extra_passes) -> tuple:

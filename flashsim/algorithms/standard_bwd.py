@@ -34,8 +34,12 @@ Traffic per head, with b bytes per element, T_r = ceil(N / B_r), T_c = ceil(N / 
     dS read twice (kernels 4 and 5): 2 N^2 b
     (kernel 3 reads P and dP twice, one N^2 b more each, when a row does not fit)
 
-FLOPs: 8 N^2 d (four matmuls). SRAM working set: b (B_r d + B_c d + B_r B_c) for the matmul
-kernels; R (2 N b + 4) for kernel 3, or 2 b B_r B_c + 4 B_r when it streams tiles.
+FLOPs: 8 N^2 d (four matmuls). Outside the matmuls (``flashsim.nest.Compute`` says what
+counts): no exponentials (P is read, not recomputed); the softmax backward 4 N^2; the
+1/sqrt(d) scale either as the ``scale`` pass's backward, N^2, or on each tile product of
+kernels 4 and 5 as the code applies it, N d (T_c + T_r).
+SRAM working set: b (B_r d + B_c d + B_r B_c) for the matmul kernels; R (2 N b + 4) for
+kernel 3, or 2 b B_r B_c + 4 B_r when it streams tiles.
 """
 
 from __future__ import annotations
@@ -131,7 +135,8 @@ def build(plan) -> Nest:
             Load("P_r", "P", rows="r"),
             Load("dP_r", "dP", rows="r"),
             Alloc("D_r", "r", 1, STAT_BYTES),
-            Compute("D_r = rowsum(P_r o dP_r); dX_r = P_r o (dP_r - D_r)", row_softmax_bwd),
+            Compute("D_r = rowsum(P_r o dP_r); dX_r = P_r o (dP_r - D_r)", row_softmax_bwd,
+                    nonmatmul=lambda e: 4 * e("r") * N),        # x, +; -, x
             Store("dP_r", grads[-1], rows="r"),
         ))
     else:
@@ -147,12 +152,14 @@ def build(plan) -> Nest:
                            Loop("j", Bc, N, body=(
                                Load("P_ij", "P", rows="i", cols="j"),
                                Load("dP_ij", "dP", rows="i", cols="j"),
-                               Compute("D_i += rowsum(P_ij o dP_ij)", rowsum),
+                               Compute("D_i += rowsum(P_ij o dP_ij)", rowsum,
+                                       nonmatmul=lambda e: 2 * e("i") * e("j")),
                            )),
                            Loop("j", Bc, N, body=(
                                Load("P_ij", "P", rows="i", cols="j"),
                                Load("dP_ij", "dP", rows="i", cols="j"),
-                               Compute("dX_ij = P_ij o (dP_ij - D_i)", ds),
+                               Compute("dX_ij = P_ij o (dP_ij - D_i)", ds,
+                                       nonmatmul=lambda e: 2 * e("i") * e("j")),
                                Store("dP_ij", grads[-1], rows="i", cols="j"),
                            )),
                        ))
@@ -169,7 +176,8 @@ def build(plan) -> Nest:
         Loop("i", Br, N, label=f"pass: backward of {name}", parallel=True,
              body=(Loop("j", Bc, N, body=(
             Load("X_ij", src, rows="i", cols="j"),
-            Compute(f"backward of {name} on dX_ij", elementwise_bwd(name)),
+            Compute(f"backward of {name} on dX_ij", elementwise_bwd(name),
+                    nonmatmul=(lambda e: e("i") * e("j")) if name == "scale" else None),
             Store("X_ij", dst, rows="i", cols="j"),
         )),))
         for name, src, dst in reversed(list(zip(passes, grads[1:], grads[:-1]))))
@@ -182,7 +190,8 @@ def build(plan) -> Nest:
         Loop("j", Bc, N, body=(
             Load("dS_ij", "dS", rows="i", cols="j"),
             Load("K_j", "K", rows="j"),
-            Compute("dQ_i += tau dS_ij K_j", dq, matmul_flops("i", "j", d)),
+            Compute("dQ_i += tau dS_ij K_j", dq, matmul_flops("i", "j", d),
+                    nonmatmul=None if "scale" in passes else (lambda e: e("i") * d)),
         )),
         Store("dQ_i", "dQ", rows="i"),
     ))
@@ -195,7 +204,8 @@ def build(plan) -> Nest:
         Loop("i", Br, N, body=(
             Load("dS_ij", "dS", rows="i", cols="j"),
             Load("Q_i", "Q", rows="i"),
-            Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d)),
+            Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
+                    nonmatmul=None if "scale" in passes else (lambda e: e("j") * d)),
         )),
         Store("dK_j", "dK", rows="j"),
     ))
@@ -216,3 +226,11 @@ def closed_form(plan) -> tuple[dict, dict, int]:
         read[name], write[name] = nn, nn
     read["dS"] = 2 * nn
     return read, write, 8 * N * N * d
+
+
+def closed_form_nonmatmul(plan) -> tuple[int, int]:
+    """(exponentials, non-matmul operations) per head, from the formulas in the header."""
+    N, d = plan.seq_len, plan.head_dim
+    if "scale" in plan.extra_passes:
+        return 0, 5 * N * N
+    return 0, 4 * N * N + N * d * (cdiv(N, plan.block_cols) + cdiv(N, plan.block_rows))

@@ -33,10 +33,41 @@ class GPU:
     hbm_capacity: float = 0.0    # bytes of device memory (datasheet, decimal GB)
     hbm_kind: str = ""           # the memory technology, for tables
     boost_clock_hz: float = 0.0  # SM boost clock (datasheet)
+    # Per SM and clock cycle, for the work outside HBM (see ``unit_rates``): dense fp16/bf16
+    # tensor-core FLOPs (fp32 accumulate), special-function results (exp2, log2, rcp, ...),
+    # and fp32 results on the plain (non-tensor) units (add, mul, max: one op each).
+    tensor_flops_per_clk_sm: int = 0
+    sfu_ops_per_clk_sm: int = 0
+    fp32_ops_per_clk_sm: int = 0
+    tensor_fp8_flops_per_clk_sm: int = 0     # e4m3/e5m2 inputs (Hopper: twice fp16)
+    unit_source: str = ""
 
     def peak_flops(self, dtype: str) -> float:
         """The rate that bounds attention's matmuls in ``dtype``."""
         return self.peak_fp32 if dtype == "fp32" else self.peak_tensor_fp16
+
+    @property
+    def tensor_clock_hz(self) -> float:
+        """The SM clock at which the datasheet's dense fp16 tensor peak is quoted:
+        peak / (SMs x tensor FLOPs per clock per SM). The unit rates below use it, so that
+        they stand in the same ratio as the hardware's per-clock throughputs (the H100's
+        989.4 TFLOP/s are quoted at 1.83 GHz, its fp32 66.9 TFLOP/s at 1.98 GHz)."""
+        if not self.tensor_flops_per_clk_sm:
+            raise FlashsimError(f"{self.name}: no per-clock unit throughputs in the preset")
+        return self.peak_tensor_fp16 / (self.sms * self.tensor_flops_per_clk_sm)
+
+    def unit_rates(self) -> dict:
+        """Operations per second of each unit of the whole GPU at ``tensor_clock_hz``:
+        ``tensor`` (fp16 FLOPs, dense), ``tensor_fp8`` (twice that on cc 9.0), ``sfu``
+        (exponentials), ``fp32`` (non-tensor fp32 operations), ``hbm`` (bytes)."""
+        clk = self.tensor_clock_hz * self.sms
+        rates = {"tensor": self.tensor_flops_per_clk_sm * clk,
+                 "sfu": self.sfu_ops_per_clk_sm * clk,
+                 "fp32": self.fp32_ops_per_clk_sm * clk,
+                 "hbm": self.hbm_bandwidth}
+        if self.tensor_fp8_flops_per_clk_sm:
+            rates["tensor_fp8"] = self.tensor_fp8_flops_per_clk_sm * clk
+        return rates
 
 
 GPUS: dict[str, GPU] = {
@@ -45,24 +76,46 @@ GPUS: dict[str, GPU] = {
         hbm_bandwidth=1555e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
         sram_per_sm=164 * KiB,
         hbm_capacity=40e9, hbm_kind="HBM2", boost_clock_hz=1.41e9,
+        tensor_flops_per_clk_sm=2048, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=64,
+        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.0: 64 fp32 and 16 "
+                    "special-function results per clock per SM); A100 whitepaper (1024 dense "
+                    "fp16 FMA per clock per SM)",
         source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
     "a100-80gb": GPU(
         "NVIDIA A100 80GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
         hbm_bandwidth=2039e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
         sram_per_sm=164 * KiB,
         hbm_capacity=80e9, hbm_kind="HBM2e", boost_clock_hz=1.41e9,
+        tensor_flops_per_clk_sm=2048, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=64,
+        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.0: 64 fp32 and 16 "
+                    "special-function results per clock per SM); A100 whitepaper (1024 dense "
+                    "fp16 FMA per clock per SM)",
         source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
     "h100": GPU(
         "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MiB,
         hbm_bandwidth=3.35e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
         sram_per_sm=228 * KiB,
         hbm_capacity=80e9, hbm_kind="HBM3", boost_clock_hz=1.98e9,
+        tensor_flops_per_clk_sm=4096, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=128,
+        tensor_fp8_flops_per_clk_sm=8192,
+        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 9.0: 128 fp32 and 16 "
+                    "special-function results per clock per SM); H100 whitepaper (dense fp16 "
+                    "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
+                    "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
+                    "132 x 1.83 GHz x 16)",
         source="NVIDIA H100 datasheet (2023); CUDA Programming Guide, cc 9.0"),
     "h200": GPU(
         "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MiB,
         hbm_bandwidth=4.8e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
         sram_per_sm=228 * KiB,
         hbm_capacity=141e9, hbm_kind="HBM3e", boost_clock_hz=1.98e9,
+        tensor_flops_per_clk_sm=4096, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=128,
+        tensor_fp8_flops_per_clk_sm=8192,
+        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 9.0: 128 fp32 and 16 "
+                    "special-function results per clock per SM); H100 whitepaper (dense fp16 "
+                    "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
+                    "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
+                    "132 x 1.83 GHz x 16)",
         source="NVIDIA H200 datasheet (2024); L2 (62,914,560 B) and SM count measured on "
                "the project's H200 (cudaGetDeviceProperties, benchmarks/results/ncu_h200.json); "
                "CUDA Programming Guide, cc 9.0"),
@@ -71,6 +124,10 @@ GPUS: dict[str, GPU] = {
         hbm_bandwidth=1008e9, peak_tensor_fp16=165.2e12, peak_fp32=82.6e12,
         sram_per_sm=100 * KiB,
         hbm_capacity=24e9, hbm_kind="GDDR6X", boost_clock_hz=2.52e9,
+        tensor_flops_per_clk_sm=512, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=128,
+        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.9: 128 fp32 and 16 "
+                    "special-function results per clock per SM); Ada whitepaper (fp16 with fp32 "
+                    "accumulate 165.2 TFLOP/s = 128 SMs x 2.52 GHz x 512)",
         source="NVIDIA Ada Lovelace architecture whitepaper v1.1 (fp16 tensor rate with "
                "fp32 accumulate); CUDA Programming Guide, cc 8.9"),
 }
