@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from . import reference
+from . import context_parallel, reference
 from .hardware import l2
 from .algorithms import ALGORITHMS
 from .errors import FlashsimError
@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--blocks-per-sm", type=_int,
                     help="resident thread blocks per SM for the L2 model (default: as many "
                          "as the SRAM working set allows)")
+    io.add_argument("--devices", type=_int,
+                    help="context parallelism over P devices (flash2): adds link_bytes and "
+                         "per-device HBM bytes")
+    io.add_argument("--cp-schedule", choices=list(context_parallel.SCHEDULES),
+                    help="with --devices: ring (default), allgather, zigzag or striped")
     cmp_ = sub.add_parser("compare", help="standard, flash1 and flash2 side by side")
     _shape_args(cmp_)
     cmp_.add_argument("--extra-passes", type=_passes, default=(),
@@ -132,14 +137,20 @@ def main(argv=None) -> int:
                       f"{g.peak_tensor_fp16 / 1e12:.0f} / fp32 {g.peak_fp32 / 1e12:.1f} TFLOP/s"
                       f"\n{'':<11}source: {g.source}")
             return 0
+        if args.command == "io" and args.cp_schedule and not args.devices:
+            raise FlashsimError("--cp-schedule needs --devices P")
         inputs = _inputs(args) if args.verify else None
         if args.command == "io":
             p = _plan(args, args.algorithm, args.extra_passes)
+            cp = (context_parallel.cp_plan(p, args.devices, args.cp_schedule or "ring")
+                  if args.devices else None)
             rep = _report(p, args, inputs)
             if args.gpu is not None or args.l2 is not None:
                 rep.l2 = l2.simulate(p, l2_bytes=None if args.l2 is None else parse_size(args.l2),
                                      blocks_per_sm=args.blocks_per_sm)
-            print(json.dumps(rep.to_dict()) if args.json else format_report(rep))
+            fields, lines = context_parallel.cli_fields(cp, inputs) if cp else ({}, [])
+            print(json.dumps({**rep.to_dict(), **fields}) if args.json
+                  else "\n".join([format_report(rep)] + lines))
         else:
             reps = [_report(_plan(args, a, args.extra_passes if a == "standard" else ()),
                             args, inputs) for a in ALGORITHMS]

@@ -757,10 +757,10 @@ def uniform_ring_seconds(t_first: float, t_step: float, t_transfer: float,
 
 # ------------------------------------------------------------------------- for the CLI
 
-def cli_fields(plan, devices: int, schedule: str = "ring", inputs=None) -> tuple[dict, list]:
+def cli_fields(cp: CPPlan, inputs=None) -> tuple[dict, list]:
     """What ``flashsim io --devices P --cp-schedule S`` adds: (JSON fields, table lines).
     ``inputs``: (Q, K, V, dO, ref) from ``--verify``, to run with values as well."""
-    cp = cp_plan(plan, devices, schedule)
+    plan = cp.plan
     if inputs is None:
         rep = cp.count()
     else:
@@ -768,9 +768,9 @@ def cli_fields(plan, devices: int, schedule: str = "ring", inputs=None) -> tuple
         got, rep = cp.run(Q, K, V, dO=dO)
         if dO is None:
             rep.max_abs_error = float(np.max(np.abs(got - ref["O"])))
-        else:
-            rep.max_abs_error = max(float(np.max(np.abs(x - ref[k])))
-                                    for k, x in zip(("dQ", "dK", "dV"), got))
+        else:                                   # fwd+bwd and bwd: O is checked too
+            got = {"O": rep.hbm["O"], **got._asdict()}
+            rep.max_abs_error = max(float(np.max(np.abs(got[k] - ref[k]))) for k in ref)
     fields = rep.to_dict()
     lines = [f"context parallel: {cp.devices} devices, {cp.schedule} ({cp.comm}, "
              f"{cp.layout} slices of {', '.join(str(len(x)) for x in cp.positions)} rows)",
