@@ -651,6 +651,14 @@ class Timeline:
     busy_s: list
     overlapped: bool
     step_s: dict = field(default_factory=dict)      # (p, step) -> compute seconds
+    step_start: list = field(default_factory=list)  # [p][s]: when device p starts step s
+    step_end: list = field(default_factory=list)    # [p][s]: when it finishes it (ring)
+
+    def step_seconds(self, p: int) -> list:
+        """Device p's step durations, start to start (the last: start to its end): what a
+        program that records an event at each step's start measures."""
+        st, en = self.step_start[p], self.step_end[p]
+        return [b - a for a, b in zip(st, st[1:])] + [en[-1] - st[-1]]
 
     @property
     def idle_s(self) -> list:
@@ -699,6 +707,7 @@ def _timeline(cp: CPPlan, g: GPU, ln: Link, eff: float, pass_: str) -> Timeline:
         start = np.zeros(P)                          # device p starts step s
         dkv_in = np.zeros(P)                         # the accumulator p needs at step s
         link_free = np.zeros(P)                      # link p -> p + 1 is free from
+        st_log, en_log = [], []
         for s in range(P):
             ends = np.zeros(P)
             for p in range(P):
@@ -719,6 +728,8 @@ def _timeline(cp: CPPlan, g: GPU, ln: Link, eff: float, pass_: str) -> Timeline:
                 link_free[t.src] = t1
                 placed.append((t, float(t0), float(t1)))
                 (arrive if t.what == "K,V" else dkv_next)[t.dst] = t1
+            st_log.append(start.copy())
+            en_log.append(ends.copy())
             if s < P - 1:
                 if any(arrive[p] > ends[p] and (p, s + 1) in steps for p in range(P)):
                     overlapped = False                # had work, waited for the link
@@ -729,8 +740,12 @@ def _timeline(cp: CPPlan, g: GPU, ln: Link, eff: float, pass_: str) -> Timeline:
             total = max(total, float(np.max(dkv_in)))
     busy = [sum(c[3] - c[2] for c in compute[p]) for p in range(P)]
     step_s = {k: v[1] + v[2] for k, v in steps.items()}
-    return Timeline(cp, g, ln, eff, pass_, compute, placed, float(total), busy, overlapped,
-                    step_s)
+    tl = Timeline(cp, g, ln, eff, pass_, compute, placed, float(total), busy, overlapped,
+                  step_s)
+    if cp.comm == "ring":
+        tl.step_start = [[float(x[p]) for x in st_log] for p in range(P)]
+        tl.step_end = [[float(x[p]) for x in en_log] for p in range(P)]
+    return tl
 
 
 def min_rows_for_overlap(gpu: str = DEFAULT_GPU, dtype: str = "bf16", *,
@@ -742,6 +757,21 @@ def min_rows_for_overlap(gpu: str = DEFAULT_GPU, dtype: str = "bf16", *,
     g = _gpu(gpu)
     beta = _link(gpu).bandwidth if link_bandwidth is None else link_bandwidth
     return efficiency * g.peak_flops(dtype) * dtype_bytes(dtype) / (2 * beta)
+
+
+def measured_efficiency(head_dim: int, causal: bool = False) -> float | None:
+    """The fraction of the H200's fp16 tensor peak that PyTorch's flash kernel reached in
+    ``benchmarks/cupy_h200.py``'s measurements (``torch_flash``, fp16, this head dimension
+    and mask, at the longest sequence measured), or None where it was not measured. The
+    ring benchmark's kernels are that kernel, so this is the stated efficiency its time
+    model uses (one number per kernel, never fitted to the ring's own timings)."""
+    from . import measured
+    pts = [x for x in measured.load("cupy_h200.json")["points"]
+           if x["impl"] == "torch_flash" and x["d"] == head_dim and x["causal"] == causal]
+    if not pts:
+        return None
+    best = max(pts, key=lambda x: x["N"])
+    return best["tflops"] * 1e12 / _gpu("h200").peak_tensor_fp16
 
 
 def uniform_ring_seconds(t_first: float, t_step: float, t_transfer: float,
