@@ -368,54 +368,62 @@ class CPPlan:
                               if v["read_bytes"] or v["write_bytes"]}
         return CPReport(self, devs, link)
 
+    def step_forms(self, p: int, pass_: str):
+        """Device p's traffic from formulas, kernel group by kernel group, per head:
+        yields (step, group, [(tensor, read, write), ...], flops) with group "attention"
+        (flash2 or flash2_bwd's closed form for that step) or "rest" (the merge, the
+        accumulation; step P: the final conversions)."""
+        d, b, s4 = self.plan.head_dim, self.plan.elem_bytes, STAT_BYTES
+        sp, n = self.step_plan(p), self.rows(p)
+        for k, (s, src) in enumerate(self.sources(p)):
+            k_pos = self.kv_positions(src)
+            n_k = len(k_pos)
+            kw = dict(kv_len=n_k, q_pos=self.positions[p], k_pos=k_pos)
+            rest = []
+            if pass_ == "fwd":
+                read, write, flops = flash2.closed_form(sp, **kw)
+                rename = {} if k == 0 else {"O": "O_s", "L": "L_s"}
+                if k:          # merge: read O, L, O_s, L_s; write O, L over the R rows
+                    stop = (visible_stop_j(self.positions[p], k_pos, sp.block_rows,
+                                           sp.block_cols) if sp.causal else None)
+                    i = np.arange(-(-n // sp.block_rows))
+                    R = int((block_extent(i, sp.block_rows, n)
+                             * (1 if stop is None else stop > 0)).sum())
+                    for name, nb in (("O", R * d * b), ("L", s4 * R)):
+                        rest += [(name, nb, nb), (name + "_s", nb, 0)]
+            else:
+                read, write, flops = flash2_bwd.closed_form(sp, **kw)
+                rename = {"dQ": "dQ_s", "dK": "dK_s", "dV": "dV_s", "dQ_acc": "dQ_s_acc"}
+                rest += [("dQ_s", n * d * b, 0),
+                         ("dQ_acc", 0 if k == 0 else 4 * n * d, 4 * n * d)]
+                for g in ("dK", "dV"):
+                    rest += [(g + "_s", n_k * d * b, 0), (g + "_acc", 0, 4 * n_k * d)]
+                    if s:
+                        rest.append((g + "_acc_in", 4 * n_k * d, 0))
+            yield s, "attention", [(rename.get(x, x), read[x], write[x]) for x in read], flops
+            if rest:
+                yield s, "rest", rest, 0
+        if pass_ == "bwd" and b != ACC_BYTES:            # fp32 -> data type, n rows each
+            yield self.devices, "rest", [
+                x for g, src_name in (("dQ", "dQ_acc"), ("dK", "dK_home"), ("dV", "dV_home"))
+                for x in ((src_name, 4 * n * d, 0), (g, 0, n * d * b))], 0
+
     def closed_form(self) -> CPReport:
         """The same report from formulas (see the module header): flash2's and flash2_bwd's
         closed forms per step, the merge and accumulation passes, the link bytes."""
         P, N, d, b = self.devices, self.plan.seq_len, self.plan.head_dim, self.plan.elem_bytes
-        H, s4 = self.heads, STAT_BYTES
+        H = self.heads
         devs = [DeviceCounts() for _ in range(P)]
         link = 0
         for pass_ in self.passes:
             for p, dev in enumerate(devs):
-                sp, n = self.step_plan(p), self.rows(p)
-                for k, (s, src) in enumerate(self.sources(p)):
-                    k_pos = self.kv_positions(src)
-                    n_k = len(k_pos)
-                    kw = dict(kv_len=n_k, q_pos=self.positions[p], k_pos=k_pos)
-                    if pass_ == "fwd":
-                        read, write, flops = flash2.closed_form(sp, **kw)
-                        stop = (visible_stop_j(self.positions[p], k_pos, sp.block_rows,
-                                               sp.block_cols) if sp.causal else None)
-                        i = np.arange(len(stop) if stop is not None else
-                                      -(-n // sp.block_rows))
-                        R = int((block_extent(i, sp.block_rows, n)
-                                 * (1 if stop is None else stop > 0)).sum())
-                        rename = {} if k == 0 else {"O": "O_s", "L": "L_s"}
-                        if k:      # merge: read O, L, O_s, L_s; write O, L (R rows)
-                            for name, nb in (("O", R * d * b), ("L", s4 * R)):
-                                dev.add(name, H * nb, H * nb)
-                                dev.add(name + "_s", H * nb)
-                    else:
-                        read, write, flops = flash2_bwd.closed_form(sp, **kw)
-                        rename = {"dQ": "dQ_s", "dK": "dK_s", "dV": "dV_s", "dQ_acc": "dQ_s_acc"}
-                        dev.add("dQ_s", H * n * d * b)
-                        dev.add("dQ_acc", H * (0 if k == 0 else 4 * n * d), H * 4 * n * d)
-                        for g in ("dK", "dV"):
-                            dev.add(g + "_s", H * n_k * d * b)
-                            dev.add(g + "_acc", 0, H * 4 * n_k * d)
-                            if s:
-                                dev.add(g + "_acc_in", H * 4 * n_k * d)
-                    for name in read:
-                        dev.add(rename.get(name, name), H * read[name], H * write[name])
+                for _, _, updates, flops in self.step_forms(p, pass_):
+                    for name, read, write in updates:
+                        dev.add(name, H * read, H * write)
                     dev.flops += H * flops
-                if pass_ == "bwd" and b != ACC_BYTES:    # fp32 -> data type, n rows each
-                    for g, src_name in (("dQ", "dQ_acc"), ("dK", "dK_home"), ("dV", "dV_home")):
-                        dev.add(src_name, H * 4 * n * d)
-                        dev.add(g, 0, H * n * d * b)
                 if P > 1:      # every slice but the next device's out, every other one in
-                    nxt = self.rows((p + 1) % P)
-                    dev.send_bytes += H * 2 * d * b * (N - nxt)
-                    dev.recv_bytes += H * 2 * d * b * (N - n)
+                    dev.send_bytes += H * 2 * d * b * (N - self.rows((p + 1) % P))
+                    dev.recv_bytes += H * 2 * d * b * (N - self.rows(p))
                     if pass_ == "bwd":                   # all P accumulators out and in
                         dev.send_bytes += H * 2 * N * d * ACC_BYTES
                         dev.recv_bytes += H * 2 * N * d * ACC_BYTES
@@ -665,11 +673,17 @@ class Timeline:
         return [self.total_s - b for b in self.busy_s]
 
 
+def seconds(nbytes: float, flops: float, g: GPU, dtype: str, efficiency: float) -> float:
+    """A kernel's roofline time: max(HBM bytes / bandwidth, FLOPs / (efficiency x peak))."""
+    return max(nbytes / g.hbm_bandwidth, flops / (efficiency * g.peak_flops(dtype)))
+
+
 def kernel_seconds(nest: Nest, heads: int, g: GPU, dtype: str, efficiency: float) -> float:
-    """One kernel's roofline time: max(HBM bytes / bandwidth, FLOPs / (efficiency peak))."""
+    """:func:`seconds` of one kernel's loop nest, counted (the timeline takes the same
+    numbers from the closed forms, which tests hold equal to the counts)."""
     c = _nest.count(nest)
     nbytes = heads * (sum(c.read.values()) + sum(c.write.values()))
-    return max(nbytes / g.hbm_bandwidth, heads * c.flops / (efficiency * g.peak_flops(dtype)))
+    return seconds(nbytes, heads * c.flops, g, dtype, efficiency)
 
 
 def transfer_seconds(nbytes: float, ln: Link) -> float:
@@ -678,13 +692,19 @@ def transfer_seconds(nbytes: float, ln: Link) -> float:
 
 def _timeline(cp: CPPlan, g: GPU, ln: Link, eff: float, pass_: str) -> Timeline:
     P, H, dtype = cp.devices, cp.heads, cp.plan.dtype
-    steps = {}                                        # (p, step) -> (src, seconds)
+    steps = {}                          # (p, step) -> (src, attention s, merge etc. s)
+    final = np.zeros(P)                 # the backward's conversions after the last step
     for p in range(P):
-        for k in cp.kernels(p, pass_):
-            src, attn, rest = steps.get((p, k.step), (k.src, 0.0, 0.0))
-            sec = kernel_seconds(k.nest, H, g, dtype, eff)
-            steps[(p, k.step)] = ((src, attn + sec, rest) if k.name.startswith("attention")
-                                  else (src, attn, rest + sec))
+        srcs = dict(cp.sources(p))
+        for s, group, updates, flops in cp.step_forms(p, pass_):
+            nbytes = H * sum(r + w for _, r, w in updates)
+            sec = seconds(nbytes, H * flops, g, dtype, eff)
+            if s == P:
+                final[p] += sec
+                continue
+            src, attn, rest = steps.get((p, s), (srcs[s], 0.0, 0.0))
+            steps[(p, s)] = ((src, attn + sec, rest) if group == "attention"
+                             else (src, attn, rest + sec))
     xfers = cp.transfers(pass_)
     compute, placed, overlapped = [[] for _ in range(P)], [], True
     if cp.comm == "allgather":
@@ -735,9 +755,8 @@ def _timeline(cp: CPPlan, g: GPU, ln: Link, eff: float, pass_: str) -> Timeline:
                     overlapped = False                # had work, waited for the link
                 start = np.maximum(ends, arrive)
             dkv_in = dkv_next
-        total = float(np.max(ends))
-        if bwd and P > 1:                            # dK, dV home after the last step
-            total = max(total, float(np.max(dkv_in)))
+        done = np.maximum(ends, dkv_in) if bwd and P > 1 else ends   # dK, dV home
+        total = float(np.max(done + final))
     busy = [sum(c[3] - c[2] for c in compute[p]) for p in range(P)]
     step_s = {k: v[1] + v[2] for k, v in steps.items()}
     tl = Timeline(cp, g, ln, eff, pass_, compute, placed, float(total), busy, overlapped,

@@ -292,3 +292,24 @@ def test_cli_errors_are_one_line(capsys, argv, match):
     code = main(["io", "-a", "flash2", "-N", "61", "-d", "8", *argv])
     _, err = capsys.readouterr()
     assert code == 2 and match in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("schedule,pass_", [("ring", "fwd"), ("zigzag", "fwd"),
+                                            ("striped", "bwd"), ("ring", "bwd"),
+                                            ("allgather", "fwd")])
+def test_timeline_times_the_counted_kernels(schedule, pass_):
+    """The timeline takes bytes and FLOPs from the closed forms: per step they equal the
+    roofline times of the kernels' counted nests."""
+    base = flashsim.plan("flash2", 1000, 64, heads=4, dtype="bf16", gpu="h200", causal=True,
+                         pass_=pass_, block_rows=64, block_cols=64, sram="100KiB")
+    cp = cpm.cp_plan(base, 3, schedule)
+    tl, g = cp.timeline(), presets.gpu("h200")
+    for p in range(3):
+        by_step = {}
+        for k in cp.kernels(p, pass_):
+            by_step[k.step] = by_step.get(k.step, 0.0) + cpm.kernel_seconds(
+                k.nest, cp.heads, g, "bf16", 1.0)
+        assert {s for s in by_step if s < 3} == {s for q, s in tl.step_s if q == p}
+        for s, sec in by_step.items():
+            if s < 3:
+                assert tl.step_s[(p, s)] == pytest.approx(sec, rel=1e-12)
