@@ -88,14 +88,13 @@ the dK, dV accumulators (4-byte elements) on the same link.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from . import nest as _nest
 from .algorithms import flash2, flash2_bwd
-from .algorithms._common import block_extent, visible_start_i, visible_stop_j
+from .algorithms._common import block_extent, visible_stop_j
 from .algorithms.online_softmax import State, merge
 from .errors import FlashsimError
 from .hardware.presets import DEFAULT_GPU, GPU, Link, gpu as _gpu, link as _link, preset_name
@@ -293,7 +292,7 @@ class CPPlan:
         """Device p's backward launches in order: per step the FA2 backward and the fp32
         accumulation, then (fp16/bf16) the conversion of dQ and of its returned dK, dV."""
         sp, out = self.step_plan(p), []
-        b, d, n = sp.elem_bytes, sp.head_dim, self.rows(p)
+        b, n = sp.elem_bytes, self.rows(p)
         acc = flash2_bwd.accumulator(b)
         for k, (s, src) in enumerate(self.sources(p)):
             k_pos = self.kv_positions(src)
@@ -443,7 +442,7 @@ class CPPlan:
         pass): (..., N, d), the whole sequence; each device gets its slice. Returns O (or
         ``Gradients``) assembled in position order, and the report (the same counts as
         :meth:`count`). ``report.max_abs_error`` is left for the caller to fill."""
-        from .plan import Gradients, _check_inputs, _execute
+        from .plan import Gradients, _check_inputs
         backward = self.plan.pass_ != "fwd"
         if backward != (dO is not None):
             raise FlashsimError("dO is needed exactly when the plan has a backward pass")
@@ -492,10 +491,7 @@ class CPPlan:
             if dname not in store or store[dname].shape[-2:] != (t.rows, t.cols):
                 store[dname] = np.full(lead + (t.rows, t.cols), np.nan)   # poisoned
             bound[name] = store[dname]
-        c = _nest.execute(k.nest, bound, sram_limit=self.plan.sram_bytes)
-        for name in k.nest.tensors:     # rebind: execute may have replaced nothing, but a
-            dname = k.names.get(name, name)                 # fresh buffer lives in bound
-            (kv if dname in kv else dev_hbm)[dname] = bound[name]
+        c = _nest.execute(k.nest, bound, sram_limit=self.plan.sram_bytes)   # in place
         if dev is not None:
             for name in k.nest.tensors:
                 dev.add(k.names.get(name, name), self.heads * c.read.get(name, 0),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import context_parallel as cpm
-from ..hardware.presets import DEFAULT_GPU, LINKS, gpu as _gpu
+from ..hardware.presets import DEFAULT_GPU, gpu as _gpu
 from ..plan import plan
 
 DEVICES = (1, 2, 3, 4, 6, 8)
