@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from . import reference
+from . import context_parallel, reference
 from .hardware import l2
 from .algorithms import ALGORITHMS
 from .errors import FlashsimError
@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "producer: a warp-specialised producer)")
     io.add_argument("--stages", type=_int, default=2,
                     help="with --schedule and --loads producer: K/V stages in shared memory")
+    io.add_argument("--devices", type=_int,
+                    help="context parallelism over P devices (flash2): adds link_bytes and "
+                         "per-device HBM bytes")
+    io.add_argument("--cp-schedule", choices=list(context_parallel.SCHEDULES),
+                    help="with --devices: ring (default), allgather, zigzag or striped")
     cmp_ = sub.add_parser("compare", help="standard, flash1 and flash2 side by side")
     _shape_args(cmp_)
     cmp_.add_argument("--extra-passes", type=_passes, default=(),
@@ -199,27 +204,29 @@ def main(argv=None) -> int:
                 raise FlashsimError(f"--outlier-fraction must lie in [0, 1], got "
                                     f"{args.outlier_fraction}")
             return _numerics(args)
+        if args.command == "io" and args.cp_schedule and not args.devices:
+            raise FlashsimError("--cp-schedule needs --devices P")
         inputs = _inputs(args) if args.verify else None
         if args.command == "io":
             p = _plan(args, args.algorithm, args.extra_passes)
+            cp = (context_parallel.cp_plan(p, args.devices, args.cp_schedule or "ring")
+                  if args.devices else None)
             rep = _report(p, args, inputs)
             if args.gpu is not None or args.l2 is not None:
                 rep.l2 = l2.simulate(p, l2_bytes=None if args.l2 is None else parse_size(args.l2),
                                      blocks_per_sm=args.blocks_per_sm)
             sched = _schedule(p, args) if args.schedule else None
-            if args.json:
-                out = rep.to_dict()
-                if sched is not None:
-                    out["schedule"] = sched
-                print(json.dumps(out))
-            else:
-                print(format_report(rep))
-                if sched is not None:
-                    print(f"schedule {sched['schedule']} (loads {sched['loads']}): "
-                          f"{sched['predicted_time_s'] * 1e3:.4f} ms, "
-                          f"{sched['tflops']:.0f} TFLOP/s; per K/V block "
-                          + ", ".join(f"{k} {v:.0f}" for k, v in sched["phase_cycles"].items())
-                          + " cycles")
+            fields, lines = context_parallel.cli_fields(cp, inputs) if cp else ({}, [])
+            if sched is not None:
+                fields["schedule"] = sched
+                lines.append(
+                    f"schedule {sched['schedule']} (loads {sched['loads']}): "
+                    f"{sched['predicted_time_s'] * 1e3:.4f} ms, {sched['tflops']:.0f} TFLOP/s; "
+                    "per K/V block " + ", ".join(f"{k} {v:.0f}"
+                                                 for k, v in sched["phase_cycles"].items())
+                    + " cycles")
+            print(json.dumps({**rep.to_dict(), **fields}) if args.json
+                  else "\n".join([format_report(rep)] + lines))
         else:
             reps = [_report(_plan(args, a, args.extra_passes if a == "standard" else ()),
                             args, inputs) for a in ALGORITHMS]

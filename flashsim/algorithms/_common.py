@@ -43,6 +43,35 @@ def causal_start_i(j: int, block_rows: int, block_cols: int) -> int:
     return (j * block_cols) // block_rows
 
 
+def block_last(pos: np.ndarray, block: int) -> np.ndarray:
+    """The last entry of each ``block``-row block of ``pos`` (the last one may be short)."""
+    n = len(pos)
+    return pos[np.minimum(np.arange(-(-n // block)) * block + block, n) - 1]
+
+
+def visible_stop_j(q_pos, k_pos, block_rows: int, block_cols: int) -> np.ndarray:
+    """For each Q block i: one past the last K/V block j it sees under a causal mask, with
+    queries and keys at global positions ``q_pos``, ``k_pos`` (each ascending). Tile (i, j)
+    is fully masked when its first key comes after its last query, so the tiles Q block i
+    sees are a prefix ``j < stop``. With ``q_pos = k_pos = 0..N-1`` this is
+    :func:`causal_stop_j`; on a device of context parallelism the positions are its slice's."""
+    return np.searchsorted(np.asarray(k_pos)[::block_cols], block_last(np.asarray(q_pos),
+                                                                       block_rows), "right")
+
+
+def visible_start_i(q_pos, k_pos, block_rows: int, block_cols: int) -> np.ndarray:
+    """For each K/V block j: the first Q block i that sees any of its keys (the same rule as
+    :func:`visible_stop_j`, read the other way; :func:`causal_start_i` for one device)."""
+    return np.searchsorted(block_last(np.asarray(q_pos), block_rows),
+                           np.asarray(k_pos)[::block_cols], "left")
+
+
+def apply_position_mask(S: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray) -> None:
+    """Set S[r, c] = -inf where key c's position comes after query r's, in place.
+    S: (..., len(q_pos), len(k_pos))."""
+    S[..., np.asarray(k_pos)[None, :] > np.asarray(q_pos)[:, None]] = -np.inf
+
+
 def apply_causal_mask(S: np.ndarray, rows: tuple[int, int], cols: tuple[int, int]) -> None:
     """Set S[r, c] = -inf where key c comes after query r (global indices), in place."""
     r = np.arange(rows[0], rows[1])[:, None]

@@ -21,6 +21,14 @@ elements of S visited and R = sum_i r_i tiles(i) tile rows, tiles(i) = ceil(cols
                     and the logsumexp, d + 2 per row, come once, at the end: FlashAttention-2's
                     deferred rescaling, against FlashAttention's every tile)
 SRAM working set: b (2 B_r d + 2 B_c d + B_r B_c) + 8 B_r  (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i).
+
+The same nest runs one step of context parallelism (``flashsim.context_parallel``): N_q
+query rows against N_k key rows (``kv_len``) at global positions ``q_pos``, ``k_pos``, so
+the causal mask and the skipped tiles follow the positions: Q block i reads the K/V blocks
+j < stop(i) (``visible_stop_j``), cols(i) = min(N_k, stop(i) B_c), and a Q block that sees
+no key at all is neither read nor written (so Q, O and L move R = the rows of the Q blocks
+that see something, not N_q). A row that sees nothing in a block it shares gets O = 0 and
+L = -inf: the empty state, which the merge of partial results ignores.
 """
 
 from __future__ import annotations
@@ -31,8 +39,8 @@ import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
 from ..units import STAT_BYTES, cdiv
-from ._common import (apply_causal_mask, block_extent, causal_stop_j, exp_diff,
-                      largest_square_block, matmul_flops)
+from ._common import (apply_position_mask, block_extent, exp_diff, largest_square_block,
+                      matmul_flops, visible_stop_j)
 
 
 
@@ -48,18 +56,35 @@ def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     return B, B
 
 
-def build(plan) -> Nest:
-    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+def _positions(plan, kv_len, q_pos, k_pos):
+    """(N_q, N_k, q_pos, k_pos): positions only under a causal mask (0..N-1 by default)."""
+    n_q = plan.seq_len
+    n_k = n_q if kv_len is None else kv_len
+    if not plan.causal:
+        return n_q, n_k, None, None
+    q_pos = np.arange(n_q) if q_pos is None else np.asarray(q_pos)
+    k_pos = np.arange(n_k) if k_pos is None else np.asarray(k_pos)
+    return n_q, n_k, q_pos, k_pos
+
+
+def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
+    """The nest for ``plan``; ``kv_len``, ``q_pos``, ``k_pos`` for a step of context
+    parallelism (see the header; by default N_k = N_q and positions 0..N-1)."""
+    N, N_k, q_pos, k_pos = _positions(plan, kv_len, q_pos, k_pos)
+    d, Br, Bc = plan.head_dim, plan.block_rows, plan.block_cols
     b, tau, causal = plan.elem_bytes, 1.0 / math.sqrt(plan.head_dim), plan.causal
     tensors = {
-        "Q": Tensor("Q", N, d, b), "K": Tensor("K", N, d, b), "V": Tensor("V", N, d, b),
+        "Q": Tensor("Q", N, d, b), "K": Tensor("K", N_k, d, b), "V": Tensor("V", N_k, d, b),
         "O": Tensor("O", N, d, b), "L": Tensor("L", N, 1, STAT_BYTES),
     }
+    stop = visible_stop_j(q_pos, k_pos, Br, Bc) if causal else None
+    first_i = int((stop == 0).sum()) if causal else 0     # Q blocks that see no key
 
     def s_tile(sram, ctx):
         S = tau * (sram["Q_i"] @ np.swapaxes(sram["K_j"], -1, -2))    # (.., B_r, B_c)
         if causal:
-            apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
+            (r0, r1), (c0, c1) = ctx.range("i"), ctx.range("j")
+            apply_position_mask(S, q_pos[r0:r1], k_pos[c0:c1])
         sram["S_ij"] = S
 
     def online_update(sram, ctx):
@@ -73,11 +98,13 @@ def build(plan) -> Nest:
         sram["S_ij"] = P
 
     def finish(sram, ctx):
-        sram["O_i"] = sram["O_i"] / sram["l_i"]                      # deferred rescale
-        sram["L_i"] = sram["m_i"] + np.log(sram["l_i"])              # logsumexp
+        l_i = sram["l_i"]
+        with np.errstate(divide="ignore", invalid="ignore"):         # l_i = 0: saw nothing
+            sram["O_i"] = np.where(l_i > 0, sram["O_i"] / l_i, 0.0)  # deferred rescale
+            sram["L_i"] = sram["m_i"] + np.log(l_i)                  # logsumexp (-inf if empty)
 
-    inner = Loop("j", Bc, N, label="K/V blocks streamed through SRAM",
-                 stop=(lambda ctx: causal_stop_j(ctx.idx["i"], Br, Bc, N)) if causal else None,
+    inner = Loop("j", Bc, N_k, label="K/V blocks streamed through SRAM",
+                 stop=(lambda ctx: int(stop[ctx.idx["i"]])) if causal else None,
                  body=(
                      Load("K_j", "K", rows="j"),
                      Load("V_j", "V", rows="j"),
@@ -93,8 +120,8 @@ def build(plan) -> Nest:
                              exps=lambda e: e("i") * e("j") + e("i"),
                              nonmatmul=lambda e: 4 * e("i") * e("j") + 3 * e("i") + e("i") * d),
                  ))
-    body = (Loop("i", Br, N, label="Q blocks (one thread block each)",
-                 parallel=True, body=(
+    body = (Loop("i", Br, N, label="Q blocks (one thread block each)", parallel=True,
+                 start=(lambda ctx: first_i) if first_i else None, body=(
         Load("Q_i", "Q", rows="i"),
         Alloc("O_i", "i", d, b, 0.0),
         Alloc("m_i", "i", 1, STAT_BYTES, -np.inf),
@@ -109,19 +136,24 @@ def build(plan) -> Nest:
     return Nest(tensors, body)
 
 
-def closed_form(plan) -> tuple[dict, dict, int]:
+def closed_form(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None
+                ) -> tuple[dict, dict, int]:
     """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
     N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
     i = np.arange(cdiv(N, Br))
-    if plan.causal:
+    if plan.causal and q_pos is None and k_pos is None and kv_len is None:
         last_row = np.minimum((i + 1) * Br, N) - 1
         cols = np.minimum(N, (last_row // Bc + 1) * Bc)
+    elif plan.causal:
+        N, N_k, q_pos, k_pos = _positions(plan, kv_len, q_pos, k_pos)
+        cols = np.minimum(N_k, visible_stop_j(q_pos, k_pos, Br, Bc) * Bc)
     else:
-        cols = np.full(len(i), N)
-    C = int(cols.sum())
-    read = {"Q": N * d * b, "K": C * d * b, "V": C * d * b, "O": 0, "L": 0}
-    write = {"Q": 0, "K": 0, "V": 0, "O": N * d * b, "L": STAT_BYTES * N}
-    flops = int(4 * d * (block_extent(i, Br, N) * cols).sum())
+        cols = np.full(len(i), N if kv_len is None else kv_len)
+    rows = block_extent(i, Br, N) * (cols > 0)           # Q blocks that see no key: skipped
+    R, C = int(rows.sum()), int(cols.sum())
+    read = {"Q": R * d * b, "K": C * d * b, "V": C * d * b, "O": 0, "L": 0}
+    write = {"Q": 0, "K": 0, "V": 0, "O": R * d * b, "L": STAT_BYTES * R}
+    flops = int(4 * d * (rows * cols).sum())
     return read, write, flops
 
 

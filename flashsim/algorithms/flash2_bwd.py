@@ -40,6 +40,13 @@ exponentials E (P_ij recomputed); operations 2 N d (D, once) + 5 E + d R + d C (
 each tile's dQ_i and dK_j products, as the code applies it).
 SRAM working set: b (4 B_c d + 2 B_r d + 2 B_r B_c) + 4 B_r d + 8 B_r
 (K_j, V_j, dK_j, dV_j, Q_i, dO_i, S_ij/P_ij, dS_ij, the fp32 dQ_i, and L_i, D_i).
+
+As the forward, the nest runs one step of context parallelism's backward: N_q query rows
+(Q, O, dO, L, D, dQ) against N_k key rows (K, V, dK, dV; ``kv_len``) at global positions
+``q_pos``, ``k_pos``. K/V block j then starts at the first Q block that sees one of its keys
+(``visible_start_i``), so rows(j) = N_q - min(start(j) B_r, N_q) with N_q for N above and
+N_k for N in the K, V, dK, dV terms; a K/V block that no query sees still writes its
+zero dK_j, dV_j, as flash-attn's kernel does.
 """
 
 from __future__ import annotations
@@ -50,8 +57,9 @@ import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
 from ..units import STAT_BYTES, cdiv
-from ._common import (apply_causal_mask, block_extent, causal_start_i, exp_diff,
-                      largest_square_block, matmul_flops)
+from ._common import (apply_position_mask, block_extent, exp_diff, largest_square_block,
+                      matmul_flops, visible_start_i)
+from .flash2 import _positions
 
 ACC_BYTES = 4             # dQ is accumulated in fp32 (atomic adds)
 
@@ -73,13 +81,18 @@ def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     return B, B
 
 
-def build(plan) -> Nest:
-    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
+def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
+    """The nest for ``plan``; ``kv_len``, ``q_pos``, ``k_pos`` for a step of context
+    parallelism (see the header; by default N_k = N_q and positions 0..N-1)."""
+    N, N_k, q_pos, k_pos = _positions(plan, kv_len, q_pos, k_pos)
+    d, Br, Bc = plan.head_dim, plan.block_rows, plan.block_cols
     b, tau, causal = plan.elem_bytes, 1.0 / math.sqrt(plan.head_dim), plan.causal
     acc = accumulator(b)
-    tensors = {name: Tensor(name, N, d, b) for name in ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV")}
+    tensors = {name: Tensor(name, N, d, b) for name in ("Q", "O", "dO", "dQ")}
+    tensors.update({name: Tensor(name, N_k, d, b) for name in ("K", "V", "dK", "dV")})
     tensors.update({"L": Tensor("L", N, 1, STAT_BYTES), "D": Tensor("D", N, 1, STAT_BYTES),
                     acc: Tensor(acc, N, d, ACC_BYTES)})
+    start = visible_start_i(q_pos, k_pos, Br, Bc) if causal else None
     T = np.swapaxes
 
     def rowsum_do_o(sram, ctx):
@@ -99,7 +112,8 @@ def build(plan) -> Nest:
     def recompute_p(sram, ctx):
         S = tau * (sram["Q_i"] @ T(sram["K_j"], -1, -2))               # (.., B_r, B_c)
         if causal:
-            apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
+            (r0, r1), (c0, c1) = ctx.range("i"), ctx.range("j")
+            apply_position_mask(S, q_pos[r0:r1], k_pos[c0:c1])
         sram["S_ij"] = exp_diff(S, sram["L_i"])                        # P_ij = exp(S_ij - L_i)
 
     def dv(sram, ctx):
@@ -116,7 +130,7 @@ def build(plan) -> Nest:
         sram["dK_j"] = sram["dK_j"] + tau * (T(sram["dS_ij"], -1, -2) @ sram["Q_i"])
 
     inner = Loop("i", Br, N, label="Q blocks streamed; dQ_i added to in HBM",
-                 start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
+                 start=(lambda ctx: int(start[ctx.idx["j"]])) if causal else None,
                  body=(
                      Load("Q_i", "Q", rows="i"),
                      Load("dO_i", "dO", rows="i"),
@@ -139,7 +153,7 @@ def build(plan) -> Nest:
                      Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
                              nonmatmul=lambda e: e("j") * d),          # tau x
                  ))
-    main = Loop("j", Bc, N, label="K/V blocks (one thread block each)", parallel=True, body=(
+    main = Loop("j", Bc, N_k, label="K/V blocks (one thread block each)", parallel=True, body=(
         Load("K_j", "K", rows="j"),
         Load("V_j", "V", rows="j"),
         Alloc("dK_j", "j", d, b, 0.0),
@@ -163,15 +177,23 @@ def build(plan) -> Nest:
     return Nest(tensors, body)
 
 
-def closed_form(plan) -> tuple[dict, dict, int]:
+def closed_form(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None
+                ) -> tuple[dict, dict, int]:
     """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
     N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
-    j = np.arange(cdiv(N, Bc))
-    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
-    R, nd, s, a = int(rows.sum()), N * d * b, STAT_BYTES, ACC_BYTES
-    read = {"Q": R * d * b, "K": nd, "V": nd, "O": nd, "dO": nd + R * d * b,
+    N_k = N if kv_len is None else kv_len
+    j = np.arange(cdiv(N_k, Bc))
+    if plan.causal and q_pos is None and k_pos is None and kv_len is None:
+        rows = N - (j * Bc // Br) * Br
+    elif plan.causal:
+        N, N_k, q_pos, k_pos = _positions(plan, kv_len, q_pos, k_pos)
+        rows = N - np.minimum(visible_start_i(q_pos, k_pos, Br, Bc) * Br, N)
+    else:
+        rows = np.full(len(j), N)
+    R, nd, kd, s, a = int(rows.sum()), N * d * b, N_k * d * b, STAT_BYTES, ACC_BYTES
+    read = {"Q": R * d * b, "K": kd, "V": kd, "O": nd, "dO": nd + R * d * b,
             "dQ": 0, "dK": 0, "dV": 0, "L": s * R, "D": s * R}
-    write = {"Q": 0, "K": 0, "V": 0, "O": 0, "dO": 0, "dQ": 0, "dK": nd, "dV": nd,
+    write = {"Q": 0, "K": 0, "V": 0, "O": 0, "dO": 0, "dQ": 0, "dK": kd, "dV": kd,
              "L": 0, "D": s * N}
     acc = accumulator(b)
     read[acc] = a * R * d
@@ -179,7 +201,7 @@ def closed_form(plan) -> tuple[dict, dict, int]:
     if acc != "dQ":
         read[acc] += a * N * d
         write["dQ"] = nd
-    flops = int(10 * d * (block_extent(j, Bc, N) * rows).sum())
+    flops = int(10 * d * (block_extent(j, Bc, N_k) * rows).sum())
     return read, write, flops
 
 

@@ -98,8 +98,11 @@ class State:
 
     @property
     def output(self):
-        """softmax(x) V over the elements seen: o / l."""
-        return None if self.o is None else self.o / self.l
+        """softmax(x) V over the elements seen: o / l (rows: o (..., R, d_v) / l (..., R))."""
+        if self.o is None:
+            return None
+        return self.o / (np.expand_dims(self.l, -1) if np.ndim(self.o) > np.ndim(self.l)
+                         else self.l)
 
 
 def state_of(x, v=None) -> State:
@@ -114,7 +117,19 @@ def state_of(x, v=None) -> State:
 def merge(a: State, b: State) -> State:
     """The state of the union of two disjoint chunks (associative and commutative):
 
-        m = max(m_a, m_b);  l = l_a e^{m_a - m} + l_b e^{m_b - m};  o likewise."""
+        m = max(m_a, m_b);  l = l_a e^{m_a - m} + l_b e^{m_b - m};  o likewise.
+
+    Many rows at once too: m, l of shape (..., R) and o of (..., R, d_v), row by row (how a
+    device of ring attention merges the partial outputs of its steps)."""
+    if np.ndim(a.m) or np.ndim(b.m):
+        m = np.maximum(a.m, b.m)
+        sa, sb = exp_diff(np.asarray(a.m, float), m), exp_diff(np.asarray(b.m, float), m)
+        if a.o is None or b.o is None:
+            o = None
+        else:
+            wide = np.ndim(a.o) > np.ndim(a.m)                     # o: (..., R, d_v)
+            o = ((sa[..., None] if wide else sa) * a.o + (sb[..., None] if wide else sb) * b.o)
+        return State(m, sa * a.l + sb * b.l, o)
     m = max(a.m, b.m)
     sa, sb = float(exp_diff(np.float64(a.m), m)), float(exp_diff(np.float64(b.m), m))
     o = None if a.o is None or b.o is None else sa * a.o + sb * b.o

@@ -148,3 +148,60 @@ def roofline_time(hbm_bytes: float, flops: float, preset: GPU, dtype: str) -> fl
     A floor, not a forecast: it assumes perfect overlap and every SM busy.
     """
     return max(hbm_bytes / preset.hbm_bandwidth, flops / preset.peak_flops(dtype))
+
+
+# ----------------------------------------------------------------- links between GPUs
+
+@dataclass(frozen=True)
+class Link:
+    """What one direction of one ring link between two GPUs carries (context parallelism:
+    device p sends to p + 1 while it receives from p - 1, so each direction carries one
+    transfer at a time)."""
+    name: str
+    bandwidth: float             # bytes/s, one direction
+    latency: float               # seconds per transfer (a send/receive pair)
+    source: str
+
+
+# A transfer's fixed cost: NCCL's own tuning model (NVIDIA/nccl, src/graph/tuning.cc)
+# charges a ring step with its Simple protocol a base latency of 8.4 us plus a few us per
+# NVLink hop (LL128: 2.5, Simple: 3.4-5.7 us, by version); 10 us is that order, an
+# estimate rather than a measurement.
+NCCL_P2P_LATENCY_S = 10e-6
+
+LINKS: dict[str, Link] = {
+    "a100-40gb": Link(
+        "NVLink 3 (12 links)", bandwidth=300e9, latency=NCCL_P2P_LATENCY_S,
+        source="NVIDIA A100 datasheet (2021): NVLink 600 GB/s, the sum of both directions "
+               "of 12 links of 50 GB/s; one direction to one peer through NVSwitch: 300 GB/s"),
+    "a100-80gb": Link(
+        "NVLink 3 (12 links)", bandwidth=300e9, latency=NCCL_P2P_LATENCY_S,
+        source="NVIDIA A100 datasheet (2021): NVLink 600 GB/s, the sum of both directions "
+               "of 12 links of 50 GB/s; one direction to one peer through NVSwitch: 300 GB/s"),
+    "h100": Link(
+        "NVLink 4 (18 links)", bandwidth=450e9, latency=NCCL_P2P_LATENCY_S,
+        source="NVIDIA H100 datasheet (2023): NVLink 900 GB/s, the sum of both directions "
+               "of 18 links of 50 GB/s; one direction to one peer through NVSwitch (HGX "
+               "H100): 450 GB/s"),
+    "h200": Link(
+        "NVLink 4 (18 links)", bandwidth=450e9, latency=NCCL_P2P_LATENCY_S,
+        source="NVIDIA H200 datasheet (2024): NVLink 900 GB/s, the sum of both directions "
+               "of 18 links of 50 GB/s; one direction to one peer through NVSwitch (HGX "
+               "H200): 450 GB/s"),
+    "rtx4090": Link(
+        "PCIe 4.0 x16 (no NVLink)", bandwidth=32e9, latency=NCCL_P2P_LATENCY_S,
+        source="Ada Lovelace has no NVLink; PCIe 4.0 x16: 64 GB/s both directions, 32 GB/s "
+               "one way (GeForce cards disable peer-to-peer, so NCCL stages through host "
+               "memory and gets less)"),
+}
+
+
+def link(name: str) -> Link:
+    """The GPU-to-GPU link of the preset called ``name`` (case-insensitive)."""
+    gpu(name)                                    # one error for an unknown name
+    return LINKS[str(name).lower()]
+
+
+def preset_name(g: GPU) -> str:
+    """The key of preset ``g`` in :data:`GPUS`."""
+    return next(k for k, v in GPUS.items() if v == g)

@@ -728,3 +728,77 @@ class RecomputationPicture:
             f"{v['gpu']}: at N = {v['seq_len']}, standard keeps "
             f"{format_bytes(rows['standard']['saved_bytes'])}, FlashAttention-2 "
             f"{format_bytes(rows['flash2']['saved_bytes'])}")
+
+
+class TimelinePicture:
+    """Left: context parallelism's timeline, one lane per device: compute per step (colour:
+    whose K/V slice it attends to) and, beneath, the transfers it sends; gaps are idle time.
+    Right: bytes through each device's HBM against the bytes it sends over its link."""
+
+    MAX_DEVICES = 8
+
+    def __init__(self, fig):
+        from matplotlib import colormaps
+        from matplotlib.collections import PolyCollection
+        self.cmap = colormaps["tab10"]
+        self.ax = fig.add_axes([0.07, 0.14, 0.58, 0.70])
+        self.bx = fig.add_axes([0.74, 0.14, 0.24, 0.70])
+        self.work = PolyCollection([], edgecolor="white", linewidth=0.3)
+        self.sends = PolyCollection([], facecolor="0.55", edgecolor="none")
+        self.ax.add_collection(self.work)
+        self.ax.add_collection(self.sends)
+        self.ax.set_xlabel("time (ms)")
+        self.ax.invert_yaxis()
+        self.idle = [self.ax.text(0, 0, "", fontsize=8, va="center", ha="left")
+                     for _ in range(self.MAX_DEVICES)]
+        x = np.arange(self.MAX_DEVICES)
+        self.hbm = self.bx.bar(x - 0.2, np.ones_like(x), width=0.4, color="#1f77b4",
+                               label="HBM (r+w)")
+        self.link = self.bx.bar(x + 0.2, np.ones_like(x), width=0.4, color="0.55",
+                                label="sent over link")
+        self.bx.set_yscale("log")
+        self.bx.set_xlabel("device")
+        self.bx.set_ylabel("bytes")
+        self.bx.legend(fontsize=7, loc="upper left", frameon=False)
+        self.title = fig.suptitle("", fontsize=9)
+
+    def update(self, v: dict) -> None:
+        P = v["devices"]
+        ms = 1e3
+        verts, colors = [], []
+        for p, steps in enumerate(v["compute"]):
+            for _, src, a, b in steps:
+                src = p if src < 0 else src
+                verts.append([(a * ms, p - 0.38), (b * ms, p - 0.38), (b * ms, p + 0.08),
+                              (a * ms, p + 0.08)])
+                colors.append(self.cmap(src % 10))
+        self.work.set_verts(verts)
+        self.work.set_facecolors(colors)
+        self.sends.set_verts([[(a * ms, src + 0.14), (b * ms, src + 0.14),
+                               (b * ms, src + 0.36), (a * ms, src + 0.36)]
+                              for src, _, _, a, b in v["transfers"]])
+        T = v["total_s"] * ms
+        self.ax.set_xlim(0, T * 1.22)
+        self.ax.set_ylim(P - 0.5, -0.6)
+        self.ax.set_yticks(range(P))
+        self.ax.set_yticklabels([f"device {p}" for p in range(P)], fontsize=8)
+        for p, t in enumerate(self.idle):
+            t.set_visible(p < P)
+            if p < P:
+                t.set_position((T * 1.01, p - 0.15))
+                t.set_text(f"idle {v['idle_fraction'][p]:.0%}")
+        hi = max(max(v["hbm_bytes"]), max(v["link_send_bytes"]) or 1)
+        lo = min([x for x in v["hbm_bytes"] + v["link_send_bytes"] if x > 0] or [1])
+        for p in range(self.MAX_DEVICES):
+            for bars, key in ((self.hbm, "hbm_bytes"), (self.link, "link_send_bytes")):
+                bars[p].set_visible(p < P)
+                bars[p].set_height(max(v[key][p], 1) if p < P else 1)
+        self.bx.set_xlim(-0.6, P - 0.4)
+        self.bx.set_xticks(range(P))
+        self.bx.set_ylim(lo / 3, hi * 3)
+        self.title.set_text(
+            f"{v['schedule']} ({v['layout']} slices{', causal' if v['causal'] else ''}), "
+            f"N = {v['seq_len']:,}, d = {v['head_dim']}, {v['heads']} heads, {v['dtype']}, "
+            f"{v['gpu']}, {v['link_name']} {v['link_gbps']:.0f} GB/s one way: "
+            f"{v['total_s'] * 1e3:.2f} ms, {v['speedup']:.2f}x one GPU; transfers "
+            f"{'hidden' if v['overlapped'] else 'not hidden'}")
