@@ -43,22 +43,7 @@
 #define NUM_WARPS (NUM_THREADS / 32)
 static_assert(NUM_THREADS % 32 == 0, "whole warps");
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-// exp(a - b), with exp(-inf - (-inf)) read as 0 (flashsim's exp_diff).
-__device__ __forceinline__ float exp_diff(float a, float b) {
-    return (a == neg_inf()) ? 0.f : expf(a - b);
-}
+#include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
 flash1_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V,
@@ -85,7 +70,8 @@ flash1_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
     for (int e = tid; e < N * d; e += NUM_THREADS) Og[e] = 0.f;
     for (int r = tid; r < N; r += NUM_THREADS) { lg[r] = 0.f; mg[r] = neg_inf(); }
 
-    for (int col0 = 0; col0 < N; col0 += B_c) {                      // outer loop: K/V block j
+    // outer loop: K/V block j, keys col0 = j B_c .. (j and col0 advance together)
+    for (int j = 0, col0 = 0; col0 < N; ++j, col0 += B_c) {
         const int cols = min(B_c, N - col0);
         __syncthreads();                                             // HBM init / K_{j-1} done
         for (int e = tid; e < B_c * d; e += NUM_THREADS) {           // load K_j, V_j
@@ -95,7 +81,8 @@ flash1_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
             V_j[e] = valid ? Vg[(size_t)col0 * d + e] : 0.f;
         }
         const int i_start = causal ? col0 / B_r : 0;                 // first Q block reached
-        for (int row0 = i_start * B_r; row0 < N; row0 += B_r) {      // inner loop: Q block i
+        // inner loop: Q block i, queries row0 = i B_r ..
+        for (int i = i_start, row0 = i_start * B_r; row0 < N; ++i, row0 += B_r) {
             const int rows = min(B_r, N - row0);
             __syncthreads();                                         // K_j, V_j in; Q_{i-1} done
             for (int e = tid; e < rows * d; e += NUM_THREADS) {      // load Q_i, O_i

@@ -40,22 +40,7 @@
 #define NUM_WARPS (NUM_THREADS / 32)
 static_assert(NUM_THREADS % 32 == 0, "whole warps");
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-// exp(a - b), with exp(-inf - (-inf)) read as 0 (flashsim's exp_diff).
-__device__ __forceinline__ float exp_diff(float a, float b) {
-    return (a == neg_inf()) ? 0.f : expf(a - b);
-}
+#include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
 flash2_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V,
@@ -70,7 +55,7 @@ flash2_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
 
     const size_t bh = blockIdx.y;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int row0 = blockIdx.x * B_r, rows = min(B_r, N - row0);
+    const int i = blockIdx.x, row0 = i * B_r, rows = min(B_r, N - row0);   // Q block i
     const float* Qg = Q + bh * N * d;
     const float* Kg = K + bh * N * d;
     const float* Vg = V + bh * N * d;
@@ -81,9 +66,9 @@ flash2_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
     }
     for (int r = tid; r < B_r; r += NUM_THREADS) { m_i[r] = neg_inf(); l_i[r] = 0.f; }
 
-    // causal: K/V blocks up to the one holding key row0 + rows - 1
+    // K/V block j, keys col0 = j B_c ..; causal: up to the block holding key row0 + rows - 1
     const int col_end = causal ? min(N, ((row0 + rows - 1) / B_c + 1) * B_c) : N;
-    for (int col0 = 0; col0 < col_end; col0 += B_c) {                // K/V block j
+    for (int j = 0, col0 = 0; col0 < col_end; ++j, col0 += B_c) {
         const int cols = min(B_c, N - col0);
         __syncthreads();                                             // done with K_{j-1}, V_{j-1}
         for (int e = tid; e < B_c * d; e += NUM_THREADS) {           // load K_j, V_j

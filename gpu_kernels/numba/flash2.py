@@ -33,21 +33,22 @@ on the H200 at N = 2048 (3.8e-7 against a tolerance of 3.8e-7; FA1, which sums p
 had 1.4e-7); summed per block, the sum over N is one of T_c terms.
 
 Shared memory: Q_i^T, K_j^T, V_j, P_ij^T and m_part (``Tiling.shared_words``). Default tiles
-are flashsim's ``fastest_blocks`` for this kernel (``numba_common.plan_blocks``): the tiles
+are flashsim's ``fastest_blocks`` for this kernel (``numba.common.plan_blocks``): the tiles
 with the shortest roofline time, each at the score of its best thread layout that fits 48
 KiB. flashsim's SRAM rule at 48 KiB would give square tiles, because its model also counts
 the O_i and S_ij that this kernel keeps in registers; those run slower (numba_h200.py times
-both). The tile products are numba_common's register-tiled micro-kernel.
+both). Tile loads and products are ``numba.common.tile_ops``' register-tiled device
+functions.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import sys
 
-from .numba_common import (ALIGN, NEG_INF, Launch, configure_launch, cuda, float32, own, run_api,
-                           uint32)
+from ..common import KernelLaunch, Result, cdiv
+from .common import (ALIGN, NEG_INF, NumbaLaunch, configure_launch, cuda, float32, own,
+                     tile_ops, uint32)
 
 ALGORITHM = "flash2"
 ARRAYS = ("Q", "K", "V", "P", "rows")        # shared arrays, for the budget
@@ -59,15 +60,11 @@ SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
 def kernel(tiling, causal: bool):
     """The compiled kernel for one tiling and mask; grid (T_r, batch*heads), TR*TC threads."""
     c = tiling.constants()
-    B_r, B_c, d, TR, TC, NT = c["B_r"], c["B_c"], c["d"], c["TR"], c["TC"], c["NT"]
+    B_r, B_c, d, TC = c["B_r"], c["B_c"], c["d"], c["TC"]
     RM, CN, DN, VR, VC, VD = c["RM"], c["CN"], c["DN"], c["VR"], c["VC"], c["VD"]
     Br_p, Bc_p, d_p, RG, CG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"], c["KG"]
     QS, KS = c["QS"], c["KS"]
-    # Cooperative tile loads: thread t copies elements t, t + NT, ... (consecutive threads,
-    # consecutive addresses), a fixed count per thread from always-valid (clamped)
-    # addresses, so the compiler issues several global loads before the first store.
-    Q_LOADS, Q_EVEN = -(-Br_p * d_p // NT), Br_p * d_p % NT == 0
-    KV_LOADS, KV_EVEN = -(-Bc_p * d_p // NT), Bc_p * d_p % NT == 0
+    load_Q, load_KV, _, _, _, qk, pv, scale_mask_rowmax = tile_ops(tiling, causal)
 
     def flash2_forward(Q, K, V, O, L, N, tau):
         """Q, K, V, O: (batch*heads, N, d); L: (batch*heads, N); tau = 1/sqrt(d)."""
@@ -96,15 +93,7 @@ def kernel(tiling, causal: bool):
         y = cuda.local.array(CN, float32)              # a row of K_j^T
         z = cuda.local.array(DN, float32)              # a row of V_j
 
-        # load Q_i: read B_r d (zeros past N and in the padding)
-        for s in range(Q_LOADS):
-            e = uint32(t) + uint32(NT * s)
-            r = e // d_p
-            k = e % d_p
-            if Q_EVEN or e < Br_p * d_p:
-                ok = r < B_r and row0 + r < N and k < d
-                q_val = Q[bh, min(row0 + r, N - 1), min(k, d - 1)]
-                Q_iT[k, r] = q_val if ok else float32(0)
+        load_Q(Q_iT, Q, t, bh, row0, N)                # load Q_i: read B_r d
         for a in range(RM):
             m_i[a] = NEG_INF
             l_i[a] = 0
@@ -118,47 +107,12 @@ def kernel(tiling, causal: bool):
         for j in range(j_stop):
             col0 = j * B_c
             cuda.syncthreads()                   # all done with the last K_j, V_j, P_ij
-            # load K_j, V_j: read 2 B_c d (zeros past N and in the padding)
-            for s in range(KV_LOADS):
-                e = uint32(t) + uint32(NT * s)
-                cc = e // d_p
-                k = e % d_p
-                if KV_EVEN or e < Bc_p * d_p:
-                    ok = cc < B_c and col0 + cc < N and k < d
-                    src = min(col0 + cc, N - 1)
-                    k_val = K[bh, src, min(k, d - 1)]
-                    v_val = V[bh, src, min(k, d - 1)]
-                    K_jT[k, cc] = k_val if ok else float32(0)
-                    V_j[cc, k] = v_val if ok else float32(0)
+            load_KV(K_jT, V_j, K, V, t, bh, col0, N)      # load K_j, V_j: read 2 B_c d
             cuda.syncthreads()
 
-            # S_ij = Q_i K_j^T: d rank-1 updates of this thread's RM x CN sub-tile
-            for a in range(RM):
-                for b in range(CN):
-                    S_ij[a, b] = 0
-            k = 0
-            while k < d_p:
-                for a in range(RM):
-                    x[a] = Q_iT[k, own(r0, RG, VR, a)]
-                for b in range(CN):
-                    y[b] = K_jT[k, own(c0, CG, VC, b)]
-                for a in range(RM):
-                    for b in range(CN):
-                        S_ij[a, b] += x[a] * y[b]
-                k += 1
-
+            qk(S_ij, Q_iT, K_jT, r0, c0, x, y)   # S_ij = Q_i K_j^T (this thread's RM x CN)
             # S_ij *= tau; mask; this thread's part of rowmax S_ij
-            for a in range(RM):
-                r = own(r0, RG, VR, a)
-                row_max = NEG_INF
-                for b in range(CN):
-                    cc = own(c0, CG, VC, b)
-                    if cc >= B_c or col0 + cc >= N or (causal and col0 + cc > row0 + r):
-                        S_ij[a, b] = NEG_INF
-                    else:
-                        S_ij[a, b] *= tau
-                    row_max = max(row_max, S_ij[a, b])
-                m_part[r, t % TC] = row_max
+            scale_mask_rowmax(S_ij, m_part, t, r0, c0, row0, col0, N, tau)
             cuda.syncthreads()
 
             # m_new = max(m_i, rowmax S_ij); P_ij = exp(S_ij - m_new);
@@ -178,20 +132,7 @@ def kernel(tiling, causal: bool):
                 l_i[a] = alpha[a] * l_i[a] + row_sum
             cuda.syncthreads()
 
-            # PV = P_ij V_j: B_c rank-1 updates of this thread's RM x DN sub-tile
-            for a in range(RM):
-                for b in range(DN):
-                    PV[a, b] = 0
-            cc = 0
-            while cc < Bc_p:
-                for a in range(RM):
-                    x[a] = P_ijT[cc, own(r0, RG, VR, a)]
-                for b in range(DN):
-                    z[b] = V_j[cc, own(k0, KG, VD, b)]
-                for a in range(RM):
-                    for b in range(DN):
-                        PV[a, b] += x[a] * z[b]
-                cc += 1
+            pv(PV, P_ijT, V_j, r0, k0, x, z)     # PV = P_ij V_j (this thread's RM x DN)
             # O_i = alpha O_i + P_ij V_j (summed per block, then added: the long sum over
             # all N keys is a sum of T_c block sums, which keeps fp32 rounding small)
             for a in range(RM):
@@ -219,38 +160,31 @@ def kernel(tiling, causal: bool):
     return cuda.jit(flash2_forward)
 
 
-class Flash2Launch(Launch):
-    def run(self, Q, K, V, out=None):
-        """Q, K, V: device (batch*heads, N, d) float32. Returns O, same shape; the
-        logsumexp L, (batch*heads, N), stays in ``self.workspace["L"]``."""
+class Flash2Launch(NumbaLaunch):
+    def launches(self) -> list[KernelLaunch]:
+        return [KernelLaunch("flash2_forward", (cdiv(self.N, self.block_rows), self.BH),
+                             self.tiling.threads, step=0)]
+
+    def run(self, Q, K, V, out=None) -> Result:
+        """Q, K, V: (B, H, N, d) or (B*H, N, d) float32 (device arrays, or NumPy: copied).
+        Returns Result(O (B*H, N, d), L (B*H, N)) as device arrays; ``out``: O's buffer."""
+        Q, K, V = (self.device(x, n) for x, n in ((Q, "Q"), (K, "K"), (V, "V")))
         O = out if out is not None else cuda.device_array(Q.shape, dtype="float32")
-        L = self.buffer("L", (self.batch * self.heads, self.N))
-        kernel(self.tiling, self.causal)[self.grid(), self.tiling.threads](
-            Q, K, V, O, L, self.N, float32(self.tau))
-        return O
+        L = self.buffer("L", (self.BH, self.N))
+        self.launched = []
+        (forward,) = self.launches()
+        self.launch(kernel(self.tiling, self.causal), forward, Q, K, V, O, L, self.N,
+                    float32(self.tau))
+        return Result(O, L)
 
 
-def configure(shape, *, causal=False, block_rows=None, block_cols=None, threads=None):
-    """The launch for inputs of ``shape`` ((N, d) or (B, H, N, d)): tiles B_r, B_c from
-    flashsim's ``fastest_blocks`` unless given, threads (TR, TC) chosen unless given;
-    validated."""
-    return configure_launch(Flash2Launch, ALGORITHM, shape, ARRAYS, causal=causal,
-                            block_rows=block_rows, block_cols=block_cols, threads=threads)
-
-
-def attention(Q, K, V, *, causal=False, block_rows=None, block_cols=None, threads=None):
-    """softmax(Q K^T / sqrt(d)) V in FlashAttention-2's order.
-
-    Q, K, V: float32, (N, d) or (B, H, N, d), all numpy or all device arrays. Returns O in
-    the same shape: a numpy array for numpy inputs, a device array otherwise."""
-    return run_api(sys.modules[__name__], Q, K, V, causal=causal, block_rows=block_rows,
-                   block_cols=block_cols, threads=threads)
-
-
-def predicted_traffic(shape, *, causal=False, block_rows=None, block_cols=None, gpu="h200"):
-    """flashsim's Report for the launch ``attention`` makes for inputs of ``shape``."""
-    return configure(shape, causal=causal, block_rows=block_rows,
-                     block_cols=block_cols).predicted_traffic(gpu)
+def configure(B: int, H: int, N: int, d: int, *, causal=False, block_rows=None,
+              block_cols=None, threads=None) -> Flash2Launch:
+    """The launch for (B, H, N, d): tiles B_r, B_c from flashsim's ``fastest_blocks`` unless
+    given, threads (TR, TC) chosen unless given; validated."""
+    return configure_launch(Flash2Launch, "numba_flash2", ALGORITHM, (B, H, N, d), ARRAYS,
+                            causal=causal, block_rows=block_rows, block_cols=block_cols,
+                            threads=threads)
 
 
 def kernels_for(tiling, causal: bool):

@@ -28,19 +28,26 @@ round trip of O, l, m at every step, which is what this algorithm's traffic coun
 
 HBM traffic per head (fp32): K, V read once; Q, O read T_c times (fewer rows under the
 mask); O, l, m written T_c times plus the initialisation: flashsim.flash1's closed form;
-``predicted_traffic`` asks flashsim for it. A tile row that the causal mask hides entirely
+``predicted_traffic`` asks flashsim for it. flashsim's nest has one launch with one block
+per head (the CuPy kernel's schedule); the counted traffic is the same. A tile row that the causal mask hides entirely
 has m~_ij = -inf; its P~ is set to 0 there (never exp(-inf - (-inf))), and the row's
 m_i is finite from block j = 0 on, so e^(m~_ij - m_new) = 0 drops it.
+
+Shared memory: Q_i^T, K_j^T, V_j, P~_ij^T and two row-statistic arrays (``Tiling.shared_words``);
+tiles from flashsim's ``fastest_blocks`` as in ``flash2``; tile loads and products are
+``numba.common.tile_ops``' device functions.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import sys
 
-from .numba_common import (ALIGN, NEG_INF, Launch, cdiv, configure_launch, cuda, fill,
-                           float32, own, run_api, uint32)
+import numpy
+
+from ..common import KernelLaunch, Result, cdiv
+from .common import (ALIGN, NEG_INF, NumbaLaunch, configure_launch, cuda, fill, fill_launch,
+                     float32, own, tile_ops, uint32)
 
 ALGORITHM = "flash1"
 ARRAYS = ("Q", "K", "V", "P", "rows", "rows")     # two row-statistic arrays: max and sum
@@ -53,13 +60,11 @@ SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
 def kernel(tiling, causal: bool):
     """One step j of the outer loop; grid (T_r - i_start(j), batch*heads), TR*TC threads."""
     c = tiling.constants()
-    B_r, B_c, d, TR, TC, NT = c["B_r"], c["B_c"], c["d"], c["TR"], c["TC"], c["NT"]
+    B_r, B_c, d, TC = c["B_r"], c["B_c"], c["d"], c["TC"]
     RM, CN, DN, VR, VC, VD = c["RM"], c["CN"], c["DN"], c["VR"], c["VC"], c["VD"]
     Br_p, Bc_p, d_p, RG, CG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"], c["KG"]
     QS, KS = c["QS"], c["KS"]
-    # cooperative tile loads: a fixed count per thread (see numba_flash2)
-    Q_LOADS, Q_EVEN = -(-Br_p * d_p // NT), Br_p * d_p % NT == 0
-    KV_LOADS, KV_EVEN = -(-Bc_p * d_p // NT), Bc_p * d_p % NT == 0
+    load_Q, load_KV, _, _, _, qk, pv, scale_mask_rowmax = tile_ops(tiling, causal)
 
     def flash1_step(Q, K, V, O, l, m, N, j, i_start, tau):
         """Q, K, V, O: (batch*heads, N, d); l, m: (batch*heads, N); step j of the outer
@@ -90,27 +95,9 @@ def kernel(tiling, causal: bool):
         y = cuda.local.array(CN, float32)
         z = cuda.local.array(DN, float32)
 
-        # load K_j, V_j: read 2 B_c d (zeros past N and in the padding)
-        for s in range(KV_LOADS):
-            e = uint32(t) + uint32(NT * s)
-            cc = e // d_p
-            k = e % d_p
-            if KV_EVEN or e < Bc_p * d_p:
-                ok = cc < B_c and col0 + cc < N and k < d
-                src = min(col0 + cc, N - 1)
-                k_val = K[bh, src, min(k, d - 1)]
-                v_val = V[bh, src, min(k, d - 1)]
-                K_jT[k, cc] = k_val if ok else float32(0)
-                V_j[cc, k] = v_val if ok else float32(0)
-        # load Q_i, O_i, l_i, m_i: read 2 B_r d + 2 B_r (O_i, l_i, m_i straight to registers)
-        for s in range(Q_LOADS):
-            e = uint32(t) + uint32(NT * s)
-            r = e // d_p
-            k = e % d_p
-            if Q_EVEN or e < Br_p * d_p:
-                ok = r < B_r and row0 + r < N and k < d
-                q_val = Q[bh, min(row0 + r, N - 1), min(k, d - 1)]
-                Q_iT[k, r] = q_val if ok else float32(0)
+        load_KV(K_jT, V_j, K, V, t, bh, col0, N)        # load K_j, V_j: read 2 B_c d
+        load_Q(Q_iT, Q, t, bh, row0, N)                 # load Q_i: read B_r d
+        # load O_i, l_i, m_i straight to registers: read B_r d + 2 B_r
         for a in range(RM):
             r = own(r0, RG, VR, a)
             ok = r < B_r and row0 + r < N
@@ -121,33 +108,9 @@ def kernel(tiling, causal: bool):
                 O_i[a, b] = O[bh, row0 + r, k] if ok and k < d else float32(0)
         cuda.syncthreads()
 
-        # S_ij = Q_i K_j^T: d rank-1 updates of this thread's RM x CN sub-tile
-        for a in range(RM):
-            for b in range(CN):
-                S_ij[a, b] = 0
-        k = 0
-        while k < d_p:
-            for a in range(RM):
-                x[a] = Q_iT[k, own(r0, RG, VR, a)]
-            for b in range(CN):
-                y[b] = K_jT[k, own(c0, CG, VC, b)]
-            for a in range(RM):
-                for b in range(CN):
-                    S_ij[a, b] += x[a] * y[b]
-            k += 1
-
+        qk(S_ij, Q_iT, K_jT, r0, c0, x, y)    # S_ij = Q_i K_j^T (this thread's RM x CN)
         # S_ij *= tau; mask; m~_ij = rowmax S_ij (this thread's part, then the row's)
-        for a in range(RM):
-            r = own(r0, RG, VR, a)
-            row_max = NEG_INF
-            for b in range(CN):
-                cc = own(c0, CG, VC, b)
-                if cc >= B_c or col0 + cc >= N or (causal and col0 + cc > row0 + r):
-                    S_ij[a, b] = NEG_INF
-                else:
-                    S_ij[a, b] *= tau
-                row_max = max(row_max, S_ij[a, b])
-            max_part[r, t % TC] = row_max
+        scale_mask_rowmax(S_ij, max_part, t, r0, c0, row0, col0, N, tau)
         cuda.syncthreads()
         # P~_ij = exp(S_ij - m~_ij), 0 where masked; l~_ij = rowsum P~_ij (this thread's part)
         for a in range(RM):
@@ -163,20 +126,7 @@ def kernel(tiling, causal: bool):
             sum_part[r, t % TC] = row_sum
         cuda.syncthreads()
 
-        # PV = P~_ij V_j: B_c rank-1 updates of this thread's RM x DN sub-tile
-        for a in range(RM):
-            for b in range(DN):
-                PV[a, b] = 0
-        cc = 0
-        while cc < Bc_p:
-            for a in range(RM):
-                x[a] = P_ijT[cc, own(r0, RG, VR, a)]
-            for b in range(DN):
-                z[b] = V_j[cc, own(k0, KG, VD, b)]
-            for a in range(RM):
-                for b in range(DN):
-                    PV[a, b] += x[a] * z[b]
-            cc += 1
+        pv(PV, P_ijT, V_j, r0, k0, x, z)      # PV = P~_ij V_j (this thread's RM x DN)
 
         # m_new, l_new; O_i = diag(l_new)^-1 (diag(l_i) e^(m_i-m_new) O_i + e^(m~-m_new) PV);
         # write O_i, l_i, m_i: B_r d + 2 B_r
@@ -206,53 +156,54 @@ def kernel(tiling, causal: bool):
     return cuda.jit(flash1_step)
 
 
-class Flash1Launch(Launch):
-    def run(self, Q, K, V, out=None):
-        """Q, K, V: device (batch*heads, N, d) float32. Returns O, same shape; l and m,
-        (batch*heads, N), stay in ``self.workspace``."""
-        BH, N = self.batch * self.heads, self.N
+class Flash1Launch(NumbaLaunch):
+    def i_start(self, j: int) -> int:
+        """The first Q block that K/V block j reaches (0 without the mask)."""
+        return (j * self.block_cols) // self.block_rows if self.causal else 0
+
+    def launches(self) -> list[KernelLaunch]:
+        """Three fills (line 2: O = 0, l = 0, m = -inf), then one launch per K/V block j."""
+        BH, T_r, T_c = self.BH, cdiv(self.N, self.block_rows), cdiv(self.N, self.block_cols)
+        fills = [fill_launch(BH * self.N * self.d), fill_launch(BH * self.N), fill_launch(BH * self.N)]
+        return fills + [KernelLaunch("flash1_step", (T_r - self.i_start(j), BH), self.tiling.threads)
+                        for j in range(T_c)]
+
+    def run(self, Q, K, V, out=None) -> Result:
+        """Q, K, V: (B, H, N, d) or (B*H, N, d) float32. Returns Result(O (B*H, N, d), None);
+        l and m, (B*H, N), stay in ``workspace`` (``logsumexp()``)."""
+        Q, K, V = (self.device(x, n) for x, n in ((Q, "Q"), (K, "K"), (V, "V")))
+        BH, N = self.BH, self.N
         O = out if out is not None else cuda.device_array(Q.shape, dtype="float32")
         l = self.buffer("l", (BH, N))
         m = self.buffer("m", (BH, N))
-        fill(O, 0.0)                                   # line 2: O = 0, l = 0, m = -inf
-        fill(l, 0.0)
-        fill(m, -math.inf)
+        self.launched = []
+        fill(O, 0.0, self)                             # line 2: O = 0, l = 0, m = -inf
+        fill(l, 0.0, self)
+        fill(m, -math.inf, self)
         step = kernel(self.tiling, self.causal)
-        T_r, T_c = cdiv(N, self.block_rows), cdiv(N, self.block_cols)
         tau = float32(self.tau)
-        for j in range(T_c):                           # outer loop: one launch per K/V block
-            i_start = (j * self.block_cols) // self.block_rows if self.causal else 0
-            step[(T_r - i_start, BH), self.tiling.threads](Q, K, V, O, l, m, N, j, i_start,
-                                                           tau)
-        return O
+        for j, kl in enumerate(self.launches()[3:]):   # outer loop: one launch per K/V block
+            self.launch(step, kl, Q, K, V, O, l, m, N, j, self.i_start(j), tau)
+        return Result(O, None)
+
+    def logsumexp(self):
+        """L = m + log l of the last run, (B*H, N), a device array."""
+        l, m = (self.workspace[n].copy_to_host() for n in "lm")
+        return cuda.to_device((m + numpy.log(l)).astype(numpy.float32))
 
 
-def configure(shape, *, causal=False, block_rows=None, block_cols=None, threads=None):
-    """The launch for inputs of ``shape`` ((N, d) or (B, H, N, d)): tiles B_r, B_c from
-    flashsim's ``fastest_blocks`` unless given (see numba_common.plan_blocks), threads
-    chosen unless given."""
-    return configure_launch(Flash1Launch, ALGORITHM, shape, ARRAYS, causal=causal,
-                            block_rows=block_rows, block_cols=block_cols, threads=threads)
-
-
-def attention(Q, K, V, *, causal=False, block_rows=None, block_cols=None, threads=None):
-    """softmax(Q K^T / sqrt(d)) V in FlashAttention's (Algorithm 1) order.
-
-    Q, K, V: float32, (N, d) or (B, H, N, d), all numpy or all device arrays. Returns O in
-    the same shape: a numpy array for numpy inputs, a device array otherwise."""
-    return run_api(sys.modules[__name__], Q, K, V, causal=causal, block_rows=block_rows,
-                   block_cols=block_cols, threads=threads)
-
-
-def predicted_traffic(shape, *, causal=False, block_rows=None, block_cols=None, gpu="h200"):
-    """flashsim's Report for the launches ``attention`` makes for inputs of ``shape``."""
-    return configure(shape, causal=causal, block_rows=block_rows,
-                     block_cols=block_cols).predicted_traffic(gpu)
+def configure(B: int, H: int, N: int, d: int, *, causal=False, block_rows=None,
+              block_cols=None, threads=None) -> Flash1Launch:
+    """The launch for (B, H, N, d): tiles B_r, B_c from flashsim's ``fastest_blocks`` unless
+    given (see numba.common.plan_blocks), threads chosen unless given."""
+    return configure_launch(Flash1Launch, "numba_flash1", ALGORITHM, (B, H, N, d), ARRAYS,
+                            causal=causal, block_rows=block_rows, block_cols=block_cols,
+                            threads=threads)
 
 
 def kernels_for(tiling, causal: bool):
     """(name, kernel, signature) of every kernel a launch with this tiling uses (for
     compile checks: ``numba.cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))``)."""
-    from .numba_common import _fill_kernel
+    from .common import _fill_kernel
     return [("flash1_step", kernel(tiling, causal), SIGNATURE),
             ("fill_flat", _fill_kernel(), "void(float32[::1], float32)")]
