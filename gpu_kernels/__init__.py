@@ -246,12 +246,7 @@ def _host_heads(x, heads, launch):
 
 def _backward_case(launch, data, heads):
     """(run, check) of a backward launch: the saved tensors from one forward run of the
-    standard kernels, gradients against the float64 reference (backward rule: 2 x a plain
-    float32 implementation of the same formulas + 2 x the reference's float32 rounding)."""
-    import numpy as np
-
-    import flashsim
-
+    standard kernels, the gradients checked by ``harness.backward_check``."""
     from . import harness as hz
 
     Q, K, V, dO = data["dev"]
@@ -262,32 +257,8 @@ def _backward_case(launch, data, heads):
         return launch.run(Q, K, V, dO, saved)
 
     def check(grads):
-        q, k, v, do = (data["host"][n].astype(np.float64) for n in ("Q", "K", "V", "dO"))
-        ref = flashsim.reference.attention_backward(q, k, v, do, launch.causal)
-        base = _plain_backward(*(data["host"][n] for n in ("Q", "K", "V", "dO")), launch.causal)
-        verdicts = []
-        for g, r, b in zip(grads, ref, base):
-            got = _host_heads(g, heads, launch)
-            rounding = float(np.abs(r.astype(np.float32).astype(np.float64) - r).max())
-            bound = 2 * float(np.abs(b - r).max()) + 2 * rounding
-            verdicts.append(hz.max_error_rule(float(np.abs(got - r).max()), bound))
-        worst = max(verdicts, key=lambda v: v["max_abs_error"] - v["bound"])
-        return {**worst, "ok": all(v["ok"] for v in verdicts),
-                "per_gradient": dict(zip(("dQ", "dK", "dV"), verdicts))}
+        host = {n: _host_heads(x, heads, launch) for n, x in saved.items()}
+        return hz.backward_check([_host_heads(g, heads, launch) for g in grads],
+                                 *(data["host"][n] for n in ("Q", "K", "V", "dO")),
+                                 launch.causal, **host)
     return fn, check
-
-
-def _plain_backward(Q, K, V, dO, causal):
-    """(dQ, dK, dV) from the formulas in plain float32 (P from a plain softmax)."""
-    import numpy as np
-
-    T = np.swapaxes
-    tau = np.float32(1 / np.sqrt(Q.shape[-1]))
-    S = tau * (Q @ T(K, -1, -2))
-    if causal:
-        S = np.where(np.tril(np.ones(S.shape[-2:], bool)), S, np.float32(-np.inf))
-    P = np.exp(S - S.max(-1, keepdims=True))
-    P = P / P.sum(-1, keepdims=True)
-    dP = dO @ T(V, -1, -2)
-    dS = P * (dP - (P * dP).sum(-1, keepdims=True))
-    return tau * (dS @ K), tau * (T(dS, -1, -2) @ Q), T(P, -1, -2) @ dO

@@ -18,9 +18,10 @@ beside their numbers):
   at least ``min_repeats`` (5) and at most ``max_repeats`` (30).
 
 ``provenance()`` is the one record of where and how a measurement was made: GPU, driver,
-CUDA runtime, package versions, date, command, git commit. ``max_error_rule`` and
-``reference_check`` are the correctness rules (float64 reference; flash-attention's rule for
-fp16/bf16). Importing this module imports neither numba nor CuPy.
+CUDA runtime, package versions, date, command, git commit. ``max_error_rule``,
+``Reference`` / ``reference_check`` and ``backward_check`` are the correctness rules
+(float64 reference; flash-attention's rule for fp16/bf16 and for the backward). Importing
+this module imports neither numba nor CuPy.
 """
 
 from __future__ import annotations
@@ -259,20 +260,74 @@ def plain_attention(Q, K, V, causal: bool, dtype: str = "fp32"):
     return round_to(P @ V, dtype)
 
 
-def reference_check(O, Q, K, V, causal: bool, dtype: str = "fp32") -> dict:
-    """Check O against the float64 reference on the same (host, float32-valued) inputs.
+@dataclass
+class Reference:
+    """The float64 reference of one set of inputs and the bound an output must meet.
 
     fp32: max |O - ref| <= 2 x that of ``plain_attention`` in fp32 + 2 ulp of max |ref|
     (so an exact baseline does not demand exactness). fp16 / bf16 (flash-attention's rule):
     max |O - ref| <= 2 x that of ``plain_attention`` in the same dtype."""
+    ref: np.ndarray
+    baseline_error: float
+    bound: float
+    dtype: str
+
+    @classmethod
+    def of(cls, Q, K, V, causal: bool, dtype: str = "fp32") -> "Reference":
+        import flashsim
+
+        ref = flashsim.reference.attention(Q, K, V, causal=causal)
+        base = float(np.abs(plain_attention(Q, K, V, causal, dtype) - ref).max())
+        bound = 2 * base + (2 * EPS32 * float(np.abs(ref).max()) if dtype == "fp32" else 0.0)
+        return cls(ref, base, bound, dtype)
+
+    def check(self, O) -> dict:
+        O = np.asarray(O, np.float64)
+        err = float(np.abs(O - self.ref).max()) if np.isfinite(O).all() else math.inf
+        return max_error_rule(err, self.bound, baseline_error=self.baseline_error, dtype=self.dtype)
+
+
+def reference_check(O, Q, K, V, causal: bool, dtype: str = "fp32") -> dict:
+    """``Reference.of(Q, K, V, causal, dtype).check(O)``."""
+    return Reference.of(Q, K, V, causal, dtype).check(O)
+
+
+def plain_backward(Q, K, V, dO, causal: bool, *, P=None, O=None, L=None):
+    """(dQ, dK, dV) from the formulas in plain float32, from what the backward reads: the
+    saved P (standard attention), or O and L (FlashAttention-2: P = exp(S - L), D =
+    rowsum(dO o O)), or else a plain softmax."""
+    T = np.swapaxes
+    Q, K, V, dO = (np.asarray(x, np.float32) for x in (Q, K, V, dO))
+    tau = np.float32(1 / np.sqrt(Q.shape[-1]))
+    if P is None:
+        S = tau * (Q @ T(K, -1, -2))
+        if causal:
+            S = np.where(np.tril(np.ones(S.shape[-2:], bool)), S, np.float32(-np.inf))
+        P = np.exp(S - (L[..., None] if L is not None else S.max(-1, keepdims=True)))
+        if L is None:
+            P = P / P.sum(-1, keepdims=True)
+    dP = dO @ T(V, -1, -2)
+    D = (dO * O).sum(-1, keepdims=True) if O is not None else (P * dP).sum(-1, keepdims=True)
+    dS = P * (dP - D)
+    return tau * (dS @ K), tau * (T(dS, -1, -2) @ Q), T(P, -1, -2) @ dO
+
+
+def backward_check(grads, Q, K, V, dO, causal: bool, **saved) -> dict:
+    """Check (dQ, dK, dV) against the float64 reference (flash-attention's rule for its
+    backward tests): each within 2 x the error of ``plain_backward`` from the same float32
+    inputs and ``saved`` tensors, plus 2 x the float32 rounding of the reference itself."""
     import flashsim
 
-    ref = flashsim.reference.attention(Q, K, V, causal=causal)
-    base = float(np.abs(plain_attention(Q, K, V, causal, dtype) - ref).max())
-    O = np.asarray(O, np.float64)
-    err = float(np.abs(O - ref).max()) if np.isfinite(O).all() else math.inf
-    bound = 2 * base + (2 * EPS32 * float(np.abs(ref).max()) if dtype == "fp32" else 0.0)
-    return max_error_rule(err, bound, baseline_error=base, dtype=dtype)
+    ref = flashsim.reference.attention_backward(Q, K, V, dO, causal)
+    base = plain_backward(Q, K, V, dO, causal, **saved)
+    per = {}
+    for name, got, r, b in zip(("dQ", "dK", "dV"), grads, ref, base):
+        got = np.asarray(got, np.float64)
+        rounding = float(np.abs((r.astype(np.float32) + np.float32(0.3) - np.float32(0.3)) - r).max())
+        err = float(np.abs(got - r).max()) if np.isfinite(got).all() else math.inf
+        per[name] = max_error_rule(err, 2 * float(np.abs(b - r).max()) + 2 * rounding)
+    worst = max(per.values(), key=lambda v: v["max_abs_error"] - v["bound"])
+    return {**worst, "ok": all(v["ok"] for v in per.values()), "per_gradient": per}
 
 
 def checked_heads(BH: int, N: int) -> list:
@@ -313,7 +368,8 @@ def provenance(packages=PACKAGES, extra: dict | None = None) -> dict:
 
 def gpu_info() -> dict:
     """GPU name, driver, CUDA runtime, compute capability, SMs, L2 and memory of device 0
-    (through CuPy, else numba); {"gpu": None} where there is none."""
+    (through CuPy, else numba when a numba kernel was loaded); {"gpu": None} where there is
+    none."""
     try:
         import cupy
 
@@ -329,8 +385,10 @@ def gpu_info() -> dict:
                 "sm_count": p["multiProcessorCount"], "l2_bytes": p["l2CacheSize"],
                 "gpu_memory_bytes": p["totalGlobalMem"],
                 "nvrtc": ".".join(map(str, cupy.cuda.nvrtc.getVersion()))}
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: try numba
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: try numba, if in use
         pass
+    if "gpu_kernels.numba.common" not in sys.modules:
+        return {"gpu": None}
     try:
         from .numba.common import cuda, numba
 

@@ -1,10 +1,13 @@
 // common.cuh -- what the attention kernels in this folder share; every .cu includes it.
 //
+//   NUM_THREADS, NUM_WARPS  threads (default 256) and warps per block
 //   neg_inf()            -inf as a float (no <cmath> under NVRTC)
 //   cdiv(a, b)           ceil(a / b) for positive a, b: the blocks of b covering a
 //   warp_max, warp_sum   a reduction over the 32 lanes of a warp (every lane gets the result)
 //   exp_diff(a, b)       exp(a - b), with exp(-inf - (-inf)) read as 0 (flashsim's exp_diff)
 //   fast_exp2(x)         2^x by ex2.approx (ex2.approx(-inf) = 0)
+//   warp_score_row, warp_exp_row, pv_entry: one row of S_ij, P_ij and P_ij V_j per warp (the
+//   fp32 kernels flash1.cu and flash2.cu)
 //   PTX wrappers for the tensor-core kernels: smem_addr, cp.async (16 bytes, commit, wait),
 //   ldmatrix (x4, .trans), mma.sync m16n8k16 with fp32 accumulation and pack2 (fp32 pair to
 //   fp16x2 / bf16x2), the last two for fp16 (BF16 = 0) or bf16 (BF16 = 1) operands.
@@ -19,6 +22,16 @@
 
 typedef unsigned int u32;
 typedef unsigned short u16;
+
+// Threads per block: the SIMT kernels take NUM_THREADS (default 256), the tensor-core kernel
+// defines it from its warps before including this file. Whole warps either way.
+#ifndef NUM_THREADS
+#define NUM_THREADS 256
+#endif
+#ifndef NUM_WARPS
+#define NUM_WARPS (NUM_THREADS / 32)
+#endif
+static_assert(NUM_THREADS % 32 == 0, "whole warps");
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -43,6 +56,48 @@ __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+
+// ---------------------------------------------------------------- one row per warp (fp32)
+// The SIMT kernels (flash1.cu, flash2.cu) give each warp a row r of Q_i (row-major, d wide),
+// K_j transposed (Kt_j[k * (B_c + 1) + c]: one padding column) and V_j (row-major, d wide);
+// lane l handles the columns l, l + 32, ... of the row.
+
+// S_ij[r, c] = tau Q_i[r] . K_j[c] for c < cols (-inf where the causal mask hides key
+// key0 + c from query ``query``) into S_r; returns this lane's maximum of them.
+template <int d, int B_c>
+__device__ __forceinline__ float warp_score_row(const float* Q_r, const float* Kt_j, float* S_r,
+                                                int lane, int cols, float tau, int causal,
+                                                int key0, int query) {
+    float mx = neg_inf();
+    for (int c = lane; c < cols; c += 32) {
+        float s = 0.f;
+        for (int k = 0; k < d; ++k) s = fmaf(Q_r[k], Kt_j[k * (B_c + 1) + c], s);
+        s *= tau;
+        if (causal && key0 + c > query) s = neg_inf();
+        S_r[c] = s;
+        mx = fmaxf(mx, s);
+    }
+    return mx;
+}
+
+// S_r[c] = exp(S_r[c] - m) for c < cols (exp_diff: 0 where masked); returns the row's sum.
+__device__ __forceinline__ float warp_exp_row(float* S_r, int lane, int cols, float m) {
+    float sum = 0.f;
+    for (int c = lane; c < cols; c += 32) {
+        const float p = exp_diff(S_r[c], m);
+        S_r[c] = p;
+        sum += p;
+    }
+    return warp_sum(sum);
+}
+
+// (P_ij V_j)[r, c] = sum over k < cols of P_r[k] V_j[k, c].
+template <int d>
+__device__ __forceinline__ float pv_entry(const float* P_r, const float* V_j, int c, int cols) {
+    float pv = 0.f;
+    for (int k = 0; k < cols; ++k) pv = fmaf(P_r[k], V_j[k * d + c], pv);
+    return pv;
 }
 
 // ---------------------------------------------------------------- PTX wrappers

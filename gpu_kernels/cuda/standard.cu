@@ -26,23 +26,18 @@
 // Layout: Q, K, V, O (B, H, N, d) fp32 contiguous; S, P (B, H, N, N) fp32.
 // Grid: kernels 1, 3 and the streaming softmax (ceil(N / B_r), B * H); kernel 2 (ceil(N / R), B * H).
 
-#ifndef HEAD_DIM
+#ifndef HEAD_DIM   // compiled alone: the defaults below (the loaders define all three)
 #define HEAD_DIM 64
-#endif
-#ifndef BLOCK_R
 #define BLOCK_R 64
-#endif
-#ifndef BLOCK_C
 #define BLOCK_C 64
 #endif
-#ifndef NUM_THREADS
-#define NUM_THREADS 256
-#endif
+#include "common.cuh"   // NUM_THREADS (default 256) and NUM_WARPS come from here
 
-#define NUM_WARPS (NUM_THREADS / 32)
-static_assert(NUM_THREADS % 32 == 0, "whole warps");
-
-#include "common.cuh"
+// Static shared memory of kernels 1 and 3 (kernel 2's is dynamic): within the 48 KB a block
+// gets without the opt-in (cupy/standard.py's shared_bytes says the same).
+static_assert(4 * (BLOCK_R * HEAD_DIM + HEAD_DIM * (BLOCK_C + 1)) <= 48 * 1024 &&
+              4 * (BLOCK_R * BLOCK_C + BLOCK_C * HEAD_DIM + BLOCK_R * HEAD_DIM) <= 48 * 1024,
+              "static shared memory above 48 KB");
 
 // ------------------------------------------------------------------ kernel 1: S = tau Q K^T
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)

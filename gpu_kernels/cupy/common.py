@@ -28,7 +28,7 @@ KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 LOG2E = 1.4426950408889634
 # Options for NVRTC through CuPy (CuPy adds -arch=sm_XX for the current device itself).
 BASE_OPTIONS = ("-std=c++17",)
-_INCLUDE = re.compile(r'^#include "([\w.]+\.cuh)"[ \t]*$', re.M)
+_INCLUDE = re.compile(r'^#include "([\w.]+\.cuh)"(?:[ \t]*//.*)?[ \t]*$', re.M)
 
 
 def read_source(name: str) -> str:
@@ -167,6 +167,20 @@ class Fp32Launch(CupyLaunch):
     def defines(self) -> dict[str, int]:
         return fp32_defines(self.d, self.block_rows, self.block_cols)
 
+    def run_fused(self, Q, K, V, stats: tuple):
+        """Launch the one kernel of a fused file (flash1.cu, flash2.cu) with arguments
+        (Q, K, V, O, *stats, N, tau, causal): returns O and the row statistics ``stats``
+        names, each (B, H, N) float32 (CuPy)."""
+        import cupy
+
+        q, k, v = self.inputs(Q, K, V)
+        O = cupy.empty_like(q)
+        rows = {n: cupy.empty((self.batch, self.heads, self.N), dtype=cupy.float32) for n in stats}
+        (kl,) = self.launches()
+        self.launch_kernel(kl, (q, k, v, O, *rows.values(), cupy.int32(self.N),
+                                cupy.float32(self.tau), cupy.int32(self.causal)))
+        return O, rows
+
 
 def fp32_defines(d: int, block_rows: int, block_cols: int) -> dict[str, int]:
     return {"HEAD_DIM": d, "BLOCK_R": block_rows, "BLOCK_C": block_cols, "NUM_THREADS": NUM_THREADS}
@@ -180,6 +194,16 @@ def fp32_plan(algorithm: str, B: int, H: int, N: int, d: int, *, causal: bool, b
 
     return sram_rule(algorithm, N, d, dtype="fp32", sram=int(sram), causal=causal,
                      block_rows=block_rows, block_cols=block_cols)
+
+
+def fp32_configure(cls, kernel: str, algorithm: str, shared_bytes, B: int, H: int, N: int, d: int,
+                   *, causal: bool = False, block_rows=None, block_cols=None, sram: int = SRAM):
+    """The launch of a fused fp32 kernel: tiles from ``fp32_plan``, static shared memory
+    ``shared_bytes(d, B_r, B_c)``, NUM_THREADS threads."""
+    p = fp32_plan(algorithm, B, H, N, d, causal=causal, block_rows=block_rows,
+                  block_cols=block_cols, sram=sram)
+    return cls(kernel, algorithm, B, H, N, d, "fp32", causal, p.block_rows, p.block_cols,
+               NUM_THREADS, shared_bytes(d, p.block_rows, p.block_cols), 0, p.sram_bytes)
 
 
 def fp32_variants(cu_file: str, algorithm: str, hot: tuple, head_dims=(64, 128)) -> list:

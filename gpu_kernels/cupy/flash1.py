@@ -9,8 +9,10 @@ Tiles from ``flashsim.plan("flash1", ...)`` for ``SRAM`` bytes (the tile policy'
 
 from __future__ import annotations
 
+import functools
+
 from ..common import KernelLaunch, Result
-from .common import NUM_THREADS, SRAM, Fp32Launch, fp32_plan, fp32_variants
+from .common import NUM_THREADS, Fp32Launch, fp32_configure, fp32_variants
 
 ALGORITHM = "flash1"
 CU_FILE = "flash1.cu"
@@ -29,17 +31,9 @@ class Flash1Launch(Fp32Launch):
 
     def run(self, Q, K, V) -> Result:
         """Q, K, V: (B, H, N, d) float32 -> Result(O, None) (CuPy); the statistics l, m
-        (B, H, N) stay in ``workspace`` (``logsumexp()``)."""
-        import cupy
-
-        q, k, v = self.inputs(Q, K, V)
-        O = cupy.empty_like(q)
-        l = cupy.empty((self.batch, self.heads, self.N), dtype=cupy.float32)
-        m = cupy.empty_like(l)
-        (step,) = self.launches()
-        self.launch_kernel(step, (q, k, v, O, l, m, cupy.int32(self.N), cupy.float32(self.tau),
-                                  cupy.int32(self.causal)))
-        self.workspace.update(l=l, m=m)
+        (B, H, N) that the kernel leaves in HBM stay in ``workspace`` (``logsumexp()``)."""
+        O, stats = self.run_fused(Q, K, V, ("l", "m"))
+        self.workspace.update(stats)
         return Result(O, None)
 
     def logsumexp(self):
@@ -49,14 +43,8 @@ class Flash1Launch(Fp32Launch):
         return self.workspace["m"] + cupy.log(self.workspace["l"])
 
 
-def configure(B: int, H: int, N: int, d: int, *, causal: bool = False, block_rows=None,
-              block_cols=None, sram: int = SRAM) -> Flash1Launch:
-    p = fp32_plan(ALGORITHM, B, H, N, d, causal=causal, block_rows=block_rows,
-                  block_cols=block_cols, sram=sram)
-    return Flash1Launch("cupy_flash1", ALGORITHM, B, H, N, d, "fp32", causal, p.block_rows,
-                        p.block_cols, NUM_THREADS, shared_bytes(d, p.block_rows, p.block_cols), 0,
-                        p.sram_bytes)
 
-
-def compile_variants():
-    return fp32_variants(CU_FILE, ALGORITHM, HOT)
+# configure(B, H, N, d, *, causal=False, block_rows=None, block_cols=None, sram=SRAM): tiles
+# from flashsim's plan for ``sram`` bytes; compile_variants(): what CI compiles (d = 64, 128)
+configure = functools.partial(fp32_configure, Flash1Launch, "cupy_flash1", ALGORITHM, shared_bytes)
+compile_variants = functools.partial(fp32_variants, CU_FILE, ALGORITHM, HOT)

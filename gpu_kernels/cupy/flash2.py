@@ -9,8 +9,10 @@ bytes (Q_i, O_i, m_i, l_i, K_j^T with a padding column, V_j, S_ij).
 
 from __future__ import annotations
 
+import functools
+
 from ..common import KernelLaunch, Result, cdiv
-from .common import NUM_THREADS, SRAM, Fp32Launch, fp32_plan, fp32_variants
+from .common import NUM_THREADS, Fp32Launch, fp32_configure, fp32_variants
 
 ALGORITHM = "flash2"
 CU_FILE = "flash2.cu"
@@ -30,25 +32,12 @@ class Flash2Launch(Fp32Launch):
 
     def run(self, Q, K, V) -> Result:
         """Q, K, V: (B, H, N, d) float32 -> Result(O (B, H, N, d), L (B, H, N)) (CuPy)."""
-        import cupy
-
-        q, k, v = self.inputs(Q, K, V)
-        O = cupy.empty_like(q)
-        L = cupy.empty((self.batch, self.heads, self.N), dtype=cupy.float32)
-        (forward,) = self.launches()
-        self.launch_kernel(forward, (q, k, v, O, L, cupy.int32(self.N), cupy.float32(self.tau),
-                                     cupy.int32(self.causal)))
-        return Result(O, L)
+        O, stats = self.run_fused(Q, K, V, ("L",))
+        return Result(O, stats["L"])
 
 
-def configure(B: int, H: int, N: int, d: int, *, causal: bool = False, block_rows=None,
-              block_cols=None, sram: int = SRAM) -> Flash2Launch:
-    p = fp32_plan(ALGORITHM, B, H, N, d, causal=causal, block_rows=block_rows,
-                  block_cols=block_cols, sram=sram)
-    return Flash2Launch("cupy_flash2", ALGORITHM, B, H, N, d, "fp32", causal, p.block_rows,
-                        p.block_cols, NUM_THREADS, shared_bytes(d, p.block_rows, p.block_cols), 0,
-                        p.sram_bytes)
 
-
-def compile_variants():
-    return fp32_variants(CU_FILE, ALGORITHM, HOT)
+# configure(B, H, N, d, *, causal=False, block_rows=None, block_cols=None, sram=SRAM): tiles
+# from flashsim's plan for ``sram`` bytes; compile_variants(): what CI compiles (d = 64, 128)
+configure = functools.partial(fp32_configure, Flash2Launch, "cupy_flash2", ALGORITHM, shared_bytes)
+compile_variants = functools.partial(fp32_variants, CU_FILE, ALGORITHM, HOT)

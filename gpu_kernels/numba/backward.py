@@ -52,7 +52,7 @@ import numpy
 
 from ..common import (KernelInputError, KernelLaunch, check_flag, check_shape, describe,
                       largest_rule)
-from .common import NEG_INF, SHARED_LIMIT, NumbaLaunch, cdiv, cuda, float32
+from .common import NEG_INF, SHARED_LIMIT, NumbaLaunch, cdiv, cuda, float32, split, tree
 
 V3 = "float32[:, :, ::1]"
 V2 = "float32[:, ::1]"
@@ -75,25 +75,52 @@ def padded(n: int) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# FlashAttention-2 backward
+# Loads and sums every kernel below shares (thread t handles elements t, t + NT, ...)
 
 
-def _pair_loader(ROWS: int, d: int, NT: int):
-    """``load(A_s, B_s, A, B, t, bh, row0, N)``: rows row0 .. row0 + ROWS of A and B
-    (batch*heads, N, d) into shared A_s, B_s (zeros past N); thread t copies t, t + NT, ..."""
+def _row_loader(ROWS: int, d: int, NT: int, pair: bool):
+    """``load(A_s, B_s, A, B, t, bh, row0, N)``: rows row0 .. row0 + ROWS of A (and of B,
+    with ``pair``), each (batch*heads, N, d), into shared A_s (B_s); zeros past N."""
 
     @cuda.jit(device=True, inline="always")
     def load(A_s, B_s, A, B, t, bh, row0, N):
         for e in range(t, ROWS * d, NT):
-            r = e // d
-            k = e - r * d
-            if row0 + r < N:
+            r, k = split(e, d)
+            if not pair:
+                A_s[r, k] = A[bh, row0 + r, k] if row0 + r < N else float32(0)
+            elif row0 + r < N:
                 A_s[r, k] = A[bh, row0 + r, k]
                 B_s[r, k] = B[bh, row0 + r, k]
             else:
                 A_s[r, k] = 0
                 B_s[r, k] = 0
     return load
+
+
+def _dots(n: int, along_rows: bool, pair: bool = True):
+    """``dots(A, B, C, D, a, b)``: (sum_k A[a, k] B[b, k], sum_k C[a, k] D[b, k]) over k < n
+    (``along_rows``), else the same sums over the first index: A[k, a] B[k, b], ...; the
+    second is 0 without ``pair``."""
+
+    @cuda.jit(device=True, inline="always")
+    def dots(A, B, C, D, a, b):
+        x = float32(0)
+        y = float32(0)
+        for k in range(n):
+            if along_rows:
+                x += A[a, k] * B[b, k]
+                if pair:
+                    y += C[a, k] * D[b, k]
+            else:
+                x += A[k, a] * B[k, b]
+                if pair:
+                    y += C[k, a] * D[k, b]
+        return x, y
+    return dots
+
+
+# --------------------------------------------------------------------------------------
+# FlashAttention-2 backward
 
 
 def flash2_bwd_shared_bytes(B_r: int, B_c: int, d: int) -> int:
@@ -103,7 +130,8 @@ def flash2_bwd_shared_bytes(B_r: int, B_c: int, d: int) -> int:
 def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
     """The Python function of the main FA2 backward kernel for one configuration."""
     DS, CS = padded(d), padded(B_c)
-    load_KV, load_Q_dO = _pair_loader(B_c, d, NT), _pair_loader(B_r, d, NT)
+    load_KV, load_Q_dO = _row_loader(B_c, d, NT, True), _row_loader(B_r, d, NT, True)
+    row_dots, col_dots = _dots(d, True), _dots(B_r, False)
     ES = cdiv(B_r * B_c, NT)        # entries of S_ij each thread computes
     EK = cdiv(B_c * d, NT)          # entries of dK_j and dV_j each thread owns
     EQ = cdiv(B_r * d, NT)          # entries of the dQ_i update each thread computes
@@ -153,14 +181,9 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
             for a in range(ES):
                 e = t + NT * a
                 if e < B_r * B_c:
-                    r = e // B_c
-                    c = e - r * B_c
-                    s = float32(0)
-                    dp = float32(0)
-                    for k in range(d):
-                        s += Q_i[r, k] * K_j[c, k]
-                        dp += dO_i[r, k] * V_j[c, k]
+                    r, c = split(e, B_c)
                     p = float32(0)
+                    s, dp = row_dots(Q_i, K_j, dO_i, V_j, r, c)
                     if row0 + r < N and col0 + c < N and not (causal and col0 + c > row0 + r):
                         p = math.exp(tau * s - L_i[r])
                     P_ij[r, c] = p
@@ -171,13 +194,8 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
             for a in range(EK):
                 e = t + NT * a
                 if e < B_c * d:
-                    c = e // d
-                    k = e - c * d
-                    v = float32(0)
-                    g = float32(0)
-                    for r in range(B_r):
-                        v += P_ij[r, c] * dO_i[r, k]
-                        g += dS_ij[r, c] * Q_i[r, k]
+                    c, k = split(e, d)
+                    v, g = col_dots(P_ij, dO_i, dS_ij, Q_i, c, k)
                     dV_j[a] += v
                     dK_j[a] += tau * g
 
@@ -185,8 +203,7 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
             for a in range(EQ):
                 e = t + NT * a
                 if e < B_r * d:
-                    r = e // d
-                    k = e - r * d
+                    r, k = split(e, d)
                     if row0 + r < N:
                         q = float32(0)
                         for c in range(B_c):
@@ -197,8 +214,7 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
         for a in range(EK):
             e = t + NT * a
             if e < B_c * d:
-                c = e // d
-                k = e - c * d
+                c, k = split(e, d)
                 if col0 + c < N:
                     dK[bh, col0 + c, k] = dK_j[a]
                     dV[bh, col0 + c, k] = dV_j[a]
@@ -218,8 +234,7 @@ def flash2_bwd_preprocess_source(d: int, NT: int):
         prod = cuda.shared.array((PRE_ROWS, DS), float32)
         # read O_i, dO_i: 2 PRE_ROWS d; write dQ_i = 0: PRE_ROWS d
         for e in range(t, PRE_ROWS * d, NT):
-            r = e // d
-            k = e - r * d
+            r, k = split(e, d)
             if row0 + r < N:
                 prod[r, k] = dO[bh, row0 + r, k] * O[bh, row0 + r, k]
                 dQ[bh, row0 + r, k] = 0
@@ -246,39 +261,30 @@ def scores_source(B_r: int, B_c: int, d: int, NT: int):
     (flashsim standard's kernel 1, S = tau Q K^T, and standard_bwd's kernel 2, dP = dO V^T)."""
     DS = padded(d)
     EC = cdiv(B_r * B_c, NT)
+    load_A, load_B = _row_loader(B_r, d, NT, False), _row_loader(B_c, d, NT, False)
+    dot = _dots(d, True, pair=False)
 
     def scores(A, B, C, N, alpha):
         """A, B: (batch*heads, N, d); C: (batch*heads, N, N)."""
+        A_i = cuda.shared.array((B_r, DS), float32)
+        B_j = cuda.shared.array((B_c, DS), float32)
         i = cuda.blockIdx.x
         bh = cuda.blockIdx.y
         t = cuda.threadIdx.x
         row0 = i * B_r
-        A_i = cuda.shared.array((B_r, DS), float32)
-        B_j = cuda.shared.array((B_c, DS), float32)
-        # load A_i: read B_r d
-        for e in range(t, B_r * d, NT):
-            r = e // d
-            k = e - r * d
-            A_i[r, k] = A[bh, row0 + r, k] if row0 + r < N else float32(0)
+        load_A(A_i, A_i, A, A, t, bh, row0, N)            # load A_i: read B_r d
         for j in range((N + B_c - 1) // B_c):
             col0 = j * B_c
             cuda.syncthreads()
-            # load B_j: read B_c d
-            for e in range(t, B_c * d, NT):
-                c = e // d
-                k = e - c * d
-                B_j[c, k] = B[bh, col0 + c, k] if col0 + c < N else float32(0)
+            load_B(B_j, B_j, B, B, t, bh, col0, N)        # load B_j: read B_c d
             cuda.syncthreads()
             # store C_ij = alpha A_i B_j^T: write B_r B_c
             for a in range(EC):
                 e = t + NT * a
                 if e < B_r * B_c:
-                    r = e // B_c
-                    c = e - r * B_c
+                    r, c = split(e, B_c)
                     if row0 + r < N and col0 + c < N:
-                        s = float32(0)
-                        for k in range(d):
-                            s += A_i[r, k] * B_j[c, k]
+                        s, _ = dot(A_i, B_j, A_i, B_j, r, c)
                         C[bh, row0 + r, col0 + c] = alpha * s
 
     return scores
@@ -289,7 +295,10 @@ def accumulate_source(B_out: int, B_in: int, d: int, NT: int, transpose: bool):
     a block of B_out rows of out stays in registers while tiles of X and blocks of Y of
     B_in rows stream (standard's kernel 3, O = P V; standard_bwd's kernels 1, 4, 5)."""
     DS, OS = padded(d), padded(B_out)
-    EO = cdiv(B_out * d, NT)
+    OUT = B_out * d                 # entries of the out block
+    EO = cdiv(OUT, NT)              # ... that each thread owns
+    load_Y = _row_loader(B_in, d, NT, False)
+    dot = _dots(B_in, False, pair=False)
 
     def accumulate(X, Y, out, N, alpha):
         """X: (batch*heads, N, N); Y, out: (batch*heads, N, d)."""
@@ -308,35 +317,26 @@ def accumulate_source(B_out: int, B_in: int, d: int, NT: int, transpose: bool):
             # B_out B_in + B_in d
             for e in range(t, B_in * B_out, NT):
                 if transpose:                  # X_t[u, v] = X[t0 + u, o0 + v]
-                    u = e // B_out
-                    v = e - u * B_out
+                    u, v = split(e, B_out)
                     ok = t0 + u < N and o0 + v < N
                     X_t[u, v] = X[bh, t0 + u, o0 + v] if ok else float32(0)
                 else:                          # X_t[u, v] = X[o0 + v, t0 + u]
-                    v = e // B_in
-                    u = e - v * B_in
+                    v, u = split(e, B_in)
                     ok = t0 + u < N and o0 + v < N
                     X_t[u, v] = X[bh, o0 + v, t0 + u] if ok else float32(0)
-            for e in range(t, B_in * d, NT):
-                u = e // d
-                k = e - u * d
-                Y_t[u, k] = Y[bh, t0 + u, k] if t0 + u < N else float32(0)
+            load_Y(Y_t, Y_t, Y, Y, t, bh, t0, N)
             cuda.syncthreads()
             for a in range(EO):
                 e = t + NT * a
-                if e < B_out * d:
-                    v = e // d
-                    k = e - v * d
-                    s = float32(0)
-                    for u in range(B_in):
-                        s += X_t[u, v] * Y_t[u, k]
+                if e < OUT:
+                    v, k = split(e, d)
+                    s, _ = dot(X_t, Y_t, X_t, Y_t, v, k)
                     acc[a] += s
         # store the out block: write B_out d
         for a in range(EO):
             e = t + NT * a
-            if e < B_out * d:
-                v = e // d
-                k = e - v * d
+            if e < OUT:
+                v, k = split(e, d)
                 if o0 + v < N:
                     out[bh, o0 + v, k] = alpha * acc[a]
 
@@ -347,6 +347,7 @@ def softmax_rows_source(N: int, NT: int, causal: bool, ROWS: int = 1):
     """P = softmax(S) row by row and L = logsumexp, ROWS rows per block, one at a time held
     in registers (standard's kernel 2: S read once, P written once)."""
     EPT = cdiv(N, NT)
+    tree_max, tree_sum = tree(NT, "max"), tree(NT, "sum")
 
     def softmax_rows(S, P, L):
         """S, P: (batch*heads, N, N); L: (batch*heads, N)."""
@@ -367,12 +368,7 @@ def softmax_rows_source(N: int, NT: int, causal: bool, ROWS: int = 1):
             cuda.syncthreads()                   # all done reading red for the last row
             red[t] = m
             cuda.syncthreads()
-            s = NT // 2
-            while s > 0:                         # m_r = rowmax S_r
-                if t < s:
-                    red[t] = max(red[t], red[t + s])
-                cuda.syncthreads()
-                s //= 2
+            tree_max(red, t)                     # m_r = rowmax S_r
             m = red[0]
             cuda.syncthreads()
             l_part = float32(0)
@@ -381,12 +377,7 @@ def softmax_rows_source(N: int, NT: int, causal: bool, ROWS: int = 1):
                 l_part += x[a]
             red[t] = l_part
             cuda.syncthreads()
-            s = NT // 2
-            while s > 0:                         # l_r = rowsum exp(S_r - m_r)
-                if t < s:
-                    red[t] += red[t + s]
-                cuda.syncthreads()
-                s //= 2
+            tree_sum(red, t)                     # l_r = rowsum exp(S_r - m_r)
             l_row = red[0]
             # write P_r = exp(S_r - m_r) / l_r: N; L_r = m_r + log l_r: 1
             for a in range(EPT):
@@ -403,6 +394,7 @@ def softmax_bwd_rows_source(N: int, NT: int, ROWS: int = 1):
     """dS = P o (dP - rowsum(P o dP)), ROWS rows per block, one at a time held in registers
     (standard_bwd's kernel 3: P and dP read once, dS written once)."""
     EPT = cdiv(N, NT)
+    tree_sum = tree(NT, "sum")
 
     def softmax_bwd_rows(P, dP, dS):
         """P, dP, dS: (batch*heads, N, N)."""
@@ -422,12 +414,7 @@ def softmax_bwd_rows_source(N: int, NT: int, ROWS: int = 1):
             cuda.syncthreads()                   # all done reading red for the last row
             red[t] = part
             cuda.syncthreads()
-            s = NT // 2
-            while s > 0:                         # D_r = rowsum(P_r o dP_r)
-                if t < s:
-                    red[t] += red[t + s]
-                cuda.syncthreads()
-                s //= 2
+            tree_sum(red, t)                     # D_r = rowsum(P_r o dP_r)
             D_r = red[0]
             # write dS_r = P_r o (dP_r - D_r): N
             for a in range(EPT):

@@ -51,6 +51,7 @@ from ..common import (SHARED_DEFAULT, KernelInputError, KernelLaunch, Launch, cd
                       check_flag, check_shape, describe, fastest_rule, sram_rule)
 
 __all__ = ["cuda", "float32", "int32", "uint32", "SHARED_LIMIT", "NEG_INF", "ALIGN", "cdiv", "own",
+           "split", "tree",
            "Tiling", "choose_tiling", "check_tiling", "tile_ops", "NumbaLaunch",
            "configure_launch", "plan_blocks", "fill"]
 
@@ -68,6 +69,34 @@ def own(first, group, vec, a):
     """The a-th index a thread owns: chunks of ``vec`` consecutive indices, the first at
     ``first``, chunks ``group`` apart."""
     return first + group * (a // vec) + a % vec
+
+
+@cuda.jit(device=True, inline="always")
+def split(e, w):
+    """(row, column) of element e of a row-major tile of width w: (e // w, e - (e // w) w)."""
+    r = e // w
+    return r, e - r * w
+
+
+@functools.lru_cache(maxsize=None)
+def tree(NT: int, op: str):
+    """``reduce(red, t)``: red[0] = max (``op="max"``) or sum (``"sum"``) of red[0 .. NT),
+    a reduction tree over the NT threads of a block (NT a power of two); every thread calls
+    it, and it ends with the block synchronised."""
+    is_max = op == "max"
+
+    @cuda.jit(device=True, inline="always")
+    def reduce(red, t):
+        h = NT // 2
+        while h > 0:
+            if t < h:
+                if is_max:
+                    red[t] = max(red[t], red[t + h])
+                else:
+                    red[t] += red[t + h]
+            cuda.syncthreads()
+            h //= 2
+    return reduce
 
 
 # --------------------------------------------------------------------------------------
@@ -170,6 +199,11 @@ class Tiling:
             QS=odd_stride(Br_p, VR),        # row stride of Q_i^T and P_ij^T (B_r' words)
             KS=odd_stride(Bc_p, VC),        # row stride of K_j^T (B_c' words)
         )
+
+    def values(self, names: str) -> tuple:
+        """The constants named in ``names`` (space-separated), in that order."""
+        c = self.constants()
+        return tuple(c[n] for n in names.split())
 
     def shared_words(self, arrays) -> int:
         """Words of shared memory for the named arrays: ``Q`` (Q_i^T), ``K`` (K_j^T),
@@ -289,16 +323,24 @@ def tile_ops(tiling: Tiling, causal: bool = False):
     ``scale_mask_rowmax(S_ij, part, t, r0, c0, row0, col0, N, tau)``
         S_ij *= tau, masked entries (past N, past B_c, and above the diagonal when
         ``causal``) -inf; this thread's part of rowmax S_ij into ``part[r, t % TC]``.
+    ``origin(t)``                                   (r0, c0, k0): thread t's first row of
+        S_ij and O_i, first column of S_ij, first column of O_i (uint32, see above)
+    ``flash_tiles()``                               (Q_i^T, K_j^T, V_j, P_ij^T): the shared
+        tiles of the flash kernels, 16-byte aligned, padded strides
+    ``block_start()``                               (blockIdx.x, blockIdx.y, t, r0, c0, k0)
+    ``s_tile(S_ij, part, Q_iT, K_jT, x, y, t, r0, c0, row0, col0, N, tau)``
+        ``qk`` then ``scale_mask_rowmax``: S_ij = tau Q_i K_j^T, masked, and this thread's
+        part of rowmax S_ij
+    ``row_total(part, r, start, is_max)``           a row's statistic from the TC threads'
+        parts (``part[r, u]``, one per thread column): max or sum, starting from ``start``
 
     Loads: thread t copies elements t, t + NT, ... (consecutive threads, consecutive
     addresses), a fixed count per thread from always-valid (clamped) addresses, so the
     compiler issues several global loads before the first store; zeros past N and in the
     padding. Products: n rank-1 updates of the thread's sub-tile from one chunk of each
     operand per step (the loop the module docstring describes)."""
-    c = tiling.constants()
-    B_r, B_c, d, TC, NT = c["B_r"], c["B_c"], c["d"], c["TC"], c["NT"]
-    RM, CN, DN, VR, VC, VD = c["RM"], c["CN"], c["DN"], c["VR"], c["VC"], c["VD"]
-    Br_p, Bc_p, d_p, RG, CG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"], c["KG"]
+    B_r, B_c, d, TC, NT, RM, CN, DN, VR, VC, VD, Br_p, Bc_p, d_p, RG, CG, KG, QS, KS = \
+        tiling.values("B_r B_c d TC NT RM CN DN VR VC VD Br_p Bc_p d_p RG CG KG QS KS")
 
     load_Q = _loader(B_r, Br_p, d, d_p, NT, transposed=True, straight=False)
     load_kv = _loader(B_c, Bc_p, d, d_p, NT, transposed=True, straight=True)
@@ -340,9 +382,47 @@ def tile_ops(tiling: Tiling, causal: bool = False):
                 row_max = max(row_max, S_ij[a, b])
             part[r, t % TC] = row_max
 
+    @cuda.jit(device=True, inline="always")
+    def origin(t):
+        return uint32((t // TC) * VR), uint32((t % TC) * VC), uint32((t % TC) * VD)
+
+    @cuda.jit(device=True, inline="always")
+    def flash_tiles():
+        Q_iT = cuda.shared.array((d_p, QS), float32, alignment=ALIGN)     # Q_i^T  (d, B_r)
+        K_jT = cuda.shared.array((d_p, KS), float32, alignment=ALIGN)     # K_j^T  (d, B_c)
+        V_j = cuda.shared.array((Bc_p, d_p), float32, alignment=ALIGN)    # V_j    (B_c, d)
+        P_ijT = cuda.shared.array((Bc_p, QS), float32, alignment=ALIGN)   # P_ij^T (B_c, B_r)
+        return Q_iT, K_jT, V_j, P_ijT
+
+    @cuda.jit(device=True, inline="always")
+    def row_total(part, r, start, is_max):
+        """``start`` combined with part[r, 0 .. TC): their max (``is_max``) or their sum."""
+        acc = start
+        for u in range(TC):
+            if is_max:
+                acc = max(acc, part[r, u])
+            else:
+                acc += part[r, u]
+        return acc
+
+    @cuda.jit(device=True, inline="always")
+    def block_start():
+        i = cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        t = cuda.threadIdx.x
+        r0, c0, k0 = origin(t)
+        return i, bh, t, r0, c0, k0
+
     qk = _product(d_p, RM, CN, RG, VR, CG, VC)
     pv = _product(Bc_p, RM, DN, RG, VR, KG, VD)
-    return TileOps(load_Qi, load_KV, load_K, load_V, load_P, qk, pv, scale_mask_rowmax)
+
+    @cuda.jit(device=True, inline="always")
+    def s_tile(S_ij, part, Q_iT, K_jT, x, y, t, r0, c0, row0, col0, N, tau):
+        qk(S_ij, Q_iT, K_jT, r0, c0, x, y)
+        scale_mask_rowmax(S_ij, part, t, r0, c0, row0, col0, N, tau)
+
+    return TileOps(load_Qi, load_KV, load_K, load_V, load_P, qk, pv, scale_mask_rowmax, origin,
+                   flash_tiles, block_start, s_tile, row_total)
 
 
 class TileOps(NamedTuple):
@@ -354,6 +434,11 @@ class TileOps(NamedTuple):
     qk: object
     pv: object
     scale_mask_rowmax: object
+    origin: object
+    flash_tiles: object
+    block_start: object
+    s_tile: object
+    row_total: object
 
 
 def _loader(R: int, R_p: int, C: int, C_p: int, NT: int, *, transposed: bool, straight: bool):

@@ -29,9 +29,10 @@ round trip of O, l, m at every step, which is what this algorithm's traffic coun
 HBM traffic per head (fp32): K, V read once; Q, O read T_c times (fewer rows under the
 mask); O, l, m written T_c times plus the initialisation: flashsim.flash1's closed form;
 ``predicted_traffic`` asks flashsim for it. flashsim's nest has one launch with one block
-per head (the CuPy kernel's schedule); the counted traffic is the same. A tile row that the causal mask hides entirely
-has m~_ij = -inf; its P~ is set to 0 there (never exp(-inf - (-inf))), and the row's
-m_i is finite from block j = 0 on, so e^(m~_ij - m_new) = 0 drops it.
+per head (the CuPy kernel's schedule); the counted traffic is the same. A tile row that
+the causal mask hides entirely has m~_ij = -inf; its P~ is set to 0 there (never
+exp(-inf - (-inf))), and the row's m_i is finite from block j = 0 on, so
+e^(m~_ij - m_new) = 0 drops it.
 
 Shared memory: Q_i^T, K_j^T, V_j, P~_ij^T and two row-statistic arrays (``Tiling.shared_words``);
 tiles from flashsim's ``fastest_blocks`` as in ``flash2``; tile loads and products are
@@ -46,8 +47,8 @@ import math
 import numpy
 
 from ..common import KernelLaunch, Result, cdiv
-from .common import (ALIGN, NEG_INF, NumbaLaunch, configure_launch, cuda, fill, fill_launch,
-                     float32, own, tile_ops, uint32)
+from .common import (NEG_INF, NumbaLaunch, configure_launch, cuda, fill, fill_launch, float32,
+                     own, tile_ops)
 
 ALGORITHM = "flash1"
 ARRAYS = ("Q", "K", "V", "P", "rows", "rows")     # two row-statistic arrays: max and sum
@@ -59,29 +60,23 @@ SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
 @functools.lru_cache(maxsize=None)
 def kernel(tiling, causal: bool):
     """One step j of the outer loop; grid (T_r - i_start(j), batch*heads), TR*TC threads."""
-    c = tiling.constants()
-    B_r, B_c, d, TC = c["B_r"], c["B_c"], c["d"], c["TC"]
-    RM, CN, DN, VR, VC, VD = c["RM"], c["CN"], c["DN"], c["VR"], c["VC"], c["VD"]
-    Br_p, Bc_p, d_p, RG, CG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"], c["KG"]
-    QS, KS = c["QS"], c["KS"]
-    load_Q, load_KV, _, _, _, qk, pv, scale_mask_rowmax = tile_ops(tiling, causal)
+    ops = tile_ops(tiling, causal)
+    load_Q, load_KV, s_tile, pv = ops.load_Q, ops.load_KV, ops.s_tile, ops.pv
+    origin, flash_tiles, row_total = ops.origin, ops.flash_tiles, ops.row_total
+    B_r, B_c, d, TC, RM, CN, DN, VR, VC, VD, Br_p, RG, CG, KG = \
+        tiling.values("B_r B_c d TC RM CN DN VR VC VD Br_p RG CG KG")
 
     def flash1_step(Q, K, V, O, l, m, N, j, i_start, tau):
         """Q, K, V, O: (batch*heads, N, d); l, m: (batch*heads, N); step j of the outer
         loop, Q blocks i_start, i_start+1, ...; tau = 1/sqrt(d)."""
-        i = i_start + cuda.blockIdx.x
-        bh = cuda.blockIdx.y
+        i = i_start + cuda.blockIdx.x      # Q block i
+        bh = cuda.blockIdx.y               # (batch, head)
         t = cuda.threadIdx.x
-        r0 = uint32((t // TC) * VR)      # first row of S_ij / O_i this thread owns
-        c0 = uint32((t % TC) * VC)       # first column of S_ij
-        k0 = uint32((t % TC) * VD)       # first column of O_i
+        r0, c0, k0 = origin(t)             # this thread's first row, S column, O column
         row0 = i * B_r
-        col0 = j * B_c
+        col0 = j * B_c                     # K/V block j
 
-        Q_iT = cuda.shared.array((d_p, QS), float32, alignment=ALIGN)     # Q_i^T  (d, B_r)
-        K_jT = cuda.shared.array((d_p, KS), float32, alignment=ALIGN)     # K_j^T  (d, B_c)
-        V_j = cuda.shared.array((Bc_p, d_p), float32, alignment=ALIGN)    # V_j    (B_c, d)
-        P_ijT = cuda.shared.array((Bc_p, QS), float32, alignment=ALIGN)   # P~_ij^T
+        Q_iT, K_jT, V_j, P_ijT = flash_tiles()        # shared memory (P_ijT holds P~_ij^T)
         max_part = cuda.shared.array((Br_p, TC), float32)                 # for m~_ij
         sum_part = cuda.shared.array((Br_p, TC), float32)                 # for l~_ij
 
@@ -108,16 +103,13 @@ def kernel(tiling, causal: bool):
                 O_i[a, b] = O[bh, row0 + r, k] if ok and k < d else float32(0)
         cuda.syncthreads()
 
-        qk(S_ij, Q_iT, K_jT, r0, c0, x, y)    # S_ij = Q_i K_j^T (this thread's RM x CN)
-        # S_ij *= tau; mask; m~_ij = rowmax S_ij (this thread's part, then the row's)
-        scale_mask_rowmax(S_ij, max_part, t, r0, c0, row0, col0, N, tau)
+        # S_ij = tau Q_i K_j^T, masked (this thread's RM x CN); its part of m~_ij = rowmax S_ij
+        s_tile(S_ij, max_part, Q_iT, K_jT, x, y, t, r0, c0, row0, col0, N, tau)
         cuda.syncthreads()
         # P~_ij = exp(S_ij - m~_ij), 0 where masked; l~_ij = rowsum P~_ij (this thread's part)
         for a in range(RM):
             r = own(r0, RG, VR, a)
-            mt_ij[a] = NEG_INF
-            for u in range(TC):
-                mt_ij[a] = max(mt_ij[a], max_part[r, u])
+            mt_ij[a] = row_total(max_part, r, NEG_INF, True)       # m~_ij: the row's max
             row_sum = float32(0)
             for b in range(CN):
                 p = float32(0) if S_ij[a, b] == NEG_INF else math.exp(S_ij[a, b] - mt_ij[a])
@@ -133,9 +125,7 @@ def kernel(tiling, causal: bool):
         for a in range(RM):
             r = own(r0, RG, VR, a)
             if r < B_r and row0 + r < N:
-                lt_ij = float32(0)
-                for u in range(TC):
-                    lt_ij += sum_part[r, u]
+                lt_ij = row_total(sum_part, r, float32(0), False)    # l~_ij: the row's sum
                 m_new = max(m_i[a], mt_ij[a])
                 old = math.exp(m_i[a] - m_new)        # 0 on the first step (m_i = -inf)
                 new = math.exp(mt_ij[a] - m_new)      # 0 for a fully masked tile row

@@ -47,8 +47,7 @@ import functools
 import math
 
 from ..common import KernelLaunch, Result, cdiv
-from .common import (ALIGN, NEG_INF, NumbaLaunch, configure_launch, cuda, float32, own,
-                     tile_ops, uint32)
+from .common import NEG_INF, NumbaLaunch, configure_launch, cuda, float32, own, tile_ops
 
 ALGORITHM = "flash2"
 ARRAYS = ("Q", "K", "V", "P", "rows")        # shared arrays, for the budget
@@ -59,28 +58,20 @@ SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
 @functools.lru_cache(maxsize=None)
 def kernel(tiling, causal: bool):
     """The compiled kernel for one tiling and mask; grid (T_r, batch*heads), TR*TC threads."""
-    c = tiling.constants()
-    B_r, B_c, d, TC = c["B_r"], c["B_c"], c["d"], c["TC"]
-    RM, CN, DN, VR, VC, VD = c["RM"], c["CN"], c["DN"], c["VR"], c["VC"], c["VD"]
-    Br_p, Bc_p, d_p, RG, CG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"], c["KG"]
-    QS, KS = c["QS"], c["KS"]
-    load_Q, load_KV, _, _, _, qk, pv, scale_mask_rowmax = tile_ops(tiling, causal)
+    B_r, B_c, d, TC, RM, CN, DN, VR, VC, VD, Br_p, RG, CG, KG = \
+        tiling.values("B_r B_c d TC RM CN DN VR VC VD Br_p RG CG KG")
+    ops = tile_ops(tiling, causal)
+    load_Q, load_KV, s_tile, pv = ops.load_Q, ops.load_KV, ops.s_tile, ops.pv
+    block_start, flash_tiles, row_total = ops.block_start, ops.flash_tiles, ops.row_total
 
     def flash2_forward(Q, K, V, O, L, N, tau):
         """Q, K, V, O: (batch*heads, N, d); L: (batch*heads, N); tau = 1/sqrt(d)."""
-        i = cuda.blockIdx.x
-        bh = cuda.blockIdx.y
-        t = cuda.threadIdx.x
-        r0 = uint32((t // TC) * VR)      # first row of S_ij / O_i this thread owns
-        c0 = uint32((t % TC) * VC)       # first column of S_ij
-        k0 = uint32((t % TC) * VD)       # first column of O_i
+        # Q block i, (batch, head), thread; its first row, S column and O column
+        i, bh, t, r0, c0, k0 = block_start()
         first_col = t % TC == 0
         row0 = i * B_r
 
-        Q_iT = cuda.shared.array((d_p, QS), float32, alignment=ALIGN)     # Q_i^T  (d, B_r)
-        K_jT = cuda.shared.array((d_p, KS), float32, alignment=ALIGN)     # K_j^T  (d, B_c)
-        V_j = cuda.shared.array((Bc_p, d_p), float32, alignment=ALIGN)    # V_j    (B_c, d)
-        P_ijT = cuda.shared.array((Bc_p, QS), float32, alignment=ALIGN)   # P_ij^T (B_c, B_r)
+        Q_iT, K_jT, V_j, P_ijT = flash_tiles()                         # shared memory
         m_part = cuda.shared.array((Br_p, TC), float32)                # one per thread column
 
         S_ij = cuda.local.array((RM, CN), float32)
@@ -110,18 +101,15 @@ def kernel(tiling, causal: bool):
             load_KV(K_jT, V_j, K, V, t, bh, col0, N)      # load K_j, V_j: read 2 B_c d
             cuda.syncthreads()
 
-            qk(S_ij, Q_iT, K_jT, r0, c0, x, y)   # S_ij = Q_i K_j^T (this thread's RM x CN)
-            # S_ij *= tau; mask; this thread's part of rowmax S_ij
-            scale_mask_rowmax(S_ij, m_part, t, r0, c0, row0, col0, N, tau)
+            # S_ij = tau Q_i K_j^T, masked (this thread's RM x CN); its part of rowmax S_ij
+            s_tile(S_ij, m_part, Q_iT, K_jT, x, y, t, r0, c0, row0, col0, N, tau)
             cuda.syncthreads()
 
             # m_new = max(m_i, rowmax S_ij); P_ij = exp(S_ij - m_new);
             # alpha = exp(m_i - m_new); l_i = alpha l_i + rowsum P_ij; m_i = m_new
             for a in range(RM):
                 r = own(r0, RG, VR, a)
-                m_new = m_i[a]
-                for u in range(TC):
-                    m_new = max(m_new, m_part[r, u])
+                m_new = row_total(m_part, r, m_i[a], True)   # max(m_i, rowmax S_ij)
                 alpha[a] = math.exp(m_i[a] - m_new)
                 m_i[a] = m_new
                 row_sum = float32(0)
@@ -147,9 +135,7 @@ def kernel(tiling, causal: bool):
         for a in range(RM):
             r = own(r0, RG, VR, a)
             if r < B_r and row0 + r < N:
-                l_row = float32(0)
-                for u in range(TC):
-                    l_row += m_part[r, u]
+                l_row = row_total(m_part, r, float32(0), False)   # l_i: the shares' sum
                 for b in range(DN):
                     k = own(k0, KG, VD, b)
                     if k < d:

@@ -38,8 +38,7 @@ import math
 
 from ..common import KernelLaunch, Result, cdiv, check_flag, check_shape
 from .common import (ALIGN, MAX_HEAD_DIM, NEG_INF, SHARED_LIMIT, WORD, NumbaLaunch, Tiling,
-                     check_shared, check_tiling, cuda, float32, own, plan_blocks, tile_ops,
-                     uint32)
+                     check_shared, check_tiling, cuda, float32, own, plan_blocks, tile_ops)
 
 ALGORITHM = "standard"
 ARRAYS_QK = ("Q", "K")          # shared arrays of kernel 1
@@ -55,19 +54,14 @@ SIGNATURE_PV = "void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1],
 @functools.lru_cache(maxsize=None)
 def qk_kernel(tiling):
     """Kernel 1; grid (T_r, batch*heads), TR*TC threads."""
-    c = tiling.constants()
-    B_r, B_c, TC = c["B_r"], c["B_c"], c["TC"]
-    RM, CN, VR, VC, RG, CG = c["RM"], c["CN"], c["VR"], c["VC"], c["RG"], c["CG"]
-    d_p, QS, KS = c["d_p"], c["QS"], c["KS"]
-    load_Q, _, load_K, _, _, qk, _, _ = tile_ops(tiling)
+    B_r, B_c, RM, CN, VR, VC, RG, CG, d_p, QS, KS = \
+        tiling.values("B_r B_c RM CN VR VC RG CG d_p QS KS")
+    ops = tile_ops(tiling)
+    load_Q, load_K, qk, block_start = ops.load_Q, ops.load_K, ops.qk, ops.block_start
 
     def scores(Q, K, S, N, tau):
         """Q, K: (batch*heads, N, d); S: (batch*heads, N, N) = tau Q K^T."""
-        i = cuda.blockIdx.x
-        bh = cuda.blockIdx.y
-        t = cuda.threadIdx.x
-        r0 = uint32((t // TC) * VR)      # first row of S_ij this thread owns
-        c0 = uint32((t % TC) * VC)       # first column of S_ij
+        i, bh, t, r0, c0, _ = block_start()       # Q block i; this thread's first row, column
         row0 = i * B_r
 
         Q_iT = cuda.shared.array((d_p, QS), float32, alignment=ALIGN)     # Q_i^T (d, B_r)
@@ -197,24 +191,19 @@ def softmax_kernel(NT: int, row_fits: bool, causal: bool):
 @functools.lru_cache(maxsize=None)
 def pv_kernel(tiling):
     """Kernel 3; grid (T_r, batch*heads), TR*TC threads."""
-    c = tiling.constants()
-    B_r, B_c, d, TC = c["B_r"], c["B_c"], c["d"], c["TC"]
-    RM, DN, VR, VD, RG, KG = c["RM"], c["DN"], c["VR"], c["VD"], c["RG"], c["KG"]
-    Bc_p, d_p, QS = c["Bc_p"], c["d_p"], c["QS"]
-    _, _, _, load_V, load_P, _, pv, _ = tile_ops(tiling)
+    B_r, B_c, d, RM, DN, VR, VD, RG, KG, Bc_p, d_p, QS = \
+        tiling.values("B_r B_c d RM DN VR VD RG KG Bc_p d_p QS")
+    ops = tile_ops(tiling)
+    load_V, load_P, pv, block_start = ops.load_V, ops.load_P, ops.pv, ops.block_start
 
     def weighted_sum(P, V, O, N):
         """P: (batch*heads, N, N); V, O: (batch*heads, N, d); O = P V."""
-        i = cuda.blockIdx.x
-        bh = cuda.blockIdx.y
-        t = cuda.threadIdx.x
-        r0 = uint32((t // TC) * VR)      # first row of O_i this thread owns
-        k0 = uint32((t % TC) * VD)       # first column of O_i
+        i, bh, t, r0, _, k0 = block_start()       # Q block i; this thread's first row of O_i
+        O_i = cuda.local.array((RM, DN), float32)
         row0 = i * B_r
 
         P_ijT = cuda.shared.array((Bc_p, QS), float32, alignment=ALIGN)   # P_ij^T (B_c, B_r)
         V_j = cuda.shared.array((Bc_p, d_p), float32, alignment=ALIGN)    # V_j    (B_c, d)
-        O_i = cuda.local.array((RM, DN), float32)
         PV = cuda.local.array((RM, DN), float32)       # P_ij V_j, one block's part
         x = cuda.local.array(RM, float32)
         z = cuda.local.array(DN, float32)
