@@ -44,6 +44,7 @@ import traceback
 import numpy
 
 from benchmarks.common import Recorder, parser
+from flashsim import reference
 from gpu_kernels import harness, registry
 
 # (batch, heads, N, d, causal)
@@ -111,7 +112,7 @@ class Bench(Recorder):
         heads = sorted({0, BH - 1})
         sel = {n: host[n][heads] for n in host}
         saved_host = {n: _heads(x, heads) for n, x in saved_dev.items()}
-        ref = None
+        ref = reference.attention_backward(sel["Q"], sel["K"], sel["V"], sel["dO"], causal)
         for algorithm, launch in launches.items():
             what = {"impl": f"numba_{algorithm}_bwd", "batch": B, "heads": H, "N": N, "d": d,
                     "causal": causal}
@@ -123,7 +124,8 @@ class Bench(Recorder):
 
                 def check(grads):
                     return harness.backward_check([_heads(g, heads) for g in grads], sel["Q"],
-                                                  sel["K"], sel["V"], sel["dO"], causal, **saved)
+                                                  sel["K"], sel["V"], sel["dO"], causal, ref,
+                                                  **saved)
                 row = self.harness.check_then_time(run, check, repeats=self.args.reps)
                 errors = _verdicts(row["check"])
                 self.results["correctness"].append({**what, "heads_checked": heads,
@@ -148,9 +150,7 @@ class Bench(Recorder):
                   f"{pred['roofline_time_ms']:7.3f} ms", flush=True)
             self.save()
         if self.torch is not None:
-            ref = dict(zip(("dQ", "dK", "dV"), __import__("flashsim").reference.attention_backward(
-                sel["Q"], sel["K"], sel["V"], sel["dO"], causal)))
-            self.torch_points(B, H, N, d, causal, host, heads, ref)
+            self.torch_points(B, H, N, d, causal, host, heads, dict(zip(("dQ", "dK", "dV"), ref)))
         del dev, saved_dev, O, P, L
         for launch in launches.values():
             launch.workspace.clear()

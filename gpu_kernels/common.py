@@ -290,9 +290,11 @@ class KernelLaunch:
 class Launch:
     """Everything that fixes one launch of one kernel; ``run`` is the backend's.
 
-    ``threads`` and ``static_smem`` / ``dynamic_smem`` are those of the launch's main kernel
-    (``launches()`` has every kernel's); ``sram`` is the M of flashsim's plan for it (None:
-    the GPU preset's). Shapes inside ``run``: (B, H, N, d) or (B*H, N, d) device arrays."""
+    ``grid`` and ``threads`` are those of the main kernel (``MAIN``: kernel 1 of standard
+    attention, the step kernel of numba's FlashAttention, ...), ``static_smem`` and
+    ``dynamic_smem`` the most any of its kernels takes; ``launches()`` lists every kernel
+    launch. ``sram`` is the M of flashsim's plan (None: the GPU preset's). Shapes inside
+    ``run``: (B, H, N, d) or (B*H, N, d) device arrays."""
     kernel: str
     algorithm: str
     batch: int
@@ -328,9 +330,11 @@ class Launch:
         """The main kernel's grid."""
         return self.main_launch().grid
 
+    MAIN = None     # the main kernel's name (None: the only kernel)
+
     def main_launch(self) -> KernelLaunch:
-        """The launch that runs the algorithm's loop (the longest list's most blocks)."""
-        return max(self.launches(), key=lambda k: (k.step is not None, k.blocks))
+        """The first launch of the main kernel (``MAIN``)."""
+        return next(k for k in self.launches() if self.MAIN in (None, k.kernel))
 
     def launches(self) -> list[KernelLaunch]:
         raise NotImplementedError

@@ -49,12 +49,15 @@ class FakeDevice:
     def write(self, buf):
         self.log.append("flush")
 
+    def spin(self, seconds):
+        self.log.append(("spin", seconds))
+
 
 def _harness(**kw):
     h = harness.Harness.__new__(harness.Harness)   # (the constructor would ask for a GPU)
     h.dev, h.warmup, h.target_s = FakeDevice(), kw.get("warmup", 2), kw.get("target_s", 0.2)
     h.min_repeats, h.max_repeats = kw.get("min_repeats", 5), kw.get("max_repeats", 30)
-    h.flush_enabled, h._flush_buf = kw.get("flush", True), None
+    h.flush_enabled, h._flush_buf, h.lead_s = kw.get("flush", True), None, kw.get("lead_s", 5e-4)
     return h
 
 
@@ -64,7 +67,8 @@ def test_flush_is_twice_the_l2_and_comes_before_every_timed_call():
     h.time(lambda: calls.append(1), repeats=4)
     assert h.dev.log[0] == ("alloc", 2 * h.dev.l2) and h.flush_bytes == 2 * h.dev.l2
     timed = [i for i, e in enumerate(h.dev.log) if e == "flush"]
-    assert len(timed) == 4 and all(h.dev.log[i + 1] == "event" for i in timed)
+    assert len(timed) == 4 and all(h.dev.log[i + 1] == ("spin", 5e-4) for i in timed)
+    assert all(h.dev.log[i + 2] == "event" for i in timed)       # then the start event
     assert len(calls) == 2 + 4                        # two warm-ups, four timed
 
 
@@ -151,3 +155,12 @@ def test_measure_checks_and_records_under_the_simulator(name, kw):
     assert row["predicted"]["hbm_bytes"] == launch.predicted_traffic().hbm_bytes
     assert len(row["times_s"]) == 1 and row["time_s"] == row["times_s"][0]
     assert row["method"]["events"] == "numba" and row["method"]["l2_flush_bytes"] == 0
+
+
+def test_the_spin_kernel_compiles_for_sm90():
+    """The CuPy harness's lead-in spin (a RawKernel) is valid CUDA for the H200."""
+    pytest.importorskip("cuda.core")
+    from gpu_kernels.compile import compile_cubin
+
+    cubin, _ = compile_cubin(harness.SPIN_SOURCE, name="spin.cu")
+    assert b"spin" in cubin

@@ -68,7 +68,9 @@ def test_plan_is_what_the_kernel_launches(name, shape):
             assert kl.blocks == blocks[kl.step] * launch.BH, (name, kl, blocks)
             covered.add(kl.step)
     assert covered == set(range(len(blocks))), (name, covered, blocks)
-    assert launch.grid == launch.main_launch().grid and launch.threads >= 32
+    main = launch.main_launch()           # grid and threads: the main kernel's
+    assert (launch.grid, launch.threads) == (main.grid, main.threads)
+    assert main.kernel != "fill_flat"
     # the report is the plan's count
     rep = launch.predicted_traffic()
     assert rep.per_tensor == p.count().per_tensor and rep.predicted_time_s > 0

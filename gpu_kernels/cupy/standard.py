@@ -32,6 +32,7 @@ def shared_bytes(d: int, B_r: int, B_c: int, R: int = 0, N: int = 0) -> dict[str
 @dataclass
 class StandardLaunch(Fp32Launch):
     CU_FILE = CU_FILE
+    MAIN = "standard_qk"
     softmax_rows: int = 0          # R: whole rows of S per block of kernel 2 (0: streaming)
 
     def launches(self) -> list[KernelLaunch]:

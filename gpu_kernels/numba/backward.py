@@ -478,6 +478,10 @@ class BackwardLaunch(NumbaLaunch):
     backward with these tiles on the preset's SRAM (see the module docstring)."""
     rows_per_block: int = 1     # rows of P per block in the row kernels
 
+    @property
+    def MAIN(self) -> str:     # noqa: N802 - the class attribute of Launch, per algorithm
+        return "flash2_bwd" if self.algorithm == "flash2" else "accumulate"
+
     def launches(self) -> list[KernelLaunch]:
         N, BH, NT = self.N, self.BH, self.threads
         rows, cols = (cdiv(N, self.block_rows), BH), (cdiv(N, self.block_cols), BH)

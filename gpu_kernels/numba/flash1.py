@@ -147,6 +147,7 @@ def kernel(tiling, causal: bool):
 
 
 class Flash1Launch(NumbaLaunch):
+    MAIN = "flash1_step"
     def i_start(self, j: int) -> int:
         """The first Q block that K/V block j reaches (0 without the mask)."""
         return (j * self.block_cols) // self.block_rows if self.causal else 0

@@ -245,6 +245,7 @@ def row_fits(N: int, softmax_rows: int) -> bool:
 
 class StandardLaunch(NumbaLaunch):
     """``tiling`` is the pair (kernel 1's, kernel 3's)."""
+    MAIN = "scores"
 
     @functools.cached_property
     def softmax_row_fits(self) -> bool:
