@@ -1,9 +1,10 @@
 """The backward pass on one GPU: our numba fp32 kernels beside flashsim's predictions.
 
-    PYTHONPATH=. python3 benchmarks/backward_h200.py --out $OUT/backward_h200.json
-    python benchmarks/backward_h200.py --smoke        # tiny sizes, any machine (simulator)
+    python -m benchmarks.backward_h200 --out DIR     # writes DIR/backward_h200.json
+    python -m benchmarks.backward_h200 --smoke       # tiny sizes, any machine (simulator)
 
-Implementations (fp32 throughout, ``gpu_kernels/numba_backward.py``):
+Implementations (fp32 throughout, ``gpu_kernels/numba/backward.py``, the registry's
+``numba_flash2_bwd`` and ``numba_standard_bwd``):
   numba_flash2_bwd      FlashAttention-2's backward: D = rowsum(dO o O) and dQ = 0, then one
                         thread block per K/V block, dQ by atomic adds
   numba_standard_bwd    the standard backward: dV = P^T dO, dP = dO V^T, dS = softmax
@@ -19,10 +20,11 @@ and d = 128.
 Method: each implementation is checked on the very inputs it is timed on before it is
 timed: on the first and last head, its error against a float64 NumPy reference must be at
 most twice the error of a plain float32 NumPy implementation of the same formulas, plus
-twice the float32 rounding of the reference (flash-attention's rule). Then one warm-up
-call, CUDA events around each call, a 512 MiB buffer written before every repeat (the L2
-holds 60 MB), the median of the repeats. A point that fails its check, runs out of memory
-or raises is absent from "points" and listed in "skipped" with the reason.
+twice the float32 rounding of the reference (flash-attention's rule, ``harness.
+backward_check``). Then the harness (gpu_kernels.harness: warm-up, CUDA events around each
+call, a 2 x L2 flush before every repeat, the median of the repeats). A point that fails
+its check, runs out of memory or raises is absent from "points" and listed in "skipped"
+with the reason.
 
 Beside each measurement: flashsim's backward plan for exactly that launch (same tiles,
 fp32, the h200 preset): bytes between SRAM and the level below, per tensor, matmul FLOPs,
@@ -33,56 +35,22 @@ DRAM (docs/model.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import statistics
 import sys
-import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy
 
-from benchmarks._provenance import provenance  # noqa: E402
+from benchmarks.common import Recorder, parser
+from flashsim import reference
+from gpu_kernels import harness, registry
 
-import numpy  # noqa: E402
-
-FLUSH_BYTES = 512 * 2**20
 # (batch, heads, N, d, causal)
 SHAPES = [(64, 16, 1024, 64, False), (64, 16, 1024, 64, True), (4, 16, 4096, 64, False),
           (8, 8, 2048, 128, False)]
 SMOKE_SHAPES = [(1, 2, 24, 8, False), (1, 2, 24, 8, True)]
-
-
-def _errors(got: dict, base: dict, ref: dict) -> dict:
-    """Per tensor: our max error, the plain-fp32 bound, and whether it holds."""
-    out = {}
-    for name, value in got.items():
-        err = float(numpy.abs(value - ref[name]).max())
-        r32 = ref[name].astype(numpy.float32)
-        rounding = float(numpy.abs((r32 + numpy.float32(0.3) - numpy.float32(0.3))
-                                   - ref[name]).max())
-        bound = 2 * float(numpy.abs(base[name] - ref[name]).max()) + 2 * rounding
-        out[name] = {"max_abs_err": err, "bound": bound, "ok": bool(err <= bound)}
-    return out
-
-
-def _plain32(Q, K, V, dO, saved, algorithm, causal):
-    """The same formulas in plain float32 NumPy, from the same float32 inputs."""
-    T = numpy.swapaxes
-    tau = numpy.float32(1 / math.sqrt(Q.shape[-1]))
-    if algorithm == "flash2":
-        S = tau * (Q @ T(K, -1, -2))
-        if causal:
-            S = numpy.where(numpy.tril(numpy.ones(S.shape[-2:], bool)), S, numpy.float32(-numpy.inf))
-        P = numpy.exp(S - saved["L"][..., None])
-        D = (dO * saved["O"]).sum(-1, keepdims=True)
-    else:
-        P = saved["P"]
-        D = (P * (dO @ T(V, -1, -2))).sum(-1, keepdims=True)
-    dS = P * (dO @ T(V, -1, -2) - D)
-    return {"dQ": tau * (dS @ K), "dK": tau * (T(dS, -1, -2) @ Q), "dV": T(P, -1, -2) @ dO}
 
 
 def _heads(x, heads):
@@ -90,49 +58,32 @@ def _heads(x, heads):
     return numpy.stack([x[h].copy_to_host() for h in heads])
 
 
-class Bench:
-    def __init__(self, args):
-        from gpu_kernels import numba_backward as nb
-        from gpu_kernels.numba_common import cuda, fill
+def _verdicts(check: dict) -> dict:
+    """Per gradient: {max_abs_err, bound, ok} (the file's keys)."""
+    return {n: {"max_abs_err": v["max_abs_error"], "bound": v["bound"], "ok": v["ok"]}
+            for n, v in check["per_gradient"].items()}
 
-        self.nb, self.cuda, self.fill, self.args = nb, cuda, fill, args
-        self.t0 = time.time()
-        self.flush_buf = cuda.device_array(FLUSH_BYTES // 4 if not args.smoke else 1024,
-                                           dtype=numpy.float32)
-        self.results = {"provenance": None, "method": __doc__.split("Method: ")[1].strip(),
-                        "points": [], "skipped": [], "correctness": []}
+
+class Bench(Recorder):
+    def __init__(self, args):
+        from gpu_kernels.numba.common import cuda
+
+        self.cuda = cuda
+        self.harness = harness.Harness(None if not args.smoke else "numba", flush=not args.smoke,
+                                       **({"warmup": 1, "min_repeats": 1, "max_repeats": 2}
+                                          if args.smoke else {}))
+        super().__init__(args, "backward_h200.json", __doc__.split("Method: ")[1].strip(),
+                         timing=self.harness.method(), correctness=[])
         try:
             import torch
             self.torch = torch if torch.cuda.is_available() and not args.smoke else None
         except ImportError:
             self.torch = None
 
-    def left(self) -> float:
-        return self.args.deadline_s - (time.time() - self.t0)
-
-    def skip(self, what: dict, reason: str):
-        self.results["skipped"].append({**what, "reason": reason})
-        print(f"  skip {what}: {reason}", flush=True)
-
-    def save(self):
-        with open(self.args.out, "w") as f:
-            json.dump(self.results, f, indent=1)
-
-    def time_fn(self, fn, reps: int):
-        """Median ms of fn() over ``reps`` repeats, each after an L2 flush, CUDA events."""
-        cuda = self.cuda
-        fn()                                             # warm-up (compiles, caches)
-        cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            self.fill(self.flush_buf, 0.0)               # > 60 MB: every repeat starts cold
-            start, end = cuda.event(), cuda.event()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times), times
+    def time_fn(self, fn):
+        """(median ms, all ms) of fn() by the harness."""
+        t = self.harness.time(fn, repeats=self.args.reps)
+        return t.median_s * 1e3, [x * 1e3 for x in t.times_s]
 
     def predict(self, launch) -> dict:
         rep = launch.plan("h200").count()
@@ -145,40 +96,43 @@ class Bench:
                                   "sram_bytes", "gpu", "softmax_bwd_rows")}}
 
     def shape(self, B, H, N, d, causal):
-        nb, cuda = self.nb, self.cuda
+        cuda = self.cuda
         BH = B * H
         rng = numpy.random.default_rng(0)
         host = {n: rng.standard_normal((BH, N, d)).astype(numpy.float32) for n in "QKV"}
         host["dO"] = rng.standard_normal((BH, N, d)).astype(numpy.float32)
         dev = {n: cuda.to_device(x) for n, x in host.items()}
-        launches = {a: nb.configure(a, (B, H, N, d), causal=causal,
-                                    threads=32 if self.args.smoke else None)
+        launches = {a: registry.launch(f"numba_{a}_bwd", batch=B, heads=H, seq_len=N, head_dim=d,
+                                       causal=causal, **({"threads": 32} if self.args.smoke else {}))
                     for a in ("flash2", "standard")}
         # The saved tensors: one forward run of our own (standard) kernels.
         O, P, L = launches["standard"].forward(dev["Q"], dev["K"], dev["V"])
         cuda.synchronize()
         saved_dev = {"O": O, "P": P, "L": L}
         heads = sorted({0, BH - 1})
-        from flashsim import reference
         sel = {n: host[n][heads] for n in host}
-        ref = dict(zip(("dQ", "dK", "dV"), reference.attention_backward(
-            sel["Q"], sel["K"], sel["V"], sel["dO"], causal)))
         saved_host = {n: _heads(x, heads) for n, x in saved_dev.items()}
+        ref = reference.attention_backward(sel["Q"], sel["K"], sel["V"], sel["dO"], causal)
         for algorithm, launch in launches.items():
             what = {"impl": f"numba_{algorithm}_bwd", "batch": B, "heads": H, "N": N, "d": d,
                     "causal": causal}
+            saved = {"O": saved_host["O"], "L": saved_host["L"]} if algorithm == "flash2" else \
+                {"P": saved_host["P"]}
             try:
                 def run(launch=launch):
                     return launch.run(dev["Q"], dev["K"], dev["V"], dev["dO"], saved_dev)
-                got = {n: _heads(g, heads) for n, g in zip(("dQ", "dK", "dV"), run())}
-                base = _plain32(sel["Q"], sel["K"], sel["V"], sel["dO"], saved_host, algorithm,
-                                causal)
-                errors = _errors(got, base, ref)
+
+                def check(grads):
+                    return harness.backward_check([_heads(g, heads) for g in grads], sel["Q"],
+                                                  sel["K"], sel["V"], sel["dO"], causal, ref,
+                                                  **saved)
+                row = self.harness.check_then_time(run, check, repeats=self.args.reps)
+                errors = _verdicts(row["check"])
                 self.results["correctness"].append({**what, "heads_checked": heads,
                                                     "errors": errors})
-                if not all(e["ok"] for e in errors.values()):
+                if not row["check"]["ok"]:
                     raise AssertionError(f"error above bound: {errors}")
-                ms, times = self.time_fn(run, self.args.reps)
+                ms, times = row["time_s"] * 1e3, [x * 1e3 for x in row["times_s"]]
             except Exception as exc:
                 self.skip(what, f"{type(exc).__name__}: {str(exc)[:400]}")
                 traceback.print_exc()
@@ -196,7 +150,7 @@ class Bench:
                   f"{pred['roofline_time_ms']:7.3f} ms", flush=True)
             self.save()
         if self.torch is not None:
-            self.torch_points(B, H, N, d, causal, host, heads, ref)
+            self.torch_points(B, H, N, d, causal, host, heads, dict(zip(("dQ", "dK", "dV"), ref)))
         del dev, saved_dev, O, P, L
         for launch in launches.values():
             launch.workspace.clear()
@@ -241,7 +195,7 @@ class Bench:
                 if not ok:
                     raise AssertionError(f"error above 1e-4 of the largest entry: {errors}")
                 torch.cuda.synchronize()
-                ms, times = self.time_fn(run, self.args.reps)
+                ms, times = self.time_fn(run)
                 del out
             except Exception as exc:
                 self.skip(what, f"{type(exc).__name__}: {str(exc)[:400]}")
@@ -254,21 +208,10 @@ class Bench:
         torch.cuda.empty_cache()
 
     def run(self):
-        cuda = self.cuda
-        name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
-        extra = {"gpu": name.decode() if isinstance(name, bytes) else str(name)}
-        try:
-            extra["driver"] = ".".join(map(str, cuda.cudadrv.driver.driver.get_version()))
-            extra["cuda_runtime"] = ".".join(map(str, cuda.runtime.get_version()))
-        except Exception as exc:                         # the simulator has no driver
-            extra["driver"] = f"unavailable ({type(exc).__name__})"
-        self.results["provenance"] = provenance(
-            packages=("numpy", "numba", "numba-cuda", "torch"), extra=extra)
+        self.results["provenance"] = harness.provenance()
         print("provenance:", json.dumps(self.results["provenance"]), flush=True)
         for B, H, N, d, causal in (SMOKE_SHAPES if self.args.smoke else SHAPES):
-            if self.left() < 0:
-                self.skip({"batch": B, "heads": H, "N": N, "d": d, "causal": causal},
-                          "deadline reached before this shape")
+            if not self.due({"batch": B, "heads": H, "N": N, "d": d, "causal": causal}):
                 continue
             print(f"shape B={B} H={H} N={N} d={d} causal={causal}", flush=True)
             try:
@@ -277,26 +220,20 @@ class Bench:
                 self.skip({"batch": B, "heads": H, "N": N, "d": d, "causal": causal},
                           f"{type(exc).__name__}: {str(exc)[:400]}")
                 traceback.print_exc()
-        self.save()
-        print(f"wrote {self.args.out} ({len(self.results['points'])} points, "
-              f"{len(self.results['skipped'])} skipped) in {time.time() - self.t0:.0f} s")
+        print(f"wrote {self.save()} ({len(self.results['points'])} points, "
+              f"{len(self.results['skipped'])} skipped) in {self.deadline.elapsed():.0f} s")
+        return 0 if not self.results["skipped"] else 1
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
-                                                      "backward_h200.json"))
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--deadline-s", type=float, default=100.0,
-                        help="start no new shape after this many seconds")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny shapes, under the CUDA simulator where there is no GPU")
-    args = parser.parse_args(argv)
+def main(argv=None) -> int:
+    ap = parser(__doc__, deadline_s=100.0, smoke=True)
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args(argv)
     if args.smoke:
         os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
         args.reps = min(args.reps, 2)
-    Bench(args).run()
+    return Bench(args).run()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,40 +1,26 @@
 """How fast the simulator answers (issue 2's targets), recorded as data.
 
-    python benchmarks/core_speed.py            # writes benchmarks/results/core_speed.json
+    python -m benchmarks.core_speed [--out DIR]     # writes DIR/core_speed.json
 
 Targets: count-only flash2 at N = 65536, d = 128, B_r = B_c = 64 under 1 s; flash2 with
 values at N = 4096, d = 64 under 2 s; 200 SRAM sizes through the closed forms under 50 ms.
-Each figure is the median of several runs after one warm-up.
+Each figure is the median of several runs after one warm-up (``harness.wall_median_s``:
+the host's clock; nothing here runs on a GPU).
 """
 
 from __future__ import annotations
 
-import json
-import pathlib
-import statistics
-import sys
-import time
-
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import flashsim  # noqa: E402
-from _provenance import provenance  # noqa: E402
+import flashsim
+from benchmarks.common import parser, write_json
+from gpu_kernels.harness import provenance, wall_median_s as median_seconds
 
-OUT = pathlib.Path(__file__).resolve().parent / "results" / "core_speed.json"
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+PACKAGES = ("numpy",)
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    args = parser(__doc__).parse_args(argv)
     rng = np.random.default_rng(0)
     Q, K, V = (rng.standard_normal((4096, 64)) for _ in range(3))
     big = flashsim.plan("flash2", 65536, 128, block_rows=64, block_cols=64, sram="1MiB")
@@ -57,8 +43,8 @@ def main() -> None:
     for r in results:
         r["met"] = r["seconds"] < r["target_s"]
         print(f"{r['seconds'] * 1e3:9.1f} ms  (target {r['target_s'] * 1e3:.0f} ms)  {r['what']}")
-    OUT.write_text(json.dumps({"provenance": provenance(), "results": results}, indent=2) + "\n")
-    print(f"wrote {OUT}")
+    doc = {"provenance": provenance(PACKAGES), "results": results}
+    print("wrote", write_json(args.out, "core_speed.json", doc, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Forward attention on one GPU, side by side: our CuPy kernels against PyTorch.
 
-    PYTHONPATH=. python3 benchmarks/cupy_h200.py --out benchmarks/results/cupy_h200.json
+    python -m benchmarks.cupy_h200 --out DIR          # writes DIR/cupy_h200.json
 
 Configurations: the FlashAttention-2 paper's (16k tokens in total, batch = 16384 / N; hidden
 size 2048, heads = 2048 / d; d = 64 and 128; N = 512 ... 16384; causal and not).
@@ -16,35 +16,30 @@ TFLOP/s = 4 B H N^2 d / time, halved for causal (the useful work, for every impl
 
 Method: every implementation is checked on the very inputs it is timed on before it is
 timed (fp16: error against an fp32 reference at most twice PyTorch SDPA's; fp32: relative
-error against float64 under 1e-5); then warm-up, CUDA events around each call, the 512 MiB
-L2 flush buffer written before every repeat, median of the repeats. A point that fails its
-check, runs out of memory, raises, or is not reached before --deadline-s is absent from
-"points" and listed in "skipped" with the reason. The tensor-core tile sweep runs first and
-the fastest correct configuration per d (geometric mean over its sweep points) is used for
-the main table.
+error against float64 under 1e-5); then the harness (gpu_kernels.harness: warm-up, CUDA
+events around each call, a 2 x L2 flush before every repeat, the median of the repeats). A
+point that fails its check, runs out of memory, raises, or is not reached before
+--deadline-s is absent from "points" and listed in "skipped" with the reason. The
+tensor-core tile sweep runs first and the fastest correct configuration per d (geometric
+mean over its sweep points) is used for the main table.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
-import statistics
-import subprocess
 import sys
-import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks._provenance import provenance  # noqa: E402
+from benchmarks.common import Recorder, parser
+from gpu_kernels import harness, registry
+from gpu_kernels.cupy import flash2_tc
+from gpu_kernels.cupy.common import get_kernel, kernel_resources
 
 TOTAL_TOKENS = 16384
 HIDDEN = 2048
 PAPER_N = (512, 1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)
-FLUSH_BYTES = 512 * 2**20
 
 
 def flops(B, H, N, d, causal):
@@ -52,52 +47,34 @@ def flops(B, H, N, d, causal):
     return f // 2 if causal else f
 
 
-class Bench:
+class Bench(Recorder):
     def __init__(self, args):
         import torch
 
         self.torch = torch
-        self.args = args
-        self.t0 = time.time()
-        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-        self.results = {"provenance": None, "method": __doc__.split("Method: ")[1].strip(),
-                        "correctness": [], "tuning": [], "points": [], "skipped": [],
-                        "tc_configs": {}, "kernel_resources": {}}
+        self.harness = harness.Harness("cupy")
+        super().__init__(args, "cupy_h200.json", __doc__.split("Method: ")[1].strip(),
+                         timing=self.harness.method(), correctness=[], tuning=[], tc_configs={},
+                         kernel_resources={})
 
     # -------------------------------------------------------------- plumbing
-    def left(self) -> float:
-        return self.args.deadline_s - (time.time() - self.t0)
+    def time_fn(self, fn, *, repeats=None):
+        """(median ms, all ms) of fn() by the harness."""
+        t = self.harness.time(fn, repeats=repeats)
+        return t.median_s * 1e3, [x * 1e3 for x in t.times_s]
 
-    def skip(self, what: dict, reason: str):
-        self.results["skipped"].append({**what, "reason": reason})
-        print(f"  skip {what}: {reason}", flush=True)
+    def failed(self, what: dict, exc: Exception) -> None:
+        """A point that raised (out of memory, a backend that refuses): skipped, memory freed."""
+        self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        self.torch.cuda.empty_cache()
 
-    def save(self):
-        with open(self.args.out, "w") as f:
-            json.dump(self.results, f, indent=1)
-
-    def time_fn(self, fn, *, target_s=0.4, min_reps=3, max_reps=30):
-        """Median ms of fn() over repeats, each after an L2 flush, timed with CUDA events."""
-        torch = self.torch
-        fn()  # warm-up (compiles, caches)
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self.flush_buf.zero_()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        first = s.elapsed_time(e)
-        reps = int(min(max_reps, max(min_reps, target_s * 1e3 / max(first, 1e-3))))
-        times = []
-        for _ in range(reps):
-            self.flush_buf.zero_()  # > 60 MB L2: every repeat starts cold
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        return statistics.median(times), times
+    def point(self, what: dict, ms: float, times: list, **check) -> None:
+        """Record a timed point with its TFLOP/s (useful FLOPs: halved under the mask)."""
+        tf = flops(what["B"], what["H"], what["N"], what["d"], what["causal"]) / ms / 1e9
+        self.results["points"].append({**what, "time_ms": ms, "tflops": tf, "reps": len(times),
+                                       "min_ms": min(times), "max_ms": max(times), **check})
+        print(f"{what['impl']:>18} d={what['d']} causal={what['causal']:d} N={what['N']:>5}: "
+              f"{ms:9.3f} ms {tf:7.2f} TFLOP/s", flush=True)
 
     # -------------------------------------------------------------- references
     def ref_fp32(self, q, k, v, causal):
@@ -116,17 +93,15 @@ class Bench:
     @staticmethod
     def check_fp16(O, ref, bound):
         """(ok, our max error): flash-attention's rule, error <= 2 x SDPA's error."""
-        err = (O.float() - ref).abs().max().item()
-        return (math.isfinite(err) and err <= bound), err
+        verdict = harness.max_error_rule((O.float() - ref).abs().max().item(), bound)
+        return verdict["ok"], verdict["max_abs_error"]
 
     # -------------------------------------------------------------- implementations
     def tc(self, config):
-        from gpu_kernels.cupy_flash2_tc import flash2_tc_attention
-
-        def run(q, k, v, causal):
-            return flash2_tc_attention(q, k, v, causal, version=config["VERSION"], block_m=config["BLOCK_M"],
-                                       block_n=config["BLOCK_N"], min_blocks=config["MIN_BLOCKS"])[0]
-        return run
+        """Our tensor-core kernel with this configuration: run(q, k, v, causal) -> O."""
+        return self.ours("cupy_flash2_tc", block_rows=config["BLOCK_R"],
+                         block_cols=config["BLOCK_C"], version=config["VERSION"],
+                         min_blocks=config["MIN_BLOCKS"])
 
     def sdpa(self, backend):
         import torch.nn.functional as F
@@ -157,17 +132,15 @@ class Bench:
     def sweep(self):
         """Time every tensor-core configuration that passes its check; pick one per d."""
         torch = self.torch
-        from gpu_kernels import cupy_flash2_tc
-        from gpu_kernels.cupy_common import get_kernel, kernel_resources
 
         for d in HEAD_DIMS:
             configs = {}
-            for config in cupy_flash2_tc.tuning_configs(d):
+            for config in flash2_tc.tuning_configs(d):
                 key = " ".join(f"{k}={v}" for k, v in config.items())
-                D = cupy_flash2_tc.defines(d, "float16", **config)
-                smem = cupy_flash2_tc.smem_bytes(d, D["BLOCK_M"], D["BLOCK_N"], D["VERSION"])
+                D = flash2_tc.defines(d, "float16", **config)
+                smem = flash2_tc.smem_bytes(d, D["BLOCK_R"], D["BLOCK_C"], D["VERSION"])
                 try:
-                    res = kernel_resources(get_kernel(cupy_flash2_tc.CU_FILE, "flash2_tc_fwd", D, smem))
+                    res = kernel_resources(get_kernel(flash2_tc.CU_FILE, "flash2_tc_fwd", D, smem))
                 except Exception as exc:
                     self.skip({"impl": "cupy_flash2_tc", "d": d, "config": key}, f"{type(exc).__name__}: {exc}")
                     continue
@@ -187,7 +160,7 @@ class Bench:
                                  "dtype": "float16", "max_abs_err": err, "bound": bound, "ok": ok})
                             if not ok:
                                 raise AssertionError(f"error {err} > bound {bound} (N={N}, causal={causal})")
-                            ms, _ = self.time_fn(lambda: fn(q, k, v, causal), target_s=0.1, max_reps=10)
+                            ms, _ = self.time_fn(lambda: fn(q, k, v, causal), repeats=5)
                         except Exception as exc:  # a failing variant is dropped, with the reason
                             self.skip({"impl": "cupy_flash2_tc", "d": d, "config": key},
                                       f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -227,8 +200,7 @@ class Bench:
                         impls.append(("torch_eager", self.eager(q, k, v, causal)))
                     for name, fn in impls:
                         what = {"impl": name, **base}
-                        if self.left() < 0:
-                            self.skip(what, "deadline")
+                        if not self.due(what):
                             continue
                         try:
                             ok, err = self.check_fp16(fn(q, k, v, causal), ref, bound)
@@ -237,44 +209,34 @@ class Bench:
                                 continue
                             ms, times = self.time_fn(lambda: fn(q, k, v, causal))
                         except Exception as exc:  # OOM, unsupported backend, ...
-                            self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-                            torch.cuda.empty_cache()
+                            self.failed(what, exc)
                             continue
-                        tf = flops(B, H, N, d, causal) / ms / 1e9
-                        self.results["points"].append({**what, "time_ms": ms, "tflops": tf, "reps": len(times),
-                                                       "min_ms": min(times), "max_ms": max(times),
-                                                       "max_abs_err": err, "err_bound": bound, "check_ok": ok})
-                        print(f"{name:>16} d={d} causal={causal:d} N={N:>5}: {ms:9.3f} ms {tf:7.1f} TFLOP/s",
-                              flush=True)
+                        self.point(what, ms, times, max_abs_err=err, err_bound=bound, check_ok=ok)
                     del q, k, v, ref
                     torch.cuda.empty_cache()
                     self.save()
 
     def fp32_table(self):
-        torch = self.torch
-        import importlib
-
-        import cupy
-
-        from gpu_kernels.cupy_flash1 import flash1_attention
-        from gpu_kernels.cupy_flash2 import flash2_attention
-        from gpu_kernels.cupy_standard import standard_attention
-
-        ours = [("cupy_standard_fp32", lambda q, k, v, c: standard_attention(q, k, v, c)),
-                ("cupy_flash1_fp32", lambda q, k, v, c: flash1_attention(q, k, v, c)),
-                ("cupy_flash2_fp32", lambda q, k, v, c: flash2_attention(q, k, v, c)[0])]
-        numba = []
-        for name in ("standard", "flash1", "flash2"):
-            try:
-                mod = importlib.import_module(f"gpu_kernels.numba_{name}")
-                numba.append((f"numba_{name}_fp32",  # numba takes CUDA arrays: CuPy views, no copy
-                              lambda q, k, v, c, mod=mod: torch.as_tensor(
-                                  mod.attention(*(cupy.from_dlpack(x) for x in (q, k, v)), causal=c),
-                                  device="cuda")))
-            except Exception as exc:
-                self.skip({"impl": f"numba_{name}_fp32"}, f"import: {type(exc).__name__}: {exc}")
-        for impls in (ours, numba):  # ours first: the deadline cuts the colleague's kernels first
+        ours = [(f"cupy_{a}_fp32", self.ours(f"cupy_{a}")) for a in ("standard", "flash1", "flash2")]
+        numba = [(f"numba_{a}_fp32", self.ours(f"numba_{a}")) for a in ("standard", "flash1", "flash2")]
+        for impls in (ours, numba):  # CuPy first: the deadline cuts the numba kernels first
             self._fp32_group(impls)
+
+    def ours(self, name, **options):
+        """One of our kernels (by registry name): run(q, k, v, causal) -> O (torch); torch
+        tensors go in without copies (DLPack / CUDA Array Interface). The launch is made once
+        per shape, outside the timed calls."""
+        torch, launches = self.torch, {}
+
+        def run(q, k, v, causal):
+            key = (tuple(q.shape), str(q.dtype), causal)
+            if key not in launches:
+                B, H, N, d = q.shape
+                launches[key] = registry.launch(name, batch=B, heads=H, seq_len=N, head_dim=d,
+                                                dtype=str(q.dtype).removeprefix("torch."),
+                                                causal=causal, **options)
+            return torch.as_tensor(launches[key].run(q, k, v).O, device="cuda").view(q.shape)
+        return run
 
     def _fp32_group(self, impls):
         torch = self.torch
@@ -289,26 +251,20 @@ class Bench:
                     ref = self.ref_fp64(q, k, v, causal)
                     for name, fn in impls:
                         what = {"impl": name, **base}
-                        if self.left() < 0:
-                            self.skip(what, "deadline")
+                        if not self.due(what):
                             continue
                         try:
                             O = fn(q, k, v, causal)
                             err = ((O.double() - ref).norm() / ref.norm()).item()
-                            if not err <= 1e-5:
+                            if not harness.max_error_rule(err, 1e-5)["ok"]:   # relative error
                                 self.skip(what, f"check failed: relative error {err:.3e} > 1e-5")
                                 continue
                             del O
-                            ms, times = self.time_fn(lambda: fn(q, k, v, causal), target_s=0.3, max_reps=5)
+                            ms, times = self.time_fn(lambda: fn(q, k, v, causal), repeats=5)
                         except Exception as exc:
-                            self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-                            torch.cuda.empty_cache()
+                            self.failed(what, exc)
                             continue
-                        tf = flops(B, H, N, d, causal) / ms / 1e9
-                        self.results["points"].append({**what, "time_ms": ms, "tflops": tf, "reps": len(times),
-                                                       "min_ms": min(times), "max_ms": max(times), "rel_err": err})
-                        print(f"{name:>18} d={d} causal={causal:d} N={N:>5}: {ms:9.3f} ms {tf:7.2f} TFLOP/s",
-                              flush=True)
+                        self.point(what, ms, times, rel_err=err)
                     del q, k, v, ref
                     cupy.get_default_memory_pool().free_all_blocks()  # S, P of the standard kernels
                     torch.cuda.empty_cache()
@@ -346,40 +302,19 @@ class Bench:
                   f"{r['torch_flash_tflops']:6.1f} = {r['ratio']:.2f}")
 
 
-def gpu_info(torch, cupy) -> dict:
-    p = torch.cuda.get_device_properties(0)
-    info = {"gpu": p.name, "sm_count": p.multi_processor_count,
-            "compute_capability": f"{p.major}.{p.minor}", "gpu_memory_bytes": p.total_memory,
-            "torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "cuda_runtime_cupy": cupy.cuda.runtime.runtimeGetVersion(),
-            "cuda_driver_api": cupy.cuda.runtime.driverGetVersion(),
-            "nvrtc": ".".join(map(str, cupy.cuda.nvrtc.getVersion()))}
-    try:
-        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True, timeout=30).stdout.strip()
-    except Exception as exc:
-        info["driver"] = f"unknown ({exc})"
-    return info
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="benchmarks/results/cupy_h200.json")
+    ap = parser(__doc__, deadline_s=330.0)
     ap.add_argument("--fp32-n", type=lambda s: [int(x) for x in s.split(",")], default=[512, 1024, 2048])
     ap.add_argument("--sweep-n", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 16384])
-    ap.add_argument("--deadline-s", type=float, default=330.0,
-                    help="after this many seconds, remaining points are skipped (recorded)")
     ap.add_argument("--no-eager", action="store_true")
     ap.add_argument("--no-fp32", action="store_true")
     args = ap.parse_args(argv)
 
-    import cupy
     import torch
 
     bench = Bench(args)
-    bench.results["provenance"] = provenance(
-        packages=("numpy", "cupy-cuda13x", "torch", "cuda-core", "numba", "numba-cuda", "nvidia-cuda-nvrtc"),
-        extra=gpu_info(torch, cupy))
+    bench.results["provenance"] = harness.provenance(
+        extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
     bench.results["configs"] = {"total_tokens": TOTAL_TOKENS, "hidden": HIDDEN, "N": list(PAPER_N),
                                 "head_dims": list(HEAD_DIMS), "fp32_N": args.fp32_n, "sweep_N": args.sweep_n}
     print(json.dumps(bench.results["provenance"], indent=1), flush=True)
@@ -392,9 +327,8 @@ def main(argv=None) -> int:
         traceback.print_exc()
         bench.results["error"] = traceback.format_exc()
     bench.ratios()
-    bench.results["elapsed_s"] = time.time() - bench.t0
-    bench.save()
-    print(f"wrote {args.out} in {bench.results['elapsed_s']:.0f} s")
+    bench.results["elapsed_s"] = bench.deadline.elapsed()
+    print(f"wrote {bench.save()} in {bench.results['elapsed_s']:.0f} s")
     return 1 if "error" in bench.results else 0
 
 

@@ -2,7 +2,7 @@
 
 On the GPU machine, from the repository root:
 
-    PYTHONPATH=. python3 benchmarks/ncu_sweep.py run --out $OUT
+    python -m benchmarks.ncu_sweep run --out DIR
 
 runs the sweep once under Nsight Compute (``ncu --clock-control none``, its default cache
 control: L2 flushed and invalidated before every profiled kernel) and writes
@@ -20,6 +20,8 @@ are not stored: ``flashsim.measured.validation`` computes them from the points' 
 ``workload`` is the program ncu profiles: it checks each kernel on small inputs against
 the float64 reference first, then runs each point once inside the NVTX range ``m``,
 separated by a tiny marker kernel so that each profiled row can be assigned to its point.
+Each point's launch comes from ``gpu_kernels.registry`` (its "plan": the launch's
+``plan_record()``, from which ``flashsim.measured.validation`` rebuilds flashsim's plan).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import write_json
+from gpu_kernels import harness, registry
 
 TOTAL_TOKENS, HIDDEN = 16384, 2048
 METRICS = [
@@ -104,7 +107,7 @@ def sweep(quick: bool = False) -> list[dict]:
 
 # ------------------------------------------------------------------ the workload (on the GPU)
 class Runner:
-    """Builds the launch for one point and reports the tiles it uses."""
+    """Builds the launch for one point (``gpu_kernels.registry``) and its inputs."""
 
     def __init__(self):
         import cupy
@@ -121,41 +124,16 @@ class Runner:
 
     def launcher(self, p):
         """(fn that launches the point's kernels once, dict of the plan it follows)."""
-        k, N, d, causal = p["kernel"], p["N"], p["d"], p["causal"]
-        cp = self.cp
-        if k.startswith("cupy_") and k != "cupy_flash2_tc":
-            mod = __import__(f"gpu_kernels.{k}", fromlist=["x"])
-            plan = mod.plan(N, d, causal)
-            fn = {"cupy_standard": "standard_attention", "cupy_flash1": "flash1_attention",
-                  "cupy_flash2": "flash2_attention"}[k]
-            Q, K, V = self.inputs(p, cp.float32)
-            return (lambda: getattr(mod, fn)(Q, K, V, causal)), _plan_dict(plan)
-        if k == "cupy_flash2_tc":
-            from gpu_kernels import cupy_flash2_tc as tc
-            D = tc.defines(d, "float16", block_m=p.get("block_rows"), block_n=p.get("block_cols"))
-            Q, K, V = self.inputs(p, cp.float16)
-            return (lambda: tc.flash2_tc_attention(
-                Q, K, V, causal, block_m=D["BLOCK_M"], block_n=D["BLOCK_N"])), dict(
-                algorithm="flash2", dtype="fp16", block_rows=D["BLOCK_M"],
-                block_cols=D["BLOCK_N"], sram=None, gpu="h200", version=D["VERSION"])
-        if k.startswith("numba_"):
-            from numba import cuda
-            mod = __import__(f"gpu_kernels.{k}", fromlist=["x"])
-            shape = (p["batch"], p["heads"], N, d)
-            launch = mod.configure(shape, causal=causal, block_rows=p.get("block_rows"),
-                                   block_cols=p.get("block_cols"))
-            Q, K, V = (cuda.as_cuda_array(x.reshape(p["batch"] * p["heads"], N, d))
-                       for x in self.inputs(p, cp.float32))
-            return (lambda: launch.run(Q, K, V)), _plan_dict(launch.plan())
-        raise ValueError(k)
+        entry = registry.get(p["kernel"])
+        launch = entry.launch(batch=p["batch"], heads=p["heads"], seq_len=p["N"], head_dim=p["d"],
+                              causal=p["causal"], block_rows=p.get("block_rows"),
+                              block_cols=p.get("block_cols"))
+        # numba kernels take the CuPy arrays as they are (CUDA Array Interface, no copy)
+        Q, K, V = self.inputs(p, self.cp.float16 if launch.dtype == "fp16" else self.cp.float32)
+        return (lambda: launch.run(Q, K, V)), launch.plan_record()
 
     def mark(self):
         self.marker(self.scratch, self.scratch)
-
-
-def _plan_dict(plan) -> dict:
-    return dict(algorithm=plan.algorithm, dtype=plan.dtype, block_rows=plan.block_rows,
-                block_cols=plan.block_cols, sram=plan.sram_bytes, gpu=None)
 
 
 def check_correctness(runner) -> list[dict]:
@@ -172,14 +150,14 @@ def check_correctness(runner) -> list[dict]:
             except ImportError as e:
                 out.append(dict(kernel=k, causal=causal, skipped=str(e)))
                 continue
-            res = fn()
-            O = res[0] if isinstance(res, tuple) else res
+            O = fn().O
             O = np.asarray(runner.cp.asarray(O).get(), dtype=np.float64).reshape(2, 2, 200, 64)
             Q, K, V = (np.asarray(x.get(), np.float64) for x in runner.inputs(
                 p, runner.cp.float16 if k.endswith("_tc") else runner.cp.float32))
             ref = flashsim.reference.attention(Q, K, V, causal)
-            err = float(np.max(np.abs(O - ref)))
-            ok = err < (2e-2 if k.endswith("_tc") else 1e-4)
+            verdict = harness.max_error_rule(float(np.max(np.abs(O - ref))),
+                                             2e-2 if k.endswith("_tc") else 1e-4)
+            err, ok = verdict["max_abs_error"], verdict["ok"]
             out.append(dict(kernel=k, causal=causal, max_abs_error=err, ok=ok))
             print(f"check {k:16s} causal={causal!s:5s} max|O-ref| = {err:.2e} "
                   f"{'ok' if ok else 'FAILED'}", flush=True)
@@ -280,26 +258,28 @@ def assign(rows: list[dict], points: list[dict]) -> list[dict]:
 
 
 def run(out_dir: str, quick: bool) -> None:
-    from benchmarks._provenance import provenance
-
+    os.makedirs(out_dir, exist_ok=True)
     manifest = os.path.join(out_dir, "manifest.json")
     metrics = known_metrics(out_dir)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
 
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+
     def command(metrics):
         cmd = ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "m/",
                "--metrics", ",".join(metrics), "--csv", "--page", "raw",
-               sys.executable, os.path.abspath(__file__), "workload", "--manifest", manifest]
+               sys.executable, "-m", "benchmarks.ncu_sweep", "workload", "--manifest", manifest]
         return cmd + ["--quick"] if quick else cmd
     cmd = command(metrics)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
     if proc.returncode != 0 and len(metrics) > len(METRICS):
         print(proc.stderr[-2000:])
         print("ncu failed with the optional metrics; again without them", flush=True)
         metrics = METRICS
         cmd = command(metrics)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
     with open(os.path.join(out_dir, "ncu_h200_raw.csv"), "w") as f:
         f.write(proc.stdout)
     with open(os.path.join(out_dir, "ncu_stderr.txt"), "w") as f:
@@ -310,32 +290,19 @@ def run(out_dir: str, quick: bool) -> None:
     with open(manifest) as f:
         man = json.load(f)
     points = assign(parse_ncu_csv(proc.stdout, metrics), man["points"])
-    import cupy
-    props = cupy.cuda.runtime.getDeviceProperties(0)
     ncu_version = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout
-    prov = provenance(("numpy", "numba", "numba-cuda", "cupy-cuda13x", "torch"), {
-        "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
-        "sms": props["multiProcessorCount"], "l2_bytes": props["l2CacheSize"],
-        "driver": _driver(), "ncu": ncu_version.strip().splitlines()[-1] if ncu_version else None,
-        "ncu_command": " ".join(cmd), "cuda_runtime":
-            cupy.cuda.runtime.runtimeGetVersion()})
+    prov = harness.provenance(extra={
+        "sms": harness.gpu_info().get("sm_count"),
+        "ncu": ncu_version.strip().splitlines()[-1] if ncu_version else None,
+        "ncu_command": " ".join(cmd)})
     data = {"provenance": prov, "metrics": metrics, "correctness": man["correctness"],
             "skipped": man.get("skipped", []), "points": points}
-    with open(os.path.join(out_dir, "ncu_h200.json"), "w") as f:
-        json.dump(data, f, indent=1)
+    write_json(out_dir, "ncu_h200.json", data)
     print(f"{len(points)} points, {sum(len(p['launches']) for p in points)} launches")
 
 
-def _driver() -> str | None:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return None
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("workload")
     w.add_argument("--manifest", required=True)

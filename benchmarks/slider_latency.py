@@ -1,7 +1,7 @@
 """How fast the notebooks' sliders answer (issue 3's target: median under 100 ms for N up
 to 65536), recorded as data.
 
-    python benchmarks/slider_latency.py     # writes benchmarks/results/slider_latency.json
+    python -m benchmarks.slider_latency [--out DIR]     # writes DIR/slider_latency.json
 
 Each figure times the real callback: setting ``control.value`` on a panel from
 ``flashsim.views.widgets`` runs the observer exactly as dragging a slider in JupyterLab does, and
@@ -15,22 +15,18 @@ every move recomputes its curves from scratch.
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import statistics
-import sys
 import time
 
 import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from benchmarks.common import parser, write_json  # noqa: E402
 from flashsim.views import widgets  # noqa: E402
-from _provenance import provenance  # noqa: E402
+from gpu_kernels.harness import provenance  # noqa: E402
 
-OUT = pathlib.Path(__file__).resolve().parent / "results" / "slider_latency.json"
 TARGET_S = 0.100
 SRAM_SWEEP = [int(m) for m in np.geomspace(16 * 1024, 1024 * 1024, 41)]
 N_SWEEP = [65536, 32768, 16384, 65536, 8192, 65536, 4096, 32768] * 4
@@ -83,7 +79,8 @@ def time_moves(panel, control: str, values, clear) -> list[float]:
     return times
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    args = parser(__doc__).parse_args(argv)
     load_before = os.getloadavg()
     results = []
     for what, make, control, values, clear in scenarios():
@@ -110,9 +107,9 @@ def main() -> None:
         "worst_median_s": max(r["median_s"] for r in results),
         "results": results,
     }
-    OUT.write_text(json.dumps(doc, indent=2) + "\n")
+    path = write_json(args.out, "slider_latency.json", doc, indent=2)
     print(f"worst median {doc['worst_median_s'] * 1e3:.1f} ms; all under "
-          f"{TARGET_S * 1e3:.0f} ms: {doc['all_met']}; wrote {OUT}")
+          f"{TARGET_S * 1e3:.0f} ms: {doc['all_met']}; wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Which SM runs which thread block, and when: the schedule an L1/L2 model must assume.
 
-    PYTHONPATH=. python3 benchmarks/sm_placement.py --out $OUT
+    python -m benchmarks.sm_placement --out DIR
 
 A probe kernel records, for every block, the SM it ran on (``%smid``) and its start and end
 on the global timer (``%globaltimer``, ns). Its grid is laid out as the attention kernels'
@@ -14,12 +14,10 @@ that shared an SM at the start.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import parser, write_json
+from gpu_kernels import harness
 
 SOURCE = r"""
 extern "C" __global__ void probe(unsigned* sm, unsigned long long* start,
@@ -54,8 +52,6 @@ CONFIGS = [  # (name, grid x (Q blocks), grid y (heads), blocks per SM, base ns,
 def run(out_dir: str) -> None:
     import cupy
 
-    from benchmarks._provenance import provenance
-
     dev = cupy.cuda.Device(0)
     smem_per_sm = dev.attributes["MaxSharedMemoryPerMultiprocessor"]
     kern = cupy.RawKernel(SOURCE, "probe")
@@ -81,22 +77,16 @@ def run(out_dir: str) -> None:
         first = sorted(range(n), key=lambda b: t0_h[b])[:8]
         print(f"{name:8s} grid=({gx},{gy}) k={k}: first blocks {first} on SMs "
               f"{[sm_h[b] for b in first]}", flush=True)
-    from benchmarks.ncu_sweep import _driver
-
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    prov = provenance(("cupy-cuda13x",), {
-        "gpu": name, "driver": _driver(), "sms": dev.attributes["MultiProcessorCount"],
-        "smem_per_sm": smem_per_sm, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion()})
-    with open(os.path.join(out_dir, "sm_placement.json"), "w") as f:
-        json.dump({"provenance": prov, "source": SOURCE, "runs": results}, f)
+    prov = harness.provenance(extra={"sms": dev.attributes["MultiProcessorCount"],
+                                     "smem_per_sm": smem_per_sm})
+    print("wrote", write_json(out_dir, "sm_placement.json",
+                              {"provenance": prov, "source": SOURCE, "runs": results}, indent=None))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
-    run(ap.parse_args().out)
+def main(argv=None) -> int:
+    run(parser(__doc__).parse_args(argv).out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,10 +1,10 @@
-"""The CUDA C++ kernels for CuPy (gpu_kernels/cuda/*.cu).
+"""The CUDA C++ kernels for CuPy (gpu_kernels/cuda/*.cu, loaded by gpu_kernels/cupy/*.py).
 
 Without a GPU: every registered variant compiles for sm_90 through NVRTC (cuda.core), the
 resource table is printed into the test log, the hot kernels do not spill
 to local memory, shared memory fits the per-block limits, every file compiles on its own,
 the defaults in the .cu files are flashsim's plans, and the tensor-core header lists exactly
-the versions the code has.
+the versions the code has, every file includes common.cuh and no file repeats its helpers.
 
 On a GPU (``@pytest.mark.gpu``, skipped when none is usable): fp32 kernels against the
 float64 reference; fp16/bf16 tensor-core kernels pass when their error against the fp32
@@ -20,10 +20,19 @@ import numpy as np
 import pytest
 
 import flashsim
-from gpu_kernels import cupy_flash1, cupy_flash2, cupy_flash2_tc, cupy_standard
-from gpu_kernels.cupy_common import KernelInputError, read_source
+import gpu_kernels
+from gpu_kernels import KernelInputError
+from gpu_kernels.cupy import flash2 as cupy_flash2
+from gpu_kernels.cupy import flash2_tc as cupy_flash2_tc
+from gpu_kernels.cupy import standard as cupy_standard
+from gpu_kernels.cupy.common import KERNEL_DIR, read_source
 
-CU_FILES = ("standard_attention.cu", "flash1.cu", "flash2.cu", "flash2_tc.cu")
+CU_FILES = ("standard.cu", "flash1.cu", "flash2.cu", "flash2_tc.cu")
+
+
+def cupy_attention(q, k, v, algorithm, **kw):
+    """``gpu_kernels.attention`` on the CuPy backend."""
+    return gpu_kernels.attention(q, k, v, algorithm=algorithm, backend="cupy", **kw)
 
 
 # ------------------------------------------------------------------ compile checks (no GPU)
@@ -31,7 +40,7 @@ CU_FILES = ("standard_attention.cu", "flash1.cu", "flash2.cu", "flash2_tc.cu")
 @pytest.fixture(scope="module")
 def resources(request):
     pytest.importorskip("cuda.core")
-    from gpu_kernels import cuda_compile
+    from gpu_kernels import compile as cuda_compile
 
     rows, hot = [], []
     for cu_file, defines, dyn, hot_names in cuda_compile.all_variants():
@@ -50,12 +59,12 @@ def test_every_variant_compiles_for_sm90(resources):
     rows, _ = resources
     kernels = {(r.file, r.kernel) for r in rows}
     assert ("flash2_tc.cu", "flash2_tc_fwd") in kernels
-    assert ("standard_attention.cu", "standard_qk") in kernels
+    assert ("standard.cu", "standard_qk") in kernels
     assert all(r.registers > 0 for r in rows)
 
 
 def test_shared_memory_within_limits(resources):
-    from gpu_kernels.cuda_compile import SMEM_LIMIT_DEFAULT, SMEM_LIMIT_OPTIN
+    from gpu_kernels.compile import SMEM_LIMIT_DEFAULT, SMEM_LIMIT_OPTIN
 
     rows, _ = resources
     for r in rows:
@@ -88,16 +97,16 @@ def test_tc_128x128_tiles_spill_at_d64():
     the O it stores): at B_r = B_c = 128, d = 64 the kernel spills registers to local
     memory, and local-memory traffic reaches the L2."""
     pytest.importorskip("cuda.core")
-    from gpu_kernels.cuda_compile import compile_variant
-    (res,) = compile_variant("flash2_tc.cu", cupy_flash2_tc.defines(64, "float16", block_m=128,
-                                                                    block_n=128))
+    from gpu_kernels.compile import compile_variant
+    (res,) = compile_variant("flash2_tc.cu", cupy_flash2_tc.defines(64, "float16", block_rows=128,
+                                                                    block_cols=128))
     assert res.spill_stores > 0, res
 
 
 @pytest.mark.parametrize("cu_file", CU_FILES)
 def test_file_compiles_on_its_own(cu_file):
     pytest.importorskip("cuda.core")
-    from gpu_kernels.cuda_compile import compile_cubin
+    from gpu_kernels.compile import compile_cubin
 
     src = read_source(cu_file)
     cubin, _ = compile_cubin(src, {}, name=cu_file)
@@ -107,10 +116,11 @@ def test_file_compiles_on_its_own(cu_file):
 
 
 def _define(src: str, name: str) -> int:
-    return int(re.search(rf"#ifndef {name}\n#define {name} (\d+)\n#endif", src).group(1))
+    """The default of a compile-time constant (the value the file compiles with alone)."""
+    return int(re.search(rf"^#define {name} (\d+)$", src, re.M).group(1))
 
 
-@pytest.mark.parametrize("cu_file, algorithm", [("standard_attention.cu", "standard"),
+@pytest.mark.parametrize("cu_file, algorithm", [("standard.cu", "standard"),
                                                 ("flash1.cu", "flash1"), ("flash2.cu", "flash2")])
 def test_fp32_defaults_are_flashsims_plan(cu_file, algorithm):
     src = read_source(cu_file)
@@ -132,16 +142,32 @@ def test_tc_header_lists_the_versions_in_the_code():
 def test_tc_smem_formula_matches_the_kernel():
     """SMEM_BYTES in the .cu and smem_bytes() in Python agree (defaults: d=128, 128 x 64, v4)."""
     src = read_source("flash2_tc.cu")
-    assert "#define SMEM_BYTES ((BLOCK_M + 2 * KV_STAGES * BLOCK_N) * SMEM_STRIDE * 2)" in src
+    assert "#define SMEM_BYTES ((BLOCK_R + 2 * KV_STAGES * BLOCK_C) * SMEM_STRIDE * 2)" in src
     assert cupy_flash2_tc.smem_bytes(128, 128, 64, 4) == (128 + 4 * 64) * 128 * 2
     assert cupy_flash2_tc.smem_bytes(64, 64, 64, 1) == (64 + 2 * 64) * 72 * 2
 
 
 def test_host_arrays_are_refused_before_launch():
+    """A launch's ``run`` takes GPU arrays only (``gpu_kernels.attention`` copies NumPy
+    inputs first)."""
     pytest.importorskip("cupy")
     Q = np.zeros((1, 1, 8, 64), np.float32)
     with pytest.raises(KernelInputError, match="cupy.ndarray or a torch.Tensor"):
-        cupy_flash2.flash2_attention(Q, Q, Q)
+        cupy_flash2.configure(1, 1, 8, 64).run(Q, Q, Q)
+
+
+def test_every_file_includes_common_and_repeats_none_of_it():
+    """The helpers live once, in common.cuh: each .cu includes it and defines none of them."""
+    common = open(f"{KERNEL_DIR}/common.cuh").read()
+    helpers = re.findall(r"__device__ __forceinline__ \w+\s+(\w+)\(", common)
+    assert {"neg_inf", "warp_max", "warp_sum", "exp_diff", "fast_exp2", "smem_addr"} <= set(helpers)
+    for cu_file in CU_FILES:
+        raw = open(f"{KERNEL_DIR}/{cu_file}").read()
+        assert '#include "common.cuh"' in raw, cu_file
+        defined = set(re.findall(r"__device__ __forceinline__ \w+\s+(\w+)\(", raw))
+        assert not defined & set(helpers), (cu_file, defined & set(helpers))
+        pasted = read_source(cu_file)          # what NVRTC and CuPy compile
+        assert "neg_inf()" in pasted and not re.search(r"^\s*#include", pasted, re.M), cu_file
 
 
 # ------------------------------------------------------------------ on the GPU
@@ -183,14 +209,11 @@ def test_fp32_kernels_match_float64_reference(algorithm, B, H, N, d, causal):
     q, k, v = (cupy.asarray(x, dtype=cupy.float32) for x in (Q, K, V))
     ref = flashsim.reference.attention(*(cupy.asnumpy(x).astype(np.float64) for x in (q, k, v)),
                                        causal=causal)
+    O, L = cupy_attention(q, k, v, algorithm, causal=causal)
+    assert isinstance(O, cupy.ndarray)
     if algorithm == "standard":
-        O = cupy_standard.standard_attention(q, k, v, causal)
-    elif algorithm == "flash1":
-        O, l, m = cupy_flash1.flash1_attention(q, k, v, causal, return_stats=True)
-        L_ref = flashsim.reference.logsumexp(cupy.asnumpy(q), cupy.asnumpy(k), causal=causal)[..., 0]
-        np.testing.assert_allclose(cupy.asnumpy(m + cupy.log(l)), L_ref, rtol=1e-5, atol=1e-5)
-    else:
-        O, L = cupy_flash2.flash2_attention(q, k, v, causal)
+        assert L is None
+    else:   # FA2's L; FA1's m + log l
         L_ref = flashsim.reference.logsumexp(cupy.asnumpy(q), cupy.asnumpy(k), causal=causal)[..., 0]
         np.testing.assert_allclose(cupy.asnumpy(L), L_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(cupy.asnumpy(O), ref, rtol=1e-4, atol=1e-5)
@@ -203,11 +226,12 @@ def test_fp32_standard_streaming_softmax(causal):
     cupy = _cupy_or_skip(60)
     N, d = 2400, 64
     sram = 4 * (16 * d + 16 * d + 16 * 16)  # 16 x 16 matmul tiles fit; one row of S does not
-    p = cupy_standard.plan(N, d, causal, sram)
+    p = cupy_standard.configure(1, 1, N, d, causal=causal, sram=sram)
     assert p.softmax_rows == 0 and p.block_rows == 16
+    assert [k.kernel for k in p.launches()][1] == "standard_softmax_streaming"
     Q, K, V = _inputs(np.random.default_rng(5), 1, 1, N, d)
     q, k, v = (cupy.asarray(x, dtype=cupy.float32) for x in (Q, K, V))
-    O = cupy_standard.standard_attention(q, k, v, causal, sram=sram)
+    O, _ = cupy_attention(q, k, v, "standard", causal=causal, sram=sram)
     ref = flashsim.reference.attention(*(cupy.asnumpy(x).astype(np.float64) for x in (q, k, v)),
                                        causal=causal)
     np.testing.assert_allclose(cupy.asnumpy(O), ref, rtol=1e-4, atol=1e-5)
@@ -240,7 +264,7 @@ def test_tc_kernel_within_twice_sdpa_error(B, H, N, d, dtype, causal, version):
     q, k, v = (torch.tensor(x, device="cuda", dtype=getattr(torch, dtype)) for x in (Q, K, V))
     O = torch.full_like(q, float("nan"))                       # poisoned: unwritten stays NaN
     L = torch.full((B, H, N), float("nan"), device="cuda")
-    O2, L2 = cupy_flash2_tc.flash2_tc_attention(q, k, v, causal, version=version, out=O, lse=L)
+    O2, L2 = cupy_attention(q, k, v, "flash2", causal=causal, version=version, out=O, lse=L)
     assert O2 is O and L2 is L
     assert torch.isfinite(O).all() and torch.isfinite(L).all()
     ours, bound = _sdpa_rule(torch, q, k, v, O, causal)
@@ -259,9 +283,9 @@ def test_tc_tuning_configs(d, config):
     Q, K, V = _inputs(np.random.default_rng(d), 2, 2, 333, d)
     q, k, v = (torch.tensor(x, device="cuda", dtype=torch.float16) for x in (Q, K, V))
     for causal in (False, True):
-        O, _ = cupy_flash2_tc.flash2_tc_attention(
-            q, k, v, causal, version=config["VERSION"], block_m=config["BLOCK_M"],
-            block_n=config["BLOCK_N"], min_blocks=config["MIN_BLOCKS"])
+        O, _ = cupy_attention(q, k, v, "flash2", causal=causal, version=config["VERSION"],
+                              block_rows=config["BLOCK_R"], block_cols=config["BLOCK_C"],
+                              min_blocks=config["MIN_BLOCKS"])
         ours, bound = _sdpa_rule(torch, q, k, v, O, causal)
         assert ours <= bound, (causal, ours, bound)
 
@@ -270,7 +294,9 @@ def test_tc_tuning_configs(d, config):
 def test_tc_input_checks():
     cupy = _cupy_or_skip(80)
     x = cupy.zeros((1, 2, 16, 64), cupy.float16)
-    f = cupy_flash2_tc.flash2_tc_attention
+
+    def f(*args, **kw):
+        return gpu_kernels.attention(*args, kernel="cupy_flash2_tc", **kw)
     with pytest.raises(KernelInputError, match="dtype float32"):
         f(x.astype(cupy.float32), x, x)
     with pytest.raises(KernelInputError, match="4 dimensions"):
@@ -293,16 +319,19 @@ def test_tc_input_checks():
 def test_torch_tensors_go_through_dlpack_without_copies():
     cupy = _cupy_or_skip(80)
     torch = pytest.importorskip("torch")
-    from gpu_kernels.cupy_common import as_cupy
+    from gpu_kernels.cupy.common import as_cupy
 
     t = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
     view, dtype = as_cupy(t, "Q")
     assert view.data.ptr == t.data_ptr() and dtype == "float16"
-    O, L = cupy_flash2_tc.flash2_tc_attention(t, t, t)
+    O, L = cupy_attention(t, t, t, "flash2")
     assert isinstance(O, torch.Tensor) and isinstance(L, torch.Tensor)
     assert O.dtype == torch.float16 and L.dtype == torch.float32 and L.shape == (1, 2, 64)
     b = t.to(torch.bfloat16)
-    Ob, _ = cupy_flash2_tc.flash2_tc_attention(b, b, b)
+    Ob, _ = cupy_attention(b, b, b, "flash2")
     assert Ob.dtype == torch.bfloat16 and Ob.shape == b.shape
-    assert isinstance(cupy_flash2_tc.flash2_tc_attention(cupy.asarray(t), cupy.asarray(t),
-                                                         cupy.asarray(t))[0], cupy.ndarray)
+    assert isinstance(cupy_attention(cupy.asarray(t), cupy.asarray(t), cupy.asarray(t),
+                                     "flash2")[0], cupy.ndarray)
+    h = np.zeros((1, 2, 64, 64), np.float16)       # NumPy in, NumPy out
+    Oh, Lh = cupy_attention(h, h, h, "flash2")
+    assert isinstance(Oh, np.ndarray) and Oh.dtype == np.float16 and isinstance(Lh, np.ndarray)

@@ -18,8 +18,10 @@ import pytest
 
 from flashsim import reference
 
+from gpu_kernels import KernelInputError
+
 pytest.importorskip("numba")
-nb = pytest.importorskip("gpu_kernels.numba_backward")
+nb = pytest.importorskip("gpu_kernels.numba.backward")
 T = np.swapaxes
 
 
@@ -129,22 +131,25 @@ def test_predicted_traffic_is_flashsim_backward_with_the_launch_tiles(algorithm,
 
 
 def test_bad_configurations_are_refused():
-    with pytest.raises(ValueError, match="power of two"):
+    with pytest.raises(KernelInputError, match="power of two"):
         nb.configure("flash2", (64, 16), threads=48)
-    with pytest.raises(ValueError, match="shared memory"):
+    with pytest.raises(KernelInputError, match="shared memory"):
         nb.configure("flash2", (64, 128), block_rows=64, block_cols=64)
-    with pytest.raises(ValueError, match="flash2 or standard"):
+    with pytest.raises(KernelInputError, match="flash2 or standard"):
         nb.configure("flash1", (64, 16))
-    with pytest.raises(ValueError, match="registers"):
+    with pytest.raises(KernelInputError, match="registers"):
         nb.configure("standard", (8192, 64))
     Q = np.ones((16, 4))                                    # float64
-    with pytest.raises(TypeError, match="float32"):
+    with pytest.raises(KernelInputError, match="float32"):
         nb.flash2_backward(Q, Q, Q, Q, Q[:, 0], Q, threads=32)
+    for exc in (ValueError, KernelInputError):              # one error type, still a ValueError
+        with pytest.raises(exc):
+            nb.configure("flash2", (64, 16), threads=48)
 
 
 COMPILE = r"""
 import json, re, sys
-import gpu_kernels.numba_backward as nb
+import gpu_kernels.numba.backward as nb
 from numba import cuda, config
 from cuda.core import Linker, LinkerOptions, ObjectCode
 assert not config.ENABLE_CUDASIM

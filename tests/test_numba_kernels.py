@@ -1,4 +1,5 @@
-"""The numba.cuda kernels (gpu_kernels/numba_*.py) against the float64 reference.
+"""The numba.cuda kernels (gpu_kernels/numba/*.py) against the float64 reference, called
+through ``gpu_kernels.attention(..., backend="numba")``.
 
 Without a GPU (CI) the kernels run under numba's CUDA simulator (tests/conftest.py sets
 NUMBA_ENABLE_CUDASIM=1), which is slow, so the shapes are tiny: one to four blocks each
@@ -25,10 +26,27 @@ import numpy as np
 import pytest
 
 import flashsim
-from gpu_kernels import numba_flash1, numba_flash2, numba_standard
-from gpu_kernels.numba_common import cuda, numba
+import gpu_kernels
+from gpu_kernels import KernelInputError
+from gpu_kernels.numba import flash1 as numba_flash1
+from gpu_kernels.numba import flash2 as numba_flash2
+from gpu_kernels.numba import standard as numba_standard
+from gpu_kernels.numba.common import cuda, numba
 
 MODULES = {"standard": numba_standard, "flash1": numba_flash1, "flash2": numba_flash2}
+
+
+def attention(alg, Q, K, V, **kw):
+    """O by the numba kernel of ``alg``, checked to come back as the caller gave Q."""
+    res = gpu_kernels.attention(Q, K, V, algorithm=alg, backend="numba", **kw)
+    assert isinstance(res, gpu_kernels.Result)
+    return res.O
+
+
+def configure(alg, shape, **kw):
+    """The numba launch for inputs of ``shape`` ((N, d) or (B, H, N, d))."""
+    B, H, N, d = (1, 1) + tuple(shape) if len(shape) == 2 else tuple(shape)
+    return MODULES[alg].configure(B, H, N, d, **kw)
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -89,24 +107,30 @@ CASES = {
 def test_matches_reference(alg, case):
     shape, Br, Bc, causal, threads = CASES[case]
     Q, K, V = random_qkv(shape)
-    O = MODULES[alg].attention(Q, K, V, causal=causal, block_rows=Br, block_cols=Bc,
-                               threads=threads)
+    O, L = gpu_kernels.attention(Q, K, V, algorithm=alg, backend="numba", causal=causal,
+                                 block_rows=Br, block_cols=Bc, threads=threads)
     assert isinstance(O, np.ndarray) and O.shape == shape and O.dtype == np.float32
     assert_close(O, Q, K, V, causal)
+    if alg == "standard":
+        assert L is None
+    else:   # the logsumexp: FA2's output, FA1's m + log l
+        assert isinstance(L, np.ndarray) and L.shape == shape[:-1]
+        L_ref = flashsim.reference.logsumexp(Q, K, causal=causal)[..., 0]
+        np.testing.assert_allclose(L, L_ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("alg", list(MODULES))
 def test_logits_near_1e4(alg, causal):
     Q, K, V = big_logits((1, 1, 32, 16), block_cols=16)
-    O = MODULES[alg].attention(Q, K, V, causal=causal, block_rows=16, block_cols=16)
+    O = attention(alg, Q, K, V, causal=causal, block_rows=16, block_cols=16)
     assert_close(O, Q, K, V, causal)
 
 
 def test_device_arrays_in_device_array_out():
     Q, K, V = random_qkv((1, 1, 20, 8), seed=3)
     dQ, dK, dV = (cuda.to_device(x) for x in (Q, K, V))
-    O = numba_flash2.attention(dQ, dK, dV, block_rows=8, block_cols=8)
+    O = attention("flash2", dQ, dK, dV, block_rows=8, block_cols=8)
     assert cuda.devicearray.is_cuda_ndarray(O) and tuple(O.shape) == Q.shape
     assert_close(O.copy_to_host(), Q, K, V, False)
 
@@ -140,14 +164,14 @@ def test_default_tiles_and_predicted_traffic_are_flashsims(alg, d):
     flashsim's fastest tiles for their thread layouts (no neighbouring tile that fits has a
     shorter roofline time at its layout's score), and the prediction is flashsim's count
     for those tiles."""
-    from gpu_kernels.numba_common import _score, choose_tiling
+    from gpu_kernels.numba.common import _score, choose_tiling
 
     gpu = flashsim.GPUS["h200"]
     shape = (2, 3, 1000, d)
     for causal in (False, True):
-        launch = MODULES[alg].configure(shape, causal=causal)
+        launch = configure(alg, shape, causal=causal)
         Br, Bc = launch.block_rows, launch.block_cols
-        assert launch.shared_bytes <= 48 * 1024
+        assert launch.static_smem <= 48 * 1024
         if alg == "standard":
             p = flashsim.plan(alg, seq_len=1000, head_dim=d, dtype="fp32", sram=48 * 1024,
                               batch=2, heads=3, causal=causal)
@@ -169,7 +193,7 @@ def test_default_tiles_and_predicted_traffic_are_flashsims(alg, d):
                 assert t is None or t >= best, (r, c)
             p = flashsim.plan(alg, seq_len=1000, head_dim=d, sram="1GiB", batch=2, heads=3,
                               causal=causal, block_rows=Br, block_cols=Bc)
-        rep = MODULES[alg].predicted_traffic(shape, causal=causal)
+        rep = gpu_kernels.predicted_traffic(shape, algorithm=alg, backend="numba", causal=causal)
         want = p.count()
         assert rep.per_tensor == want.per_tensor and rep.flops == want.flops
         assert (rep.plan.block_rows, rep.plan.block_cols) == (Br, Bc)
@@ -180,9 +204,10 @@ def test_predicted_traffic_follows_given_tiles():
     """64 x 32 tiles at d = 64: flashsim's model (which also holds O_i and S_ij in SRAM)
     needs more than 48 KiB, the kernel (registers for those) does not; the prediction is
     flashsim's count for exactly those tiles."""
-    launch = numba_flash2.configure((1, 4, 512, 64), block_rows=64, block_cols=32)
-    assert launch.shared_bytes <= 48 * 1024
-    rep = numba_flash2.predicted_traffic((1, 4, 512, 64), block_rows=64, block_cols=32)
+    launch = configure("flash2", (1, 4, 512, 64), block_rows=64, block_cols=32)
+    assert launch.static_smem <= 48 * 1024
+    rep = gpu_kernels.predicted_traffic((1, 4, 512, 64), algorithm="flash2", backend="numba",
+                                        block_rows=64, block_cols=32)
     want = flashsim.plan("flash2", seq_len=512, head_dim=64, sram="1MiB", heads=4,
                          block_rows=64, block_cols=32).count()
     assert rep.per_tensor == want.per_tensor and rep.plan.block_rows == 64
@@ -197,30 +222,37 @@ def _one_line_error(exc_type, fn, *args, **kw):
 
 @pytest.mark.parametrize("alg", list(MODULES))
 def test_inputs_are_validated(alg):
-    att = MODULES[alg].attention
+    """Bad input: one KernelInputError (a FlashsimError, a ValueError), one line, before any
+    launch."""
+    def att(*args, **kw):
+        return attention(alg, *args, **kw)
     Q, K, V = random_qkv((1, 1, 8, 4))
-    _one_line_error(TypeError, att, Q.astype(np.float64), K, V)
-    _one_line_error(TypeError, att, Q.tolist(), K, V)
-    _one_line_error(TypeError, att, cuda.to_device(Q), K, V)
-    _one_line_error(ValueError, att, Q[0], K[0], V[0])                    # 3-D
-    _one_line_error(ValueError, att, Q, K[..., :6, :], V)                 # shapes differ
-    _one_line_error(ValueError, att, np.swapaxes(Q, -1, -2), K, V)        # not contiguous
+    for exc in (KernelInputError, flashsim.FlashsimError, ValueError):
+        _one_line_error(exc, att, Q.astype(np.float64), K, V)
+    _one_line_error(KernelInputError, att, Q.tolist(), K, V)
+    _one_line_error(KernelInputError, att, cuda.to_device(Q), K, V)
+    _one_line_error(KernelInputError, att, Q[0], K[0], V[0])                  # 3-D
+    _one_line_error(KernelInputError, att, Q, K[..., :6, :], V)               # shapes differ
+    _one_line_error(KernelInputError, att, np.swapaxes(Q, -1, -2), K, V)      # not contiguous
     big = np.zeros((8, 129), np.float32)
-    assert "d = 129" in _one_line_error(ValueError, att, big, big, big)
-    _one_line_error(TypeError, att, Q, K, V, causal="yes")
-    _one_line_error(TypeError, att, Q, K, V, threads=4)
-    _one_line_error(ValueError, att, Q, K, V, threads=(64, 64))           # 4096 threads
+    assert "d = 129" in _one_line_error(KernelInputError, att, big, big, big)
+    _one_line_error(KernelInputError, att, Q, K, V, causal="yes")
+    _one_line_error(KernelInputError, att, Q, K, V, threads=4)
+    _one_line_error(KernelInputError, att, Q, K, V, threads=(64, 64))         # 4096 threads
+    _one_line_error(KernelInputError, att, Q, K, V, block_rows=0)
+    _one_line_error(KernelInputError, att, Q, K, V, version=2)                # not an option here
     # tiles whose working set does not fit 48 KiB (flashsim's check, a ValueError)
-    _one_line_error(ValueError, MODULES[alg].configure, (4096, 128), block_rows=128,
+    _one_line_error(ValueError, configure, alg, (4096, 128), block_rows=128, block_cols=128)
+    _one_line_error(KernelInputError, configure, alg, (4096, 128), block_rows=128,
                     block_cols=128)
 
 
 def test_shared_memory_budget_is_checked():
     """Tiles that flashsim's model accepts (B_r = B_c = 32, d = 64) with a thread layout
     that pads them to 56 x 56 x 84: the padded shared arrays exceed 48 KiB."""
-    from gpu_kernels.numba_common import Tiling
+    from gpu_kernels.numba.common import Tiling
     threads = Tiling(32, 32, 64, TR=7, TC=7, RM=8, CN=8, DN=12)
-    msg = _one_line_error(ValueError, numba_flash2.configure, (4096, 64), block_rows=32,
+    msg = _one_line_error(KernelInputError, configure, "flash2", (4096, 64), block_rows=32,
                           block_cols=32, threads=threads)
     assert "shared memory" in msg and "49152" in msg
 
@@ -234,20 +266,29 @@ COMPILE_SCRIPT = textwrap.dedent("""
     import json, re, sys, types
     import numba.cuda.dispatcher as dispatcher
     dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
-    from gpu_kernels import numba_flash1, numba_flash2, numba_standard
-    from gpu_kernels.numba_common import cuda
-    modules = {"standard": numba_standard, "flash1": numba_flash1, "flash2": numba_flash2}
+    from gpu_kernels.numba import flash1, flash2, standard
+    from gpu_kernels.numba.common import cuda
+    modules = {"standard": standard, "flash1": flash1, "flash2": flash2}
     out = []
     for alg, mod in modules.items():
         for shape, causal, tiles in [((1, 1, 4096, 64), False, {}), ((1, 1, 4096, 128), True, {}),
                                      ((1, 1, 37, 12), True, dict(block_rows=16, block_cols=8))]:
-            launch = mod.configure(shape, causal=causal, **tiles)
+            launch = mod.configure(*shape, causal=causal, **tiles)
+            tl = launch.tiling if isinstance(launch.tiling, tuple) else (launch.tiling,) * 2
+            want = {"scores": 4 * tl[0].shared_words(standard.ARRAYS_QK),
+                    "weighted_sum": 4 * tl[1].shared_words(standard.ARRAYS_PV),
+                    "row_softmax_fits": 8 * standard.softmax_threads(4096),
+                    "row_softmax_stream": 8 * standard.softmax_threads(4096),
+                    "fill_flat": 0}
             for name, kernel, sig in mod.kernels_for(launch.tiling, causal):
                 ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+                shared = re.findall(r"\\.shared \\.align \\d+ \\.b8 \\w+\\[(\\d+)\\]", ptx)
                 out.append(dict(alg=alg, kernel=name, shape=shape, causal=causal,
                                 target=".target sm_90" in ptx, local=".local" in ptx,
                                 f64=len(re.findall(r"\\.f64", ptx)),
-                                vec4=len(re.findall(r"ld\\.shared\\.v4\\.f32", ptx))))
+                                vec4=len(re.findall(r"ld\\.shared\\.v4\\.f32", ptx)),
+                                smem=sum(map(int, shared)),
+                                want_smem=want.get(name, launch.static_smem)))
     print(json.dumps(out))
 """)
 
@@ -275,6 +316,13 @@ def test_every_kernel_compiles_for_sm90(compiled):
         assert r["f64"] == 0, f"{r}: float64 arithmetic in an fp32 kernel"
 
 
+def test_shared_memory_is_what_the_launch_says(compiled):
+    """The static shared memory in the PTX is the launch's formula (Tiling.shared_words; the
+    softmax's reduction arrays, its row being dynamic)."""
+    for r in compiled:
+        assert r["smem"] == r["want_smem"], r
+
+
 def test_tile_products_use_16_byte_shared_loads(compiled):
     """At flashsim's d = 64 tiles the micro-kernel's operand loads are vectorised."""
     for r in compiled:
@@ -299,7 +347,7 @@ def _need_gpu():
 def test_gpu_matches_reference(alg, N, d, causal):
     _need_gpu()
     Q, K, V = random_qkv((2, 2, N, d), seed=N + d)
-    O = MODULES[alg].attention(Q, K, V, causal=causal)
+    O = attention(alg, Q, K, V, causal=causal)
     assert_close(O, Q, K, V, causal)
 
 
@@ -307,7 +355,7 @@ def test_gpu_matches_reference(alg, N, d, causal):
 @pytest.mark.parametrize("alg", list(MODULES))
 def test_gpu_logits_near_1e4(alg):
     _need_gpu()
-    launch = MODULES[alg].configure((1, 2, 1000, 64), causal=True)
+    launch = configure(alg, (1, 2, 1000, 64), causal=True)
     Q, K, V = big_logits((1, 2, 1000, 64), block_cols=launch.block_cols)
-    O = MODULES[alg].attention(Q, K, V, causal=True)
+    O = attention(alg, Q, K, V, causal=True)
     assert_close(O, Q, K, V, True)

@@ -27,38 +27,16 @@
 // S_ij (B_r x B_c), l_i, m_i (B_r): the simulator's working set plus the d * 4 padding bytes.
 // Layout: Q, K, V, O (B, H, N, d) fp32 contiguous; l, m (B, H, N) fp32. Grid: (B * H).
 
-#ifndef HEAD_DIM
+#ifndef HEAD_DIM   // compiled alone: the defaults below (the loaders define all three)
 #define HEAD_DIM 64
-#endif
-#ifndef BLOCK_R
 #define BLOCK_R 33
-#endif
-#ifndef BLOCK_C
 #define BLOCK_C 33
 #endif
-#ifndef NUM_THREADS
-#define NUM_THREADS 256
-#endif
+#include "common.cuh"   // NUM_THREADS (default 256) and NUM_WARPS come from here
 
-#define NUM_WARPS (NUM_THREADS / 32)
-static_assert(NUM_THREADS % 32 == 0, "whole warps");
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-// exp(a - b), with exp(-inf - (-inf)) read as 0 (flashsim's exp_diff).
-__device__ __forceinline__ float exp_diff(float a, float b) {
-    return (a == neg_inf()) ? 0.f : expf(a - b);
-}
+// Static shared memory (cupy/flash1.py's shared_bytes): within the 48 KB of no opt-in.
+static_assert(4 * (HEAD_DIM * (BLOCK_C + 1) + BLOCK_C * HEAD_DIM + 2 * BLOCK_R * HEAD_DIM +
+                   BLOCK_R * BLOCK_C + 2 * BLOCK_R) <= 48 * 1024, "static shared memory above 48 KB");
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
 flash1_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V,
@@ -85,7 +63,8 @@ flash1_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
     for (int e = tid; e < N * d; e += NUM_THREADS) Og[e] = 0.f;
     for (int r = tid; r < N; r += NUM_THREADS) { lg[r] = 0.f; mg[r] = neg_inf(); }
 
-    for (int col0 = 0; col0 < N; col0 += B_c) {                      // outer loop: K/V block j
+    // outer loop: K/V block j, keys col0 = j B_c .. (j and col0 advance together)
+    for (int j = 0, col0 = 0; col0 < N; ++j, col0 += B_c) {
         const int cols = min(B_c, N - col0);
         __syncthreads();                                             // HBM init / K_{j-1} done
         for (int e = tid; e < B_c * d; e += NUM_THREADS) {           // load K_j, V_j
@@ -95,7 +74,8 @@ flash1_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
             V_j[e] = valid ? Vg[(size_t)col0 * d + e] : 0.f;
         }
         const int i_start = causal ? col0 / B_r : 0;                 // first Q block reached
-        for (int row0 = i_start * B_r; row0 < N; row0 += B_r) {      // inner loop: Q block i
+        // inner loop: Q block i, queries row0 = i B_r ..
+        for (int i = i_start, row0 = i_start * B_r; row0 < N; ++i, row0 += B_r) {
             const int rows = min(B_r, N - row0);
             __syncthreads();                                         // K_j, V_j in; Q_{i-1} done
             for (int e = tid; e < rows * d; e += NUM_THREADS) {      // load Q_i, O_i
@@ -108,31 +88,19 @@ flash1_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
             }
             __syncthreads();
             for (int r = warp; r < rows; r += NUM_WARPS) {           // one warp per row
-                float mt = neg_inf();                                // m~_ij
-                for (int c = lane; c < cols; c += 32) {
-                    float s = 0.f;
-                    for (int k = 0; k < d; ++k) s = fmaf(Q_i[r * d + k], Kt_j[k * (B_c + 1) + c], s);
-                    s *= tau;
-                    if (causal && col0 + c > row0 + r) s = neg_inf();
-                    S_ij[r * B_c + c] = s;
-                    mt = fmaxf(mt, s);
-                }
-                mt = warp_max(mt);
-                float lt = 0.f;                                      // l~_ij
-                for (int c = lane; c < cols; c += 32) {
-                    const float p = exp_diff(S_ij[r * B_c + c], mt);
-                    S_ij[r * B_c + c] = p;                           // P~_ij
-                    lt += p;
-                }
-                lt = warp_sum(lt);
+                // S_ij[r] = tau Q_i[r] K_j^T (masked); m~_ij = rowmax S_ij[r]
+                const float mt = warp_max(warp_score_row<d, B_c>(&Q_i[r * d], Kt_j, &S_ij[r * B_c],
+                                                                 lane, cols, tau, causal, col0,
+                                                                 row0 + r));
+                // P~_ij[r] = exp(S_ij[r] - m~_ij) in place; l~_ij = rowsum P~_ij[r]
+                const float lt = warp_exp_row(&S_ij[r * B_c], lane, cols, mt);
                 __syncwarp();                                        // P~_ij row visible to the warp
                 const float m_old = m_i[r], l_old = l_i[r];
                 const float m_new = fmaxf(m_old, mt);
                 const float a = exp_diff(m_old, m_new), bt = exp_diff(mt, m_new);
                 const float l_new = a * l_old + bt * lt;
                 for (int c = lane; c < d; c += 32) {
-                    float pv = 0.f;
-                    for (int k = 0; k < cols; ++k) pv = fmaf(S_ij[r * B_c + k], V_j[k * d + c], pv);
+                    const float pv = pv_entry<d>(&S_ij[r * B_c], V_j, c, cols);   // P~_ij V_j
                     O_i[r * d + c] = (l_old * a * O_i[r * d + c] + bt * pv) / l_new;
                 }
                 __syncwarp();

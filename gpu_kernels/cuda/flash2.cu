@@ -24,38 +24,17 @@
 // Layout: Q, K, V, O (B, H, N, d) fp32 contiguous; L (B, H, N) fp32.
 // Grid: (ceil(N / B_r), B * H).
 
-#ifndef HEAD_DIM
+#ifndef HEAD_DIM   // compiled alone: the defaults below (the loaders define all three)
 #define HEAD_DIM 64
-#endif
-#ifndef BLOCK_R
 #define BLOCK_R 32
-#endif
-#ifndef BLOCK_C
 #define BLOCK_C 32
 #endif
-#ifndef NUM_THREADS
-#define NUM_THREADS 256
-#endif
+#include "common.cuh"   // NUM_THREADS (default 256) and NUM_WARPS come from here
 
-#define NUM_WARPS (NUM_THREADS / 32)
-static_assert(NUM_THREADS % 32 == 0, "whole warps");
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-// exp(a - b), with exp(-inf - (-inf)) read as 0 (flashsim's exp_diff).
-__device__ __forceinline__ float exp_diff(float a, float b) {
-    return (a == neg_inf()) ? 0.f : expf(a - b);
-}
+// Static shared memory (cupy/flash2.py's shared_bytes): within the 48 KB of no opt-in.
+static_assert(4 * (2 * BLOCK_R * HEAD_DIM + 2 * BLOCK_R + HEAD_DIM * (BLOCK_C + 1) +
+                   BLOCK_C * HEAD_DIM + BLOCK_R * BLOCK_C) <= 48 * 1024,
+              "static shared memory above 48 KB");
 
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
 flash2_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V,
@@ -70,7 +49,7 @@ flash2_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
 
     const size_t bh = blockIdx.y;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int row0 = blockIdx.x * B_r, rows = min(B_r, N - row0);
+    const int i = blockIdx.x, row0 = i * B_r, rows = min(B_r, N - row0);   // Q block i
     const float* Qg = Q + bh * N * d;
     const float* Kg = K + bh * N * d;
     const float* Vg = V + bh * N * d;
@@ -81,9 +60,9 @@ flash2_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
     }
     for (int r = tid; r < B_r; r += NUM_THREADS) { m_i[r] = neg_inf(); l_i[r] = 0.f; }
 
-    // causal: K/V blocks up to the one holding key row0 + rows - 1
+    // K/V block j, keys col0 = j B_c ..; causal: up to the block holding key row0 + rows - 1
     const int col_end = causal ? min(N, ((row0 + rows - 1) / B_c + 1) * B_c) : N;
-    for (int col0 = 0; col0 < col_end; col0 += B_c) {                // K/V block j
+    for (int j = 0, col0 = 0; col0 < col_end; ++j, col0 += B_c) {
         const int cols = min(B_c, N - col0);
         __syncthreads();                                             // done with K_{j-1}, V_{j-1}
         for (int e = tid; e < B_c * d; e += NUM_THREADS) {           // load K_j, V_j
@@ -94,29 +73,17 @@ flash2_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float
         }
         __syncthreads();
         for (int r = warp; r < rows; r += NUM_WARPS) {               // one warp per row
-            float mx = neg_inf();
-            for (int c = lane; c < cols; c += 32) {                  // S_ij = tau Q_i K_j^T
-                float s = 0.f;
-                for (int k = 0; k < d; ++k) s = fmaf(Q_i[r * d + k], Kt_j[k * (B_c + 1) + c], s);
-                s *= tau;
-                if (causal && col0 + c > row0 + r) s = neg_inf();
-                S_ij[r * B_c + c] = s;
-                mx = fmaxf(mx, s);
-            }
+            // S_ij[r] = tau Q_i[r] K_j^T (masked); m_new = max(m_i, rowmax S_ij[r])
+            const float mx = warp_score_row<d, B_c>(&Q_i[r * d], Kt_j, &S_ij[r * B_c], lane, cols,
+                                                    tau, causal, col0, row0 + r);
             const float m_old = m_i[r];
             const float m_new = fmaxf(m_old, warp_max(mx));          // running max
-            float rowsum = 0.f;
-            for (int c = lane; c < cols; c += 32) {                  // P_ij, unnormalised
-                const float p = exp_diff(S_ij[r * B_c + c], m_new);
-                S_ij[r * B_c + c] = p;
-                rowsum += p;
-            }
-            rowsum = warp_sum(rowsum);
+            // P_ij[r] = exp(S_ij[r] - m_new), unnormalised, in place; its row sum
+            const float rowsum = warp_exp_row(&S_ij[r * B_c], lane, cols, m_new);
             __syncwarp();                                            // P_ij row visible to the warp
             const float alpha = exp_diff(m_old, m_new);              // rescale old state
             for (int c = lane; c < d; c += 32) {                     // O_i = alpha O_i + P_ij V_j
-                float pv = 0.f;
-                for (int k = 0; k < cols; ++k) pv = fmaf(S_ij[r * B_c + k], V_j[k * d + c], pv);
+                const float pv = pv_entry<d>(&S_ij[r * B_c], V_j, c, cols);
                 O_i[r * d + c] = alpha * O_i[r * d + c] + pv;
             }
             __syncwarp();

@@ -4,12 +4,14 @@
 // block per query block Q_i (B_r rows) of one (batch, head); K_j, V_j (B_c rows each) streamed
 // through shared memory; online softmax with running row max m_i and row sum l_i kept in
 // registers; O_i rescaled by diag(l_i)^-1 once, at the end; only O and the logsumexp
-// L = m_i + log(l_i) are written to HBM.
+// L = m_i + log(l_i) are written to HBM. flash2.cu is the same loop written plainly (fp32, one
+// warp per row): read it first; this file adds the tensor-core machinery around that loop.
 //
 //   HBM traffic per (batch, head), non-causal, T_r = ceil(N / B_r):
 //     read  Q: N*d*2 bytes, K and V: T_r * N*d*2 bytes each (every Q block streams all of K, V)
 //     write O: N*d*2 bytes, L: N*4 bytes
-//   (the L2 of an H200 absorbs most of the K/V re-reads; see gpu-notes.md)
+//   (the L2 between HBM and the SMs serves most of the K/V re-reads: flashsim.hardware.l2
+//   models how many; docs/model.md)
 //
 // Work decomposition: NUM_WARPS warps, each owning WARP_M = 16 * M_TILES query rows
 // (B_r = WARP_M * NUM_WARPS). Per K/V block a warp computes its WARP_M x B_c slice of
@@ -34,8 +36,8 @@
 //       each k-step (as FlashAttention-2 does at d = 128) to leave registers for O_i.
 //
 // Compile-time constants (all have defaults, so the file compiles on its own):
-//   HEAD_DIM   d, 64 or 128               BLOCK_M  B_r = WARP_M * NUM_WARPS
-//   BLOCK_N    B_c, multiple of 16        IS_BF16  0: fp16 inputs, 1: bf16 inputs
+//   HEAD_DIM   d, 64 or 128               BLOCK_R  B_r = WARP_M * NUM_WARPS
+//   BLOCK_C    B_c, multiple of 16        IS_BF16  0: fp16 inputs, 1: bf16 inputs
 //   VERSION    1..5 as above              MIN_BLOCKS  blocks per SM asked of ptxas
 //                                                     (__launch_bounds__; caps registers)
 // Runtime: N (any N >= 1; ragged last blocks are masked), causal (0/1, top-left aligned:
@@ -44,17 +46,17 @@
 // Grid: (ceil(N / B_r), B * H); block: 32 * NUM_WARPS threads; dynamic shared memory
 // SMEM_BYTES (below), which needs the > 48 KB opt-in for the larger tiles.
 //
-// No headers are included: conversions and tensor-core instructions are inline PTX, so the
-// file compiles under NVRTC without the CUDA toolkit's include folder.
+// The only header is common.cuh (ours): conversions and tensor-core instructions are inline
+// PTX there, so the file compiles under NVRTC without the CUDA toolkit's include folder.
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
-#ifndef BLOCK_M
-#define BLOCK_M 128
+#ifndef BLOCK_R
+#define BLOCK_R 128
 #endif
-#ifndef BLOCK_N
-#define BLOCK_N 64
+#ifndef BLOCK_C
+#define BLOCK_C 64
 #endif
 #ifndef IS_BF16
 #define IS_BF16 0
@@ -68,77 +70,22 @@
 
 #define M_TILES (VERSION >= 5 ? 2 : 1)     // m16 tiles per warp
 #define WARP_M (16 * M_TILES)               // query rows per warp
-#define NUM_WARPS (BLOCK_M / WARP_M)
+#define NUM_WARPS (BLOCK_R / WARP_M)
 #define NUM_THREADS (32 * NUM_WARPS)
 #define KV_STAGES (VERSION == 4 ? 2 : 1)
 #define SWIZZLE (VERSION >= 3)
 #define Q_IN_REGS (M_TILES == 1)
 // Row stride of a shared-memory tile, in 16-bit elements.
 #define SMEM_STRIDE (SWIZZLE ? HEAD_DIM : HEAD_DIM + 8)
-#define SMEM_BYTES ((BLOCK_M + 2 * KV_STAGES * BLOCK_N) * SMEM_STRIDE * 2)
+#define SMEM_BYTES ((BLOCK_R + 2 * KV_STAGES * BLOCK_C) * SMEM_STRIDE * 2)
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
-static_assert(BLOCK_M % WARP_M == 0 && NUM_WARPS >= 1 && NUM_WARPS <= 16, "BLOCK_M = WARP_M * warps");
-static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16");
+static_assert(BLOCK_R % WARP_M == 0 && NUM_WARPS >= 1 && NUM_WARPS <= 16, "BLOCK_R = WARP_M * warps");
+static_assert(BLOCK_C % 16 == 0, "BLOCK_C must be a multiple of 16");
 static_assert(VERSION >= 1 && VERSION <= 5, "VERSION is 1..5");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
-typedef unsigned int u32;
-typedef unsigned short u16;
-
-// ---------------------------------------------------------------- PTX wrappers
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid) {
-    // src_size 0 fills the 16 bytes with zeros (rows past N).
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int n>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(n)); }
-
-__device__ __forceinline__ void ldmatrix_x4(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-
-// D (16x8 fp32) += A (16x16, row) * B (16x8, col)
-__device__ __forceinline__ void mma_16816(float* d, const u32* a, u32 b0, u32 b1) {
-#if IS_BF16
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#endif
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two fp32 values -> one register holding two 16-bit values (lo in the low half).
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    u32 r;
-#if IS_BF16
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {  // 2^x, ex2.approx(-inf) = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+#include "common.cuh"
 
 // Offset (in 16-bit elements) of element (row, col) of a tile; col % 8 == 0 for 16-byte access.
 __device__ __forceinline__ int tile_off(int row, int col) {
@@ -175,12 +122,12 @@ __device__ __forceinline__ void load_tile(u16* tile, const u16* g, int row0, int
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
 flash2_tc_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
               u16* __restrict__ O, float* __restrict__ L, int N, float scale_log2, int causal) {
-    constexpr int D = HEAD_DIM, B_r = BLOCK_M, B_c = BLOCK_N, MT = M_TILES;
+    constexpr int D = HEAD_DIM, B_r = BLOCK_R, B_c = BLOCK_C, MT = M_TILES;
     constexpr int NT = B_c / 8;   // 8-column n-tiles of S_ij per m16 tile
     constexpr int DT = D / 8;     // 8-column n-tiles of O_i per m16 tile
     constexpr int KQ = D / 16;    // 16-wide k-steps of Q_i K_j^T
     constexpr int KP = B_c / 16;  // 16-wide k-steps of P_ij V_j
-    const float NEG_INF = __int_as_float(0xff800000u);
+    const float NEG_INF = neg_inf();
 
     extern __shared__ __align__(128) u16 smem[];
     u16* Q_s = smem;                                  // B_r x d (later: O_i staging)
@@ -280,8 +227,8 @@ flash2_tc_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* _
                                                      kq * 16 + ((lane / 8) % 2) * 8)));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816(s[mt][2 * np], a[mt], b0, b1);
-                    mma_16816(s[mt][2 * np + 1], a[mt], b2, b3);
+                    mma_16816<IS_BF16>(s[mt][2 * np], a[mt], b0, b1);
+                    mma_16816<IS_BF16>(s[mt][2 * np + 1], a[mt], b2, b3);
                 }
             }
         }
@@ -343,10 +290,10 @@ flash2_tc_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* _
             u32 p_frag[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                p_frag[mt][0] = pack2(s[mt][2 * kp][0], s[mt][2 * kp][1]);
-                p_frag[mt][1] = pack2(s[mt][2 * kp][2], s[mt][2 * kp][3]);
-                p_frag[mt][2] = pack2(s[mt][2 * kp + 1][0], s[mt][2 * kp + 1][1]);
-                p_frag[mt][3] = pack2(s[mt][2 * kp + 1][2], s[mt][2 * kp + 1][3]);
+                p_frag[mt][0] = pack2<IS_BF16>(s[mt][2 * kp][0], s[mt][2 * kp][1]);
+                p_frag[mt][1] = pack2<IS_BF16>(s[mt][2 * kp][2], s[mt][2 * kp][3]);
+                p_frag[mt][2] = pack2<IS_BF16>(s[mt][2 * kp + 1][0], s[mt][2 * kp + 1][1]);
+                p_frag[mt][3] = pack2<IS_BF16>(s[mt][2 * kp + 1][2], s[mt][2 * kp + 1][3]);
             }
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
@@ -355,8 +302,8 @@ flash2_tc_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* _
                                   smem_addr(V_j + tile_off(kp * 16 + lane % 16, dp * 16 + (lane / 16) * 8)));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816(o_acc[mt][2 * dp], p_frag[mt], b0, b1);
-                    mma_16816(o_acc[mt][2 * dp + 1], p_frag[mt], b2, b3);
+                    mma_16816<IS_BF16>(o_acc[mt][2 * dp], p_frag[mt], b0, b1);
+                    mma_16816<IS_BF16>(o_acc[mt][2 * dp + 1], p_frag[mt], b2, b3);
                 }
             }
         }
@@ -387,9 +334,9 @@ flash2_tc_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* _
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
             *reinterpret_cast<u32*>(O_s + tile_off(wrow + mt * 16 + g, dt * 8) + 2 * t) =
-                pack2(o_acc[mt][dt][0] * inv[0], o_acc[mt][dt][1] * inv[0]);
+                pack2<IS_BF16>(o_acc[mt][dt][0] * inv[0], o_acc[mt][dt][1] * inv[0]);
             *reinterpret_cast<u32*>(O_s + tile_off(wrow + mt * 16 + g + 8, dt * 8) + 2 * t) =
-                pack2(o_acc[mt][dt][2] * inv[1], o_acc[mt][dt][3] * inv[1]);
+                pack2<IS_BF16>(o_acc[mt][dt][2] * inv[1], o_acc[mt][dt][3] * inv[1]);
         }
     }
     __syncwarp();

@@ -4,12 +4,13 @@ NVRTC through ``cuda.core`` turns each ``.cu`` file (with the compile-time const
 variant) into a cubin and ptxas reports, per kernel, its registers, static shared memory,
 stack frame and spills. CI runs this (``tests/test_cupy_kernels.py``); by hand::
 
-    python -m gpu_kernels.cuda_compile          # every registered variant, one table
+    python -m gpu_kernels.compile          # every registered variant, one table
 
 Nothing here needs a GPU or a driver: ``cuda.core.Program`` only calls NVRTC. The kernels
-include no headers, but the include folders of the CUDA headers shipped in the pip wheels
-(and CuPy's own) are passed anyway, as CuPy would, so a kernel that adds
-``#include <mma.h>`` or ``<cuda_fp16.h>`` still compiles here.
+include only ``common.cuh`` (pasted in by ``read_source``, as for CuPy), but the include
+folders of the CUDA headers shipped in the pip wheels (and CuPy's own) are passed anyway, as
+CuPy would, so a kernel that adds ``#include <mma.h>`` or ``<cuda_fp16.h>`` still compiles
+here. The variants are those of every CuPy entry of ``gpu_kernels.registry``.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def variant_label(defines: dict[str, int]) -> str:
 
 def compile_variant(cu_file: str, defines: dict[str, int], dynamic_smem: int = 0) -> list[KernelResources]:
     """Compile one variant of one file in gpu_kernels/cuda/ and return each kernel's resources."""
-    from gpu_kernels.cupy_common import read_source
+    from gpu_kernels.cupy.common import read_source
 
     _, log = compile_cubin(read_source(cu_file), defines, name=cu_file)
     return [KernelResources(file=cu_file, variant=variant_label(defines), kernel=k, dynamic_smem=dynamic_smem, **r)
@@ -136,13 +137,11 @@ def compile_variant(cu_file: str, defines: dict[str, int], dynamic_smem: int = 0
 
 
 def all_variants() -> list[tuple[str, dict[str, int], int, tuple[str, ...]]]:
-    """Every (cu file, defines, dynamic smem bytes, hot kernel names) the loaders register."""
-    from gpu_kernels import cupy_flash1, cupy_flash2, cupy_flash2_tc, cupy_standard
+    """Every (cu file, defines, dynamic smem bytes, hot kernel names) the CuPy loaders register."""
+    from gpu_kernels import registry
 
-    out = []
-    for mod in (cupy_standard, cupy_flash1, cupy_flash2, cupy_flash2_tc):
-        out.extend(mod.compile_variants())
-    return out
+    modules = dict.fromkeys(k.module() for k in registry.KERNELS.values() if k.backend == "cupy")
+    return [v for m in modules for v in m.compile_variants()]
 
 
 def format_table(rows: list[KernelResources]) -> str:

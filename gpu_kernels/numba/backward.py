@@ -46,11 +46,13 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy
 
-from .numba_common import NEG_INF, SHARED_LIMIT, cdiv, cuda, float32
+from ..common import (KernelInputError, KernelLaunch, check_flag, check_shape, describe,
+                      largest_rule)
+from .common import NEG_INF, SHARED_LIMIT, NumbaLaunch, cdiv, cuda, float32, split, tree
 
 V3 = "float32[:, :, ::1]"
 V2 = "float32[:, ::1]"
@@ -66,12 +68,55 @@ PRE_ROWS = 16      # rows per block of the FA2 preprocessing kernel
 MAX_ROW = 4096     # longest row the row kernels keep in registers (N)
 
 
-
-
 def padded(n: int) -> int:
     """Row stride in words for an n-word row of a shared tile: odd, so that the rows a warp
     reads at once start in different banks."""
     return n if n % 2 else n + 1
+
+
+# --------------------------------------------------------------------------------------
+# Loads and sums every kernel below shares (thread t handles elements t, t + NT, ...)
+
+
+def _row_loader(ROWS: int, d: int, NT: int, pair: bool):
+    """``load(A_s, B_s, A, B, t, bh, row0, N)``: rows row0 .. row0 + ROWS of A (and of B,
+    with ``pair``), each (batch*heads, N, d), into shared A_s (B_s); zeros past N."""
+
+    @cuda.jit(device=True, inline="always")
+    def load(A_s, B_s, A, B, t, bh, row0, N):
+        for e in range(t, ROWS * d, NT):
+            r, k = split(e, d)
+            if not pair:
+                A_s[r, k] = A[bh, row0 + r, k] if row0 + r < N else float32(0)
+            elif row0 + r < N:
+                A_s[r, k] = A[bh, row0 + r, k]
+                B_s[r, k] = B[bh, row0 + r, k]
+            else:
+                A_s[r, k] = 0
+                B_s[r, k] = 0
+    return load
+
+
+def _dots(n: int, along_rows: bool, pair: bool = True):
+    """``dots(A, B, C, D, a, b)``: (sum_k A[a, k] B[b, k], sum_k C[a, k] D[b, k]) over k < n
+    (``along_rows``), else the same sums over the first index: A[k, a] B[k, b], ...; the
+    second is 0 without ``pair``."""
+
+    @cuda.jit(device=True, inline="always")
+    def dots(A, B, C, D, a, b):
+        x = float32(0)
+        y = float32(0)
+        for k in range(n):
+            if along_rows:
+                x += A[a, k] * B[b, k]
+                if pair:
+                    y += C[a, k] * D[b, k]
+            else:
+                x += A[k, a] * B[k, b]
+                if pair:
+                    y += C[k, a] * D[k, b]
+        return x, y
+    return dots
 
 
 # --------------------------------------------------------------------------------------
@@ -85,6 +130,8 @@ def flash2_bwd_shared_bytes(B_r: int, B_c: int, d: int) -> int:
 def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
     """The Python function of the main FA2 backward kernel for one configuration."""
     DS, CS = padded(d), padded(B_c)
+    load_KV, load_Q_dO = _row_loader(B_c, d, NT, True), _row_loader(B_r, d, NT, True)
+    row_dots, col_dots = _dots(d, True), _dots(B_r, False)
     ES = cdiv(B_r * B_c, NT)        # entries of S_ij each thread computes
     EK = cdiv(B_c * d, NT)          # entries of dK_j and dV_j each thread owns
     EQ = cdiv(B_r * d, NT)          # entries of the dQ_i update each thread computes
@@ -108,16 +155,7 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
         dK_j = cuda.local.array(EK, float32)
         dV_j = cuda.local.array(EK, float32)
 
-        # load K_j, V_j: read 2 B_c d (rows past N are zeros)
-        for e in range(t, B_c * d, NT):
-            c = e // d
-            k = e - c * d
-            if col0 + c < N:
-                K_j[c, k] = K[bh, col0 + c, k]
-                V_j[c, k] = V[bh, col0 + c, k]
-            else:
-                K_j[c, k] = 0
-                V_j[c, k] = 0
+        load_KV(K_j, V_j, K, V, t, bh, col0, N)     # load K_j, V_j: read 2 B_c d
         for a in range(EK):
             dK_j[a] = 0
             dV_j[a] = 0
@@ -128,15 +166,7 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
             row0 = i * B_r
             cuda.syncthreads()                    # all done with the last Q_i, dO_i, P, dS
             # load Q_i, dO_i, L_i, D_i: read 2 B_r d + 2 B_r
-            for e in range(t, B_r * d, NT):
-                r = e // d
-                k = e - r * d
-                if row0 + r < N:
-                    Q_i[r, k] = Q[bh, row0 + r, k]
-                    dO_i[r, k] = dO[bh, row0 + r, k]
-                else:
-                    Q_i[r, k] = 0
-                    dO_i[r, k] = 0
+            load_Q_dO(Q_i, dO_i, Q, dO, t, bh, row0, N)
             for r in range(t, B_r, NT):
                 if row0 + r < N:
                     L_i[r] = L[bh, row0 + r]
@@ -151,14 +181,9 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
             for a in range(ES):
                 e = t + NT * a
                 if e < B_r * B_c:
-                    r = e // B_c
-                    c = e - r * B_c
-                    s = float32(0)
-                    dp = float32(0)
-                    for k in range(d):
-                        s += Q_i[r, k] * K_j[c, k]
-                        dp += dO_i[r, k] * V_j[c, k]
+                    r, c = split(e, B_c)
                     p = float32(0)
+                    s, dp = row_dots(Q_i, K_j, dO_i, V_j, r, c)
                     if row0 + r < N and col0 + c < N and not (causal and col0 + c > row0 + r):
                         p = math.exp(tau * s - L_i[r])
                     P_ij[r, c] = p
@@ -169,13 +194,8 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
             for a in range(EK):
                 e = t + NT * a
                 if e < B_c * d:
-                    c = e // d
-                    k = e - c * d
-                    v = float32(0)
-                    g = float32(0)
-                    for r in range(B_r):
-                        v += P_ij[r, c] * dO_i[r, k]
-                        g += dS_ij[r, c] * Q_i[r, k]
+                    c, k = split(e, d)
+                    v, g = col_dots(P_ij, dO_i, dS_ij, Q_i, c, k)
                     dV_j[a] += v
                     dK_j[a] += tau * g
 
@@ -183,8 +203,7 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
             for a in range(EQ):
                 e = t + NT * a
                 if e < B_r * d:
-                    r = e // d
-                    k = e - r * d
+                    r, k = split(e, d)
                     if row0 + r < N:
                         q = float32(0)
                         for c in range(B_c):
@@ -195,8 +214,7 @@ def flash2_bwd_source(B_r: int, B_c: int, d: int, NT: int, causal: bool):
         for a in range(EK):
             e = t + NT * a
             if e < B_c * d:
-                c = e // d
-                k = e - c * d
+                c, k = split(e, d)
                 if col0 + c < N:
                     dK[bh, col0 + c, k] = dK_j[a]
                     dV[bh, col0 + c, k] = dV_j[a]
@@ -216,8 +234,7 @@ def flash2_bwd_preprocess_source(d: int, NT: int):
         prod = cuda.shared.array((PRE_ROWS, DS), float32)
         # read O_i, dO_i: 2 PRE_ROWS d; write dQ_i = 0: PRE_ROWS d
         for e in range(t, PRE_ROWS * d, NT):
-            r = e // d
-            k = e - r * d
+            r, k = split(e, d)
             if row0 + r < N:
                 prod[r, k] = dO[bh, row0 + r, k] * O[bh, row0 + r, k]
                 dQ[bh, row0 + r, k] = 0
@@ -244,39 +261,30 @@ def scores_source(B_r: int, B_c: int, d: int, NT: int):
     (flashsim standard's kernel 1, S = tau Q K^T, and standard_bwd's kernel 2, dP = dO V^T)."""
     DS = padded(d)
     EC = cdiv(B_r * B_c, NT)
+    load_A, load_B = _row_loader(B_r, d, NT, False), _row_loader(B_c, d, NT, False)
+    dot = _dots(d, True, pair=False)
 
     def scores(A, B, C, N, alpha):
         """A, B: (batch*heads, N, d); C: (batch*heads, N, N)."""
+        A_i = cuda.shared.array((B_r, DS), float32)
+        B_j = cuda.shared.array((B_c, DS), float32)
         i = cuda.blockIdx.x
         bh = cuda.blockIdx.y
         t = cuda.threadIdx.x
         row0 = i * B_r
-        A_i = cuda.shared.array((B_r, DS), float32)
-        B_j = cuda.shared.array((B_c, DS), float32)
-        # load A_i: read B_r d
-        for e in range(t, B_r * d, NT):
-            r = e // d
-            k = e - r * d
-            A_i[r, k] = A[bh, row0 + r, k] if row0 + r < N else float32(0)
+        load_A(A_i, A_i, A, A, t, bh, row0, N)            # load A_i: read B_r d
         for j in range((N + B_c - 1) // B_c):
             col0 = j * B_c
             cuda.syncthreads()
-            # load B_j: read B_c d
-            for e in range(t, B_c * d, NT):
-                c = e // d
-                k = e - c * d
-                B_j[c, k] = B[bh, col0 + c, k] if col0 + c < N else float32(0)
+            load_B(B_j, B_j, B, B, t, bh, col0, N)        # load B_j: read B_c d
             cuda.syncthreads()
             # store C_ij = alpha A_i B_j^T: write B_r B_c
             for a in range(EC):
                 e = t + NT * a
                 if e < B_r * B_c:
-                    r = e // B_c
-                    c = e - r * B_c
+                    r, c = split(e, B_c)
                     if row0 + r < N and col0 + c < N:
-                        s = float32(0)
-                        for k in range(d):
-                            s += A_i[r, k] * B_j[c, k]
+                        s, _ = dot(A_i, B_j, A_i, B_j, r, c)
                         C[bh, row0 + r, col0 + c] = alpha * s
 
     return scores
@@ -287,7 +295,10 @@ def accumulate_source(B_out: int, B_in: int, d: int, NT: int, transpose: bool):
     a block of B_out rows of out stays in registers while tiles of X and blocks of Y of
     B_in rows stream (standard's kernel 3, O = P V; standard_bwd's kernels 1, 4, 5)."""
     DS, OS = padded(d), padded(B_out)
-    EO = cdiv(B_out * d, NT)
+    OUT = B_out * d                 # entries of the out block
+    EO = cdiv(OUT, NT)              # ... that each thread owns
+    load_Y = _row_loader(B_in, d, NT, False)
+    dot = _dots(B_in, False, pair=False)
 
     def accumulate(X, Y, out, N, alpha):
         """X: (batch*heads, N, N); Y, out: (batch*heads, N, d)."""
@@ -306,35 +317,26 @@ def accumulate_source(B_out: int, B_in: int, d: int, NT: int, transpose: bool):
             # B_out B_in + B_in d
             for e in range(t, B_in * B_out, NT):
                 if transpose:                  # X_t[u, v] = X[t0 + u, o0 + v]
-                    u = e // B_out
-                    v = e - u * B_out
+                    u, v = split(e, B_out)
                     ok = t0 + u < N and o0 + v < N
                     X_t[u, v] = X[bh, t0 + u, o0 + v] if ok else float32(0)
                 else:                          # X_t[u, v] = X[o0 + v, t0 + u]
-                    v = e // B_in
-                    u = e - v * B_in
+                    v, u = split(e, B_in)
                     ok = t0 + u < N and o0 + v < N
                     X_t[u, v] = X[bh, o0 + v, t0 + u] if ok else float32(0)
-            for e in range(t, B_in * d, NT):
-                u = e // d
-                k = e - u * d
-                Y_t[u, k] = Y[bh, t0 + u, k] if t0 + u < N else float32(0)
+            load_Y(Y_t, Y_t, Y, Y, t, bh, t0, N)
             cuda.syncthreads()
             for a in range(EO):
                 e = t + NT * a
-                if e < B_out * d:
-                    v = e // d
-                    k = e - v * d
-                    s = float32(0)
-                    for u in range(B_in):
-                        s += X_t[u, v] * Y_t[u, k]
+                if e < OUT:
+                    v, k = split(e, d)
+                    s, _ = dot(X_t, Y_t, X_t, Y_t, v, k)
                     acc[a] += s
         # store the out block: write B_out d
         for a in range(EO):
             e = t + NT * a
-            if e < B_out * d:
-                v = e // d
-                k = e - v * d
+            if e < OUT:
+                v, k = split(e, d)
                 if o0 + v < N:
                     out[bh, o0 + v, k] = alpha * acc[a]
 
@@ -345,6 +347,7 @@ def softmax_rows_source(N: int, NT: int, causal: bool, ROWS: int = 1):
     """P = softmax(S) row by row and L = logsumexp, ROWS rows per block, one at a time held
     in registers (standard's kernel 2: S read once, P written once)."""
     EPT = cdiv(N, NT)
+    tree_max, tree_sum = tree(NT, "max"), tree(NT, "sum")
 
     def softmax_rows(S, P, L):
         """S, P: (batch*heads, N, N); L: (batch*heads, N)."""
@@ -365,12 +368,7 @@ def softmax_rows_source(N: int, NT: int, causal: bool, ROWS: int = 1):
             cuda.syncthreads()                   # all done reading red for the last row
             red[t] = m
             cuda.syncthreads()
-            s = NT // 2
-            while s > 0:                         # m_r = rowmax S_r
-                if t < s:
-                    red[t] = max(red[t], red[t + s])
-                cuda.syncthreads()
-                s //= 2
+            tree_max(red, t)                     # m_r = rowmax S_r
             m = red[0]
             cuda.syncthreads()
             l_part = float32(0)
@@ -379,12 +377,7 @@ def softmax_rows_source(N: int, NT: int, causal: bool, ROWS: int = 1):
                 l_part += x[a]
             red[t] = l_part
             cuda.syncthreads()
-            s = NT // 2
-            while s > 0:                         # l_r = rowsum exp(S_r - m_r)
-                if t < s:
-                    red[t] += red[t + s]
-                cuda.syncthreads()
-                s //= 2
+            tree_sum(red, t)                     # l_r = rowsum exp(S_r - m_r)
             l_row = red[0]
             # write P_r = exp(S_r - m_r) / l_r: N; L_r = m_r + log l_r: 1
             for a in range(EPT):
@@ -401,6 +394,7 @@ def softmax_bwd_rows_source(N: int, NT: int, ROWS: int = 1):
     """dS = P o (dP - rowsum(P o dP)), ROWS rows per block, one at a time held in registers
     (standard_bwd's kernel 3: P and dP read once, dS written once)."""
     EPT = cdiv(N, NT)
+    tree_sum = tree(NT, "sum")
 
     def softmax_bwd_rows(P, dP, dS):
         """P, dP, dS: (batch*heads, N, N)."""
@@ -420,12 +414,7 @@ def softmax_bwd_rows_source(N: int, NT: int, ROWS: int = 1):
             cuda.syncthreads()                   # all done reading red for the last row
             red[t] = part
             cuda.syncthreads()
-            s = NT // 2
-            while s > 0:                         # D_r = rowsum(P_r o dP_r)
-                if t < s:
-                    red[t] += red[t + s]
-                cuda.syncthreads()
-                s //= 2
+            tree_sum(red, t)                     # D_r = rowsum(P_r o dP_r)
             D_r = red[0]
             # write dS_r = P_r o (dP_r - D_r): N
             for a in range(EPT):
@@ -464,77 +453,66 @@ def standard_shared_bytes(B_r: int, B_c: int, d: int, NT: int) -> int:
 
 def standard_tile(N: int, d: int, NT: int = 256) -> int:
     """The matmul tile: flashsim standard's 64, halved until the kernels fit 48 KiB, capped
-    at N."""
-    B = 64
-    while B > 1 and standard_shared_bytes(B, B, d, NT) > SHARED_LIMIT:
-        B //= 2
+    at N (the tile policy's ``largest_rule``)."""
+    B = largest_rule((64, 32, 16, 8, 4, 2, 1),
+                     lambda B: B == 1 or standard_shared_bytes(B, B, d, NT) <= SHARED_LIMIT)
     return min(B, N)
 
 
 def default_flash2_blocks(d: int) -> int:
-    """The largest of 64, 32, 16, 8 whose flash2_bwd tiles fit in 48 KiB."""
-    for B in (64, 32, 16, 8):
-        if flash2_bwd_shared_bytes(B, B, d) <= SHARED_LIMIT:
-            return B
-    raise ValueError(f"head dimension d = {d}: no flash2_bwd tile fits in {SHARED_LIMIT} B")
+    """The largest of 64, 32, 16, 8 whose flash2_bwd tiles fit in 48 KiB (the tile
+    policy's ``largest_rule``)."""
+    try:
+        return largest_rule((64, 32, 16, 8),
+                            lambda B: flash2_bwd_shared_bytes(B, B, d) <= SHARED_LIMIT)
+    except KernelInputError:
+        raise KernelInputError(f"head dimension d = {d}: no flash2_bwd tile fits in "
+                               f"{SHARED_LIMIT} B") from None
 
 
 @dataclass
-class BackwardLaunch:
-    """One configuration of one backward pipeline. Inputs inside ``run`` are device arrays
-    (batch*heads, N, d); ``L`` is (batch*heads, N), ``P`` (batch*heads, N, N)."""
-    algorithm: str              # "flash2" or "standard"
-    batch: int
-    heads: int
-    N: int
-    d: int
-    block_rows: int
-    block_cols: int
-    threads: int                # threads per block (a power of two)
-    causal: bool
+class BackwardLaunch(NumbaLaunch):
+    """One configuration of one backward pipeline (``pass_`` "bwd"; ``threads`` per block, a
+    power of two). Inputs inside ``run`` are device arrays (batch*heads, N, d); ``L`` is
+    (batch*heads, N), ``P`` (batch*heads, N, N). Its plan (``Launch.plan``) is flashsim's
+    backward with these tiles on the preset's SRAM (see the module docstring)."""
     rows_per_block: int = 1     # rows of P per block in the row kernels
-    workspace: dict = field(default_factory=dict, repr=False)
 
     @property
-    def tau(self) -> float:
-        return 1.0 / math.sqrt(self.d)
+    def MAIN(self) -> str:     # noqa: N802 - the class attribute of Launch, per algorithm
+        return "flash2_bwd" if self.algorithm == "flash2" else "accumulate"
 
-    @property
-    def BH(self) -> int:
-        return self.batch * self.heads
-
-    def plan(self, gpu: str = "h200"):
-        """flashsim's backward plan with exactly these tiles, N, d, batch, heads, mask and
-        fp32, on ``gpu``'s SRAM size (see the module docstring); ``count()`` is the
-        predicted traffic and ``count().predicted_time_s`` the roofline time."""
-        import flashsim
-        return flashsim.plan(self.algorithm, seq_len=self.N, head_dim=self.d, dtype="fp32",
-                             gpu=gpu, batch=self.batch, heads=self.heads, causal=self.causal,
-                             block_rows=self.block_rows, block_cols=self.block_cols,
-                             pass_="bwd")
-
-    def buffer(self, name: str, shape: tuple):
-        buf = self.workspace.get(name)
-        if buf is None or tuple(buf.shape) != tuple(shape):
-            buf = cuda.device_array(shape, dtype=numpy.float32)
-            self.workspace[name] = buf
-        return buf
+    def launches(self) -> list[KernelLaunch]:
+        N, BH, NT = self.N, self.BH, self.threads
+        rows, cols = (cdiv(N, self.block_rows), BH), (cdiv(N, self.block_cols), BH)
+        if self.algorithm == "flash2":
+            return [KernelLaunch("flash2_bwd_preprocess", (cdiv(N, PRE_ROWS), BH), NT),
+                    KernelLaunch("flash2_bwd", cols, NT, step=1)]
+        return [KernelLaunch("accumulate", cols, NT, step=0),                       # dV
+                KernelLaunch("scores", rows, NT, step=1),                           # dP
+                KernelLaunch("softmax_bwd_rows", (cdiv(N, self.rows_per_block), BH), NT),  # dS
+                KernelLaunch("accumulate", rows, NT, step=3),                       # dQ
+                KernelLaunch("accumulate", cols, NT, step=4)]                       # dK
 
     def run(self, Q, K, V, dO, saved: dict):
         """(dQ, dK, dV) as device arrays; ``saved`` holds the forward's tensors: ``O`` and
         ``L`` for flash2, ``P`` for standard (see ``forward``)."""
+        Q, K, V, dO = (self.device(x, n) for x, n in ((Q, "Q"), (K, "K"), (V, "V"), (dO, "dO")))
+        self.launched = []
         if self.algorithm == "flash2":
-            return self._flash2(Q, K, V, dO, saved["O"], saved["L"])
-        return self._standard(Q, K, V, dO, saved["P"])
+            return self._flash2(Q, K, V, dO, self.device(saved["O"], "O"),
+                                self.device(saved["L"], "L", (self.BH, self.N)))
+        return self._standard(Q, K, V, dO, self.device(saved["P"], "P", (self.BH, self.N, self.N)))
 
     def _flash2(self, Q, K, V, dO, O, L):
         BH, N, d, NT = self.BH, self.N, self.d, self.threads
         Br, Bc = self.block_rows, self.block_cols
         dQ, dK, dV = (self.buffer(n, (BH, N, d)) for n in ("dQ", "dK", "dV"))
         D = self.buffer("D", (BH, N))
-        flash2_bwd_preprocess(d, NT)[(cdiv(N, PRE_ROWS), BH), NT](O, dO, D, dQ, N)
-        flash2_bwd(Br, Bc, d, NT, self.causal)[(cdiv(N, Bc), BH), NT](
-            Q, K, V, dO, L, D, dQ, dK, dV, N, float32(self.tau))
+        pre, main = self.launches()
+        self.launch(flash2_bwd_preprocess(d, NT), pre, O, dO, D, dQ, N)
+        self.launch(flash2_bwd(Br, Bc, d, NT, self.causal), main,
+                    Q, K, V, dO, L, D, dQ, dK, dV, N, float32(self.tau))
         return dQ, dK, dV
 
     def _standard(self, Q, K, V, dO, P):
@@ -543,19 +521,20 @@ class BackwardLaunch:
         dQ, dK, dV = (self.buffer(n, (BH, N, d)) for n in ("dQ", "dK", "dV"))
         dP, dS = self.buffer("dP", (BH, N, N)), self.buffer("dS", (BH, N, N))
         one, tau = float32(1), float32(self.tau)
+        k_dV, k_dP, k_dS, k_dQ, k_dK = self.launches()
         # dV = P^T dO; dP = dO V^T; dS = P o (dP - rowsum(P o dP)); dQ = tau dS K;
         # dK = tau dS^T Q: flashsim standard_bwd's kernels 1 to 5
-        accumulate(Bc, Br, d, NT, True)[(cdiv(N, Bc), BH), NT](P, dO, dV, N, one)   # dV
-        scores(Br, Bc, d, NT)[(cdiv(N, Br), BH), NT](dO, V, dP, N, one)            # dP
-        R = self.rows_per_block
-        softmax_bwd_rows(N, NT, R)[(cdiv(N, R), BH), NT](P, dP, dS)                 # dS
-        accumulate(Br, Bc, d, NT, False)[(cdiv(N, Br), BH), NT](dS, K, dQ, N, tau)  # dQ
-        accumulate(Bc, Br, d, NT, True)[(cdiv(N, Bc), BH), NT](dS, Q, dK, N, tau)   # dK
+        self.launch(accumulate(Bc, Br, d, NT, True), k_dV, P, dO, dV, N, one)
+        self.launch(scores(Br, Bc, d, NT), k_dP, dO, V, dP, N, one)
+        self.launch(softmax_bwd_rows(N, NT, self.rows_per_block), k_dS, P, dP, dS)
+        self.launch(accumulate(Br, Bc, d, NT, False), k_dQ, dS, K, dQ, N, tau)
+        self.launch(accumulate(Bc, Br, d, NT, True), k_dK, dS, Q, dK, N, tau)
         return dQ, dK, dV
 
     def forward(self, Q, K, V):
         """The standard forward with the standard tiles of this launch's shape: returns
         device arrays O (BH, N, d), P (BH, N, N) and L (BH, N). S lives in the workspace."""
+        Q, K, V = (self.device(x, n) for x, n in ((Q, "Q"), (K, "K"), (V, "V")))
         BH, N, d, NT = self.BH, self.N, self.d, self.threads
         B = standard_tile(N, d, NT) if self.algorithm == "flash2" else self.block_rows
         S, P = self.buffer("S", (BH, N, N)), self.buffer("P", (BH, N, N))
@@ -574,15 +553,12 @@ def configure(algorithm: str, shape, *, causal: bool = False, block_rows=None,
     flash2: B_r = B_c = ``default_flash2_blocks(d)`` unless given, 256 threads.
     standard: ``standard_tile`` (flashsim's 64 x 64 where it fits) unless given, 256 threads."""
     if algorithm not in ("flash2", "standard"):
-        raise ValueError(f"algorithm {algorithm!r}: choose flash2 or standard")
-    shape = tuple(int(s) for s in shape)
-    if len(shape) not in (2, 4):
-        raise ValueError(f"shape {shape}: expected (N, d) or (B, H, N, d)")
-    B, H = (1, 1) if len(shape) == 2 else shape[:2]
-    N, d = shape[-2:]
+        raise KernelInputError(f"algorithm {algorithm!r}: choose flash2 or standard")
+    check_flag(bool(causal), "causal")
+    B, H, N, d = check_shape(shape)
     NT = 256 if threads is None else int(threads)
     if not _pow2(NT) or NT > 1024:
-        raise ValueError(f"threads = {NT}: a power of two up to 1024")
+        raise KernelInputError(f"threads = {NT}: a power of two up to 1024")
     if algorithm == "flash2":
         Br0 = Bc0 = default_flash2_blocks(d)
     else:
@@ -590,46 +566,47 @@ def configure(algorithm: str, shape, *, causal: bool = False, block_rows=None,
     Br = Br0 if block_rows is None else int(block_rows)
     Bc = Bc0 if block_cols is None else int(block_cols)
     if algorithm == "standard" and N > MAX_ROW:
-        raise ValueError(f"N = {N}: the row kernels hold a row in registers, N <= {MAX_ROW}")
+        raise KernelInputError(f"N = {N}: the row kernels hold a row in registers, N <= {MAX_ROW}")
     if algorithm == "flash2":
         need = flash2_bwd_shared_bytes(Br, Bc, d)
     else:
         need = standard_shared_bytes(Br, Bc, d, NT)
     if need > SHARED_LIMIT:
-        raise ValueError(f"{algorithm} backward: B_r={Br}, B_c={Bc}, d={d} needs {need} B of "
-                         f"shared memory; numba kernels get {SHARED_LIMIT} B")
+        raise KernelInputError(f"{algorithm} backward: B_r={Br}, B_c={Bc}, d={d} needs {need} B of "
+                               f"shared memory; numba kernels get {SHARED_LIMIT} B")
     if int(rows_per_block) < 1:
-        raise ValueError(f"rows_per_block = {rows_per_block}: at least 1")
-    return BackwardLaunch(algorithm, B, H, N, d, Br, Bc, NT, bool(causal), int(rows_per_block))
+        raise KernelInputError(f"rows_per_block = {rows_per_block}: at least 1")
+    return BackwardLaunch(f"numba_{algorithm}_bwd", algorithm, B, H, N, d, "fp32", bool(causal),
+                          Br, Bc, NT, need, 0, None, "bwd", rows_per_block=int(rows_per_block))
+
+
+def configure_flash2(B: int, H: int, N: int, d: int, **kw) -> BackwardLaunch:
+    """``configure("flash2", (B, H, N, d), **kw)``: the registry's entry point."""
+    return configure("flash2", (B, H, N, d), **kw)
+
+
+def configure_standard(B: int, H: int, N: int, d: int, **kw) -> BackwardLaunch:
+    """``configure("standard", (B, H, N, d), **kw)``: the registry's entry point."""
+    return configure("standard", (B, H, N, d), **kw)
 
 
 # --------------------------------------------------------------------------------------
-# Host API
-
-
-def _to3(x, BH: int, rows: int, cols: int | None):
-    shape = (BH, rows) if cols is None else (BH, rows, cols)
-    if isinstance(x, numpy.ndarray):
-        if x.dtype != numpy.float32:
-            raise TypeError(f"expected float32, got {x.dtype}")
-        return cuda.to_device(numpy.ascontiguousarray(x).reshape(shape))
-    return x.reshape(shape)
+# Host API: NumPy in, NumPy out
 
 
 def _launch_for(algorithm, Q, causal, block_rows, block_cols, threads, rows_per_block=1):
-    launch = configure(algorithm, Q.shape, causal=causal, block_rows=block_rows,
-                       block_cols=block_cols, threads=threads, rows_per_block=rows_per_block)
-    return launch, launch.BH, launch.N, launch.d
+    describe(Q, "Q")
+    return configure(algorithm, Q.shape, causal=causal, block_rows=block_rows,
+                     block_cols=block_cols, threads=threads, rows_per_block=rows_per_block)
 
 
 def standard_forward(Q, K, V, *, causal=False, block_rows=None, threads=None,
                      rows_per_block=1):
     """O, P, L of softmax(Q K^T / sqrt(d)) V by the eager kernels; float32 numpy in, numpy
     out (shapes (..., N, d), (..., N, N), (..., N))."""
-    launch, BH, N, d = _launch_for("standard", Q, causal, block_rows, block_rows, threads,
-                                   rows_per_block)
-    lead = tuple(Q.shape[:-2])
-    O, P, L = launch.forward(*(_to3(x, BH, N, d) for x in (Q, K, V)))
+    launch = _launch_for("standard", Q, causal, block_rows, block_rows, threads, rows_per_block)
+    lead, N, d = tuple(Q.shape[:-2]), launch.N, launch.d
+    O, P, L = launch.forward(Q, K, V)
     return (O.copy_to_host().reshape(lead + (N, d)), P.copy_to_host().reshape(lead + (N, N)),
             L.copy_to_host().reshape(lead + (N,)))
 
@@ -638,18 +615,14 @@ def flash2_backward(Q, K, V, O, L, dO, *, causal=False, block_rows=None, block_c
                     threads=None):
     """(dQ, dK, dV) by FlashAttention-2's backward. Q, K, V, O, dO: float32 (..., N, d);
     L: (..., N), the forward's logsumexp. numpy in, numpy out."""
-    launch, BH, N, d = _launch_for("flash2", Q, causal, block_rows, block_cols, threads)
-    args = [_to3(x, BH, N, d) for x in (Q, K, V, dO)]
-    saved = {"O": _to3(O, BH, N, d), "L": _to3(L, BH, N, None)}
-    return tuple(g.copy_to_host().reshape(Q.shape) for g in launch.run(*args, saved))
+    launch = _launch_for("flash2", Q, causal, block_rows, block_cols, threads)
+    return tuple(g.copy_to_host().reshape(Q.shape)
+                 for g in launch.run(Q, K, V, dO, {"O": O, "L": L}))
 
 
 def standard_backward(Q, K, V, P, dO, *, causal=False, block_rows=None, block_cols=None,
                       threads=None, rows_per_block=1):
     """(dQ, dK, dV) by the standard pipeline (P, dP, dS in HBM). Q, K, V, dO: float32
     (..., N, d); P: (..., N, N), the forward's softmax. numpy in, numpy out."""
-    launch, BH, N, d = _launch_for("standard", Q, causal, block_rows, block_cols, threads,
-                                   rows_per_block)
-    args = [_to3(x, BH, N, d) for x in (Q, K, V, dO)]
-    saved = {"P": _to3(P, BH, N, N)}
-    return tuple(g.copy_to_host().reshape(Q.shape) for g in launch.run(*args, saved))
+    launch = _launch_for("standard", Q, causal, block_rows, block_cols, threads, rows_per_block)
+    return tuple(g.copy_to_host().reshape(Q.shape) for g in launch.run(Q, K, V, dO, {"P": P}))

@@ -24,19 +24,21 @@ kernel 2 holds one row per block where flashsim's model holds R = floor(M / (4N 
 rows per block: the same bytes, since rows are independent. A causal mask changes no
 traffic: S is computed in full and masked inside the softmax, as eager code does.
 
-Kernels 1 and 3 use numba_common's register-tiled micro-kernel, each with its own thread
-layout (a tiling for the Q_i, K_j^T arrays and one for P_ij^T, V_j).
+Kernels 1 and 3 use ``numba.common.tile_ops``' register-tiled device functions, each with
+its own thread layout (a tiling for the Q_i, K_j^T arrays and one for P_ij^T, V_j). Tiles:
+flashsim's SRAM rule at 48 KiB (the tile policy's ``sram_rule``); shared memory: the larger
+of kernel 1's Q_i^T, K_j^T and kernel 3's P_ij^T, V_j (``Tiling.shared_words``), and kernel
+2's 4 N bytes (dynamic) plus 2 x 4 NT.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import sys
 
-from .numba_common import (ALIGN, NEG_INF, SHARED_LIMIT, WORD, Launch, Tiling, cdiv,
-                           check_shared, check_tiling, cuda, float32, own, plan_blocks,
-                           run_api, shape4, uint32)
+from ..common import KernelLaunch, Result, cdiv, check_flag, check_shape
+from .common import (ALIGN, MAX_HEAD_DIM, NEG_INF, SHARED_LIMIT, WORD, NumbaLaunch, Tiling,
+                     check_shared, check_tiling, cuda, float32, own, plan_blocks, tile_ops)
 
 ALGORITHM = "standard"
 ARRAYS_QK = ("Q", "K")          # shared arrays of kernel 1
@@ -52,22 +54,14 @@ SIGNATURE_PV = "void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1],
 @functools.lru_cache(maxsize=None)
 def qk_kernel(tiling):
     """Kernel 1; grid (T_r, batch*heads), TR*TC threads."""
-    c = tiling.constants()
-    B_r, B_c, d, TC, NT = c["B_r"], c["B_c"], c["d"], c["TC"], c["NT"]
-    RM, CN, VR, VC = c["RM"], c["CN"], c["VR"], c["VC"]
-    Br_p, Bc_p, d_p, RG, CG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["CG"]
-    QS, KS = c["QS"], c["KS"]
-    # cooperative tile loads: a fixed count per thread (see numba_flash2)
-    Q_LOADS, Q_EVEN = -(-Br_p * d_p // NT), Br_p * d_p % NT == 0
-    KV_LOADS, KV_EVEN = -(-Bc_p * d_p // NT), Bc_p * d_p % NT == 0
+    B_r, B_c, RM, CN, VR, VC, RG, CG, d_p, QS, KS = \
+        tiling.values("B_r B_c RM CN VR VC RG CG d_p QS KS")
+    ops = tile_ops(tiling)
+    load_Q, load_K, qk, block_start = ops.load_Q, ops.load_K, ops.qk, ops.block_start
 
     def scores(Q, K, S, N, tau):
         """Q, K: (batch*heads, N, d); S: (batch*heads, N, N) = tau Q K^T."""
-        i = cuda.blockIdx.x
-        bh = cuda.blockIdx.y
-        t = cuda.threadIdx.x
-        r0 = uint32((t // TC) * VR)      # first row of S_ij this thread owns
-        c0 = uint32((t % TC) * VC)       # first column of S_ij
+        i, bh, t, r0, c0, _ = block_start()       # Q block i; this thread's first row, column
         row0 = i * B_r
 
         Q_iT = cuda.shared.array((d_p, QS), float32, alignment=ALIGN)     # Q_i^T (d, B_r)
@@ -76,46 +70,14 @@ def qk_kernel(tiling):
         x = cuda.local.array(RM, float32)
         y = cuda.local.array(CN, float32)
 
-        # load Q_i: read B_r d (zeros past N and in the padding)
-        for s in range(Q_LOADS):
-            e = uint32(t) + uint32(NT * s)
-            r = e // d_p
-            k = e % d_p
-            if Q_EVEN or e < Br_p * d_p:
-                ok = r < B_r and row0 + r < N and k < d
-                q_val = Q[bh, min(row0 + r, N - 1), min(k, d - 1)]
-                Q_iT[k, r] = q_val if ok else float32(0)
-
+        load_Q(Q_iT, Q, t, bh, row0, N)          # load Q_i: read B_r d
         T_c = (N + B_c - 1) // B_c
         for j in range(T_c):
             col0 = j * B_c
             cuda.syncthreads()                   # all done with the last K_j
-            # load K_j: read B_c d
-            for s in range(KV_LOADS):
-                e = uint32(t) + uint32(NT * s)
-                cc = e // d_p
-                k = e % d_p
-                if KV_EVEN or e < Bc_p * d_p:
-                    ok = cc < B_c and col0 + cc < N and k < d
-                    k_val = K[bh, min(col0 + cc, N - 1), min(k, d - 1)]
-                    K_jT[k, cc] = k_val if ok else float32(0)
+            load_K(K_jT, K, t, bh, col0, N)      # load K_j: read B_c d
             cuda.syncthreads()
-
-            # S_ij = Q_i K_j^T: d rank-1 updates of this thread's RM x CN sub-tile
-            for a in range(RM):
-                for b in range(CN):
-                    S_ij[a, b] = 0
-            k = 0
-            while k < d_p:
-                for a in range(RM):
-                    x[a] = Q_iT[k, own(r0, RG, VR, a)]
-                for b in range(CN):
-                    y[b] = K_jT[k, own(c0, CG, VC, b)]
-                for a in range(RM):
-                    for b in range(CN):
-                        S_ij[a, b] += x[a] * y[b]
-                k += 1
-
+            qk(S_ij, Q_iT, K_jT, r0, c0, x, y)   # S_ij = Q_i K_j^T (this thread's RM x CN)
             # store tau S_ij: write B_r B_c
             for a in range(RM):
                 r = own(r0, RG, VR, a)
@@ -139,7 +101,6 @@ def softmax_threads(N: int) -> int:
     """Threads per row: a power of two (for the reduction tree) giving each thread about
     four keys, at most 128."""
     return _pow2_at_least(cdiv(N, 4), SOFTMAX_THREADS)
-
 
 @functools.lru_cache(maxsize=None)
 def softmax_kernel(NT: int, row_fits: bool, causal: bool):
@@ -230,27 +191,19 @@ def softmax_kernel(NT: int, row_fits: bool, causal: bool):
 @functools.lru_cache(maxsize=None)
 def pv_kernel(tiling):
     """Kernel 3; grid (T_r, batch*heads), TR*TC threads."""
-    c = tiling.constants()
-    B_r, B_c, d, TC, NT = c["B_r"], c["B_c"], c["d"], c["TC"], c["NT"]
-    RM, DN, VR, VD = c["RM"], c["DN"], c["VR"], c["VD"]
-    Br_p, Bc_p, d_p, RG, KG = c["Br_p"], c["Bc_p"], c["d_p"], c["RG"], c["KG"]
-    QS = c["QS"]
-    # cooperative tile loads: a fixed count per thread (see numba_flash2)
-    P_LOADS, P_EVEN = -(-Br_p * Bc_p // NT), Br_p * Bc_p % NT == 0
-    KV_LOADS, KV_EVEN = -(-Bc_p * d_p // NT), Bc_p * d_p % NT == 0
+    B_r, B_c, d, RM, DN, VR, VD, RG, KG, Bc_p, d_p, QS = \
+        tiling.values("B_r B_c d RM DN VR VD RG KG Bc_p d_p QS")
+    ops = tile_ops(tiling)
+    load_V, load_P, pv, block_start = ops.load_V, ops.load_P, ops.pv, ops.block_start
 
     def weighted_sum(P, V, O, N):
         """P: (batch*heads, N, N); V, O: (batch*heads, N, d); O = P V."""
-        i = cuda.blockIdx.x
-        bh = cuda.blockIdx.y
-        t = cuda.threadIdx.x
-        r0 = uint32((t // TC) * VR)      # first row of O_i this thread owns
-        k0 = uint32((t % TC) * VD)       # first column of O_i
+        i, bh, t, r0, _, k0 = block_start()       # Q block i; this thread's first row of O_i
+        O_i = cuda.local.array((RM, DN), float32)
         row0 = i * B_r
 
         P_ijT = cuda.shared.array((Bc_p, QS), float32, alignment=ALIGN)   # P_ij^T (B_c, B_r)
         V_j = cuda.shared.array((Bc_p, d_p), float32, alignment=ALIGN)    # V_j    (B_c, d)
-        O_i = cuda.local.array((RM, DN), float32)
         PV = cuda.local.array((RM, DN), float32)       # P_ij V_j, one block's part
         x = cuda.local.array(RM, float32)
         z = cuda.local.array(DN, float32)
@@ -262,41 +215,12 @@ def pv_kernel(tiling):
         for j in range(T_c):
             col0 = j * B_c
             cuda.syncthreads()                   # all done with the last P_ij, V_j
-            # load P_ij: read B_r B_c
-            for s in range(P_LOADS):
-                e = uint32(t) + uint32(NT * s)
-                r = e // Bc_p
-                cc = e % Bc_p
-                if P_EVEN or e < Br_p * Bc_p:
-                    ok = r < B_r and row0 + r < N and cc < B_c and col0 + cc < N
-                    p_val = P[bh, min(row0 + r, N - 1), min(col0 + cc, N - 1)]
-                    P_ijT[cc, r] = p_val if ok else float32(0)
-            # load V_j: read B_c d
-            for s in range(KV_LOADS):
-                e = uint32(t) + uint32(NT * s)
-                cc = e // d_p
-                k = e % d_p
-                if KV_EVEN or e < Bc_p * d_p:
-                    ok = cc < B_c and col0 + cc < N and k < d
-                    v_val = V[bh, min(col0 + cc, N - 1), min(k, d - 1)]
-                    V_j[cc, k] = v_val if ok else float32(0)
+            load_P(P_ijT, P, t, bh, row0, col0, N)   # load P_ij: read B_r B_c
+            load_V(V_j, V, t, bh, col0, N)           # load V_j: read B_c d
             cuda.syncthreads()
-
-            # O_i += P_ij V_j: B_c rank-1 updates of this thread's RM x DN sub-tile, summed
-            # per block and then added (as cuBLAS-style blocked sums do; see numba_flash2)
-            for a in range(RM):
-                for b in range(DN):
-                    PV[a, b] = 0
-            cc = 0
-            while cc < Bc_p:
-                for a in range(RM):
-                    x[a] = P_ijT[cc, own(r0, RG, VR, a)]
-                for b in range(DN):
-                    z[b] = V_j[cc, own(k0, KG, VD, b)]
-                for a in range(RM):
-                    for b in range(DN):
-                        PV[a, b] += x[a] * z[b]
-                cc += 1
+            # O_i += P_ij V_j, summed per block and then added (as cuBLAS-style blocked
+            # sums do; see flash2)
+            pv(PV, P_ijT, V_j, r0, k0, x, z)
             for a in range(RM):
                 for b in range(DN):
                     O_i[a, b] += PV[a, b]
@@ -319,74 +243,66 @@ def row_fits(N: int, softmax_rows: int) -> bool:
     return softmax_rows >= 1 and WORD * (N + 2 * softmax_threads(N)) <= SHARED_LIMIT
 
 
-class StandardLaunch(Launch):
+class StandardLaunch(NumbaLaunch):
     """``tiling`` is the pair (kernel 1's, kernel 3's)."""
-
-    def run(self, Q, K, V, out=None, marks=None):
-        """Q, K, V: device (batch*heads, N, d) float32. Returns O, same shape; S and P,
-        (batch*heads, N, N), stay in ``self.workspace``. If ``marks`` is a list, an event
-        is recorded after each kernel and appended to it (per-kernel timing)."""
-        BH, N = self.batch * self.heads, self.N
-        O = out if out is not None else cuda.device_array(Q.shape, dtype="float32")
-        S = self.buffer("S", (BH, N, N))
-        P = self.buffer("P", (BH, N, N))
-        tl_qk, tl_pv = self.tiling
-        NT = softmax_threads(N)
-        fits = self.softmax_row_fits
-        qk_kernel(tl_qk)[self.grid(), tl_qk.threads](Q, K, S, N, float32(self.tau))
-        _mark(marks)
-        softmax_kernel(NT, fits, self.causal)[(N, BH), NT, 0, WORD * N if fits else 0](
-            S, P, N)
-        _mark(marks)
-        pv_kernel(tl_pv)[self.grid(), tl_pv.threads](P, V, O, N)
-        _mark(marks)
-        return O
+    MAIN = "scores"
 
     @functools.cached_property
     def softmax_row_fits(self) -> bool:
         return row_fits(self.N, self.plan().softmax_rows)
 
+    def launches(self) -> list[KernelLaunch]:
+        """Kernel 1 and 3 as flashsim's kernels 1 and 3; kernel 2 one row per block."""
+        tl_qk, tl_pv = self.tiling
+        N, BH, NT = self.N, self.BH, softmax_threads(self.N)
+        grid = (cdiv(N, self.block_rows), BH)
+        fits = self.softmax_row_fits
+        return [KernelLaunch("scores", grid, tl_qk.threads, step=0),
+                KernelLaunch("row_softmax_fits" if fits else "row_softmax_stream", (N, BH), NT,
+                             WORD * N if fits else 0),
+                KernelLaunch("weighted_sum", grid, tl_pv.threads, step=2)]
 
-def _mark(marks):
-    if marks is not None:
-        event = cuda.event()
-        event.record()
-        marks.append(event)
+    def run(self, Q, K, V, out=None, mark=None) -> Result:
+        """Q, K, V: (B, H, N, d) or (B*H, N, d) float32. Returns Result(O (B*H, N, d), None);
+        S and P, (B*H, N, N), stay in ``workspace``. ``mark()`` is called after each kernel
+        (the harness records an event there: per-kernel times)."""
+        Q, K, V = (self.device(x, n) for x, n in ((Q, "Q"), (K, "K"), (V, "V")))
+        BH, N = self.BH, self.N
+        O = out if out is not None else cuda.device_array(Q.shape, dtype="float32")
+        S = self.buffer("S", (BH, N, N))
+        P = self.buffer("P", (BH, N, N))
+        tl_qk, tl_pv = self.tiling
+        scores, softmax, weighted_sum = self.launches()
+        self.launched = []
+        self.launch(qk_kernel(tl_qk), scores, Q, K, S, N, float32(self.tau))
+        _call(mark)
+        self.launch(softmax_kernel(softmax.threads, self.softmax_row_fits, self.causal), softmax,
+                    S, P, N)
+        _call(mark)
+        self.launch(pv_kernel(tl_pv), weighted_sum, P, V, O, N)
+        _call(mark)
+        return Result(O, None)
 
 
-def configure(shape, *, causal=False, block_rows=None, block_cols=None, threads=None):
-    """The launches for inputs of ``shape`` ((N, d) or (B, H, N, d)): tiles B_r, B_c from
-    flashsim at 48 KiB unless given (kernels 1 and 3 share them), threads (TR, TC) chosen
-    per kernel unless given (then used for both)."""
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    B, H, N, d = shape4(shape)
-    if not 1 <= d <= 128:
-        raise ValueError(f"head dimension d = {d} is not supported; these kernels take "
-                         "1 <= d <= 128")
-    p = plan_blocks(ALGORITHM, N, d, causal=causal, batch=B, heads=H,
-                    block_rows=block_rows, block_cols=block_cols)
-    tilings = tuple(check_tiling(threads, p.block_rows, p.block_cols, d, arrays)
-                    for arrays in (ARRAYS_QK, ARRAYS_PV))
+def _call(mark) -> None:
+    if mark is not None:
+        mark()
+
+
+def configure(B: int, H: int, N: int, d: int, *, causal=False, block_rows=None,
+              block_cols=None, threads=None) -> StandardLaunch:
+    """The launches for (B, H, N, d): tiles B_r, B_c from flashsim at 48 KiB unless given
+    (kernels 1 and 3 share them), threads (TR, TC) chosen per kernel unless given (then used
+    for both)."""
+    check_flag(causal, "causal")
+    B, H, N, d = check_shape((B, H, N, d), max_head_dim=MAX_HEAD_DIM)
+    Br, Bc, sram = plan_blocks(ALGORITHM, N, d, causal=causal, block_rows=block_rows,
+                               block_cols=block_cols)
+    tilings = tuple(check_tiling(threads, Br, Bc, d, arrays) for arrays in (ARRAYS_QK, ARRAYS_PV))
     need = max(check_shared(ALGORITHM, tl, arrays)
                for tl, arrays in zip(tilings, (ARRAYS_QK, ARRAYS_PV)))
-    return StandardLaunch(ALGORITHM, B, H, N, d, p.block_rows, p.block_cols, tilings,
-                          causal, need)
-
-
-def attention(Q, K, V, *, causal=False, block_rows=None, block_cols=None, threads=None):
-    """softmax(Q K^T / sqrt(d)) V as three kernels through HBM: S, then P, then O.
-
-    Q, K, V: float32, (N, d) or (B, H, N, d), all numpy or all device arrays. Returns O in
-    the same shape: a numpy array for numpy inputs, a device array otherwise."""
-    return run_api(sys.modules[__name__], Q, K, V, causal=causal, block_rows=block_rows,
-                   block_cols=block_cols, threads=threads)
-
-
-def predicted_traffic(shape, *, causal=False, block_rows=None, block_cols=None, gpu="h200"):
-    """flashsim's Report for the launches ``attention`` makes for inputs of ``shape``."""
-    return configure(shape, causal=causal, block_rows=block_rows,
-                     block_cols=block_cols).predicted_traffic(gpu)
+    return StandardLaunch("numba_standard", ALGORITHM, B, H, N, d, "fp32", causal, Br, Bc,
+                          tilings[0].threads, need, 0, sram, tiling=tilings)
 
 
 def kernels_for(tilings, causal: bool, N: int = 4096):

@@ -1,4 +1,4 @@
-// standard_attention.cu -- standard attention in fp32 on CUDA cores (SIMT), three launches.
+// standard.cu -- standard attention in fp32 on CUDA cores (SIMT), three launches.
 //
 // The same schedule as flashsim's "standard" (FlashAttention paper, Algorithm 0):
 //   kernel 1  standard_qk         S = tau Q K^T      one thread block per Q block i (Q_i resident),
@@ -26,34 +26,18 @@
 // Layout: Q, K, V, O (B, H, N, d) fp32 contiguous; S, P (B, H, N, N) fp32.
 // Grid: kernels 1, 3 and the streaming softmax (ceil(N / B_r), B * H); kernel 2 (ceil(N / R), B * H).
 
-#ifndef HEAD_DIM
+#ifndef HEAD_DIM   // compiled alone: the defaults below (the loaders define all three)
 #define HEAD_DIM 64
-#endif
-#ifndef BLOCK_R
 #define BLOCK_R 64
-#endif
-#ifndef BLOCK_C
 #define BLOCK_C 64
 #endif
-#ifndef NUM_THREADS
-#define NUM_THREADS 256
-#endif
+#include "common.cuh"   // NUM_THREADS (default 256) and NUM_WARPS come from here
 
-#define NUM_WARPS (NUM_THREADS / 32)
-static_assert(NUM_THREADS % 32 == 0, "whole warps");
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
+// Static shared memory of kernels 1 and 3 (kernel 2's is dynamic): within the 48 KB a block
+// gets without the opt-in (cupy/standard.py's shared_bytes says the same).
+static_assert(4 * (BLOCK_R * HEAD_DIM + HEAD_DIM * (BLOCK_C + 1)) <= 48 * 1024 &&
+              4 * (BLOCK_R * BLOCK_C + BLOCK_C * HEAD_DIM + BLOCK_R * HEAD_DIM) <= 48 * 1024,
+              "static shared memory above 48 KB");
 
 // ------------------------------------------------------------------ kernel 1: S = tau Q K^T
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
@@ -74,7 +58,7 @@ standard_qk(const float* __restrict__ Q, const float* __restrict__ K, float* __r
     for (int e = tid; e < B_r * d; e += NUM_THREADS)                 // load Q_i
         Q_i[e] = (e / d < rows) ? Qg[(size_t)row0 * d + e] : 0.f;
 
-    for (int col0 = 0; col0 < N; col0 += B_c) {                      // for each K block j
+    for (int j = 0, col0 = 0; col0 < N; ++j, col0 += B_c) {          // K block j: keys col0 = j B_c ..
         const int cols = min(B_c, N - col0);
         __syncthreads();                                             // done with K_{j-1}
         for (int e = tid; e < B_c * d; e += NUM_THREADS) {           // load K_j (transposed)
@@ -140,14 +124,14 @@ standard_softmax_streaming(const float* __restrict__ S, float* __restrict__ P, i
     __shared__ float S_ij[B_r * B_c];
     __shared__ float m_i[B_r], l_i[B_r];
     const size_t bh = blockIdx.y;
-    const int row0 = blockIdx.x * B_r, rows = min(B_r, N - row0);
+    const int i = blockIdx.x, row0 = i * B_r, rows = min(B_r, N - row0);   // Q block i
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float* Sg = S + bh * N * N;
     float* Pg = P + bh * N * N;
 
     for (int r = threadIdx.x; r < B_r; r += NUM_THREADS) { m_i[r] = neg_inf(); l_i[r] = 0.f; }
     for (int pass = 0; pass < 2; ++pass) {  // pass 0: online m_i, l_i; pass 1: P_ij
-        for (int col0 = 0; col0 < N; col0 += B_c) {
+        for (int j = 0, col0 = 0; col0 < N; ++j, col0 += B_c) {       // block j: keys col0 = j B_c ..
             const int cols = min(B_c, N - col0);
             __syncthreads();
             for (int e = threadIdx.x; e < rows * B_c; e += NUM_THREADS) {   // load S_ij
@@ -188,12 +172,13 @@ standard_pv(const float* __restrict__ P, const float* __restrict__ V, float* __r
     __shared__ float V_j[B_c * d];
     __shared__ float O_i[B_r * d];
     const size_t bh = blockIdx.y;
-    const int row0 = blockIdx.x * B_r, rows = min(B_r, N - row0), tid = threadIdx.x;
+    const int i = blockIdx.x, row0 = i * B_r, rows = min(B_r, N - row0);  // Q block i
+    const int tid = threadIdx.x;
     const float* Pg = P + bh * N * N;
     const float* Vg = V + bh * N * d;
 
     for (int e = tid; e < B_r * d; e += NUM_THREADS) O_i[e] = 0.f;
-    for (int col0 = 0; col0 < N; col0 += B_c) {
+    for (int j = 0, col0 = 0; col0 < N; ++j, col0 += B_c) {          // block j: keys col0 = j B_c ..
         const int cols = min(B_c, N - col0);
         __syncthreads();
         for (int e = tid; e < B_r * B_c; e += NUM_THREADS) {         // load P_ij

@@ -1,0 +1,83 @@
+"""What the benchmark scripts share: the command line (``--out DIR``), writing the JSON
+file, and a deadline after which remaining points are skipped (and recorded as skipped)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from flashsim import measured
+
+
+def parser(doc: str, out_required: bool = False, deadline_s: float | None = None,
+           smoke: bool = False) -> argparse.ArgumentParser:
+    """A parser whose description is the script's first line, with ``--out DIR`` and, when
+    asked, ``--deadline-s`` (default ``deadline_s``) and ``--smoke`` (tiny sizes under the
+    CUDA simulator: checks the script on a machine without a GPU, times nothing)."""
+    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    if out_required:
+        ap.add_argument("--out", required=True, help="folder for the JSON files and logs")
+    else:
+        ap.add_argument("--out", default=str(measured.DATA_DIR),
+                        help="folder for the JSON file (default: the committed data folder)")
+    if deadline_s is not None:
+        ap.add_argument("--deadline-s", type=float, default=deadline_s,
+                        help="start no new point after this many seconds (skipped, recorded)")
+    if smoke:
+        ap.add_argument("--smoke", action="store_true",
+                        help="tiny sizes under the CUDA simulator (no GPU; times mean nothing)")
+    return ap
+
+
+def write_json(out_dir: str, name: str, data: dict, indent: int | None = 1) -> str:
+    """Write ``data`` to OUT/name (indented, so diffs of committed data stay readable;
+    ``indent=None`` for long per-block records)."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=indent)
+        f.write("\n")
+    return path
+
+
+class Deadline:
+    """Seconds left of a budget that started when this was made."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.t0 = seconds, time.time()
+
+    def left(self) -> float:
+        return self.seconds - (time.time() - self.t0)
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+
+class Recorder:
+    """A benchmark's results, saved as they grow: "points", "skipped" (each with its reason)
+    and whatever else the script adds, under a deadline (``args.deadline_s``)."""
+
+    def __init__(self, args, name: str, method: str, **sections):
+        self.args, self.name = args, name
+        self.deadline = Deadline(args.deadline_s)
+        self.results = {"provenance": None, "method": method, **sections, "points": [],
+                        "skipped": []}
+
+    def left(self) -> float:
+        return self.deadline.left()
+
+    def due(self, what: dict) -> bool:
+        """Time is left for ``what``; else it is recorded as skipped for the deadline."""
+        if self.left() >= 0:
+            return True
+        self.skip(what, "deadline")
+        return False
+
+    def skip(self, what: dict, reason: str) -> None:
+        self.results["skipped"].append({**what, "reason": reason})
+        print(f"  skip {what}: {reason}", flush=True)
+
+    def save(self) -> str:
+        return write_json(self.args.out, self.name, self.results)

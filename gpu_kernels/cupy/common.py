@@ -1,0 +1,215 @@
+"""What the CuPy RawModule kernels share: loading the CUDA C++ of ``gpu_kernels/cuda/``,
+taking CuPy arrays or PyTorch CUDA tensors without copies, and launching.
+
+* ``read_source(name)``: the text of ``gpu_kernels/cuda/<name>`` with ``#include "x.cuh"``
+  lines replaced by the header's text (so CuPy's compile cache, keyed by the source text,
+  sees a changed header; NVRTC needs no include path for our own headers).
+* ``get_kernel(file, name, defines, dynamic_smem)``: compile (once per process and per set
+  of compile-time constants; CuPy also keeps a disk cache) and return a ``cupy.RawKernel``.
+* ``as_cupy(x)``: a CuPy view of a CuPy array, a PyTorch CUDA tensor (DLPack, no copy) or
+  another CUDA array (CUDA Array Interface, no copy); ``output`` / ``wrap_like``: result
+  buffers and results handed back in the caller's framework.
+* ``CupyLaunch``: a ``Launch`` whose ``run`` takes those arrays, checks them against the
+  launch before anything runs, and launches through ``launch_kernel``.
+
+CuPy is imported inside functions only, so importing this module needs no GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+
+from ..common import KernelInputError, KernelLaunch, Launch, describe
+
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda")
+LOG2E = 1.4426950408889634
+# Options for NVRTC through CuPy (CuPy adds -arch=sm_XX for the current device itself).
+BASE_OPTIONS = ("-std=c++17",)
+_INCLUDE = re.compile(r'^#include "([\w.]+\.cuh)"(?:[ \t]*//.*)?[ \t]*$', re.M)
+
+
+def read_source(name: str) -> str:
+    """``gpu_kernels/cuda/<name>`` with our own headers pasted in place of their #include."""
+    with open(os.path.join(KERNEL_DIR, name), encoding="utf-8") as f:
+        text = f.read()
+    return _INCLUDE.sub(lambda m: read_source(m.group(1)) + f'#line {_line_after(text, m)} "{name}"',
+                        text)
+
+
+def _line_after(text: str, match) -> int:
+    """The line number (1-based) of the line after ``match`` in ``text``."""
+    return text.count("\n", 0, match.end()) + 2
+
+
+def compile_options(defines: dict[str, int]) -> tuple[str, ...]:
+    return BASE_OPTIONS + tuple(f"-D{k}={int(v)}" for k, v in defines.items())
+
+
+@functools.lru_cache(maxsize=None)
+def _module(cu_file: str, defines_items: tuple):
+    import cupy
+
+    return cupy.RawModule(code=read_source(cu_file), options=compile_options(dict(defines_items)))
+
+
+def get_kernel(cu_file: str, name: str, defines: dict[str, int], dynamic_smem: int = 0):
+    """The compiled ``cupy.RawKernel`` ``name`` of ``cu_file`` with these constants.
+
+    ``dynamic_smem`` above 48 KB raises the kernel's dynamic shared-memory limit (opt-in).
+    """
+    kernel = _module(cu_file, tuple(sorted(defines.items()))).get_function(name)
+    if dynamic_smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < dynamic_smem:
+        kernel.max_dynamic_shared_size_bytes = dynamic_smem
+    return kernel
+
+
+def kernel_resources(kernel) -> dict[str, int]:
+    """Registers, local memory and static shared memory of a loaded kernel (from the driver)."""
+    return {"registers": int(kernel.num_regs), "local_bytes": int(kernel.local_size_bytes),
+            "static_smem": int(kernel.shared_size_bytes)}
+
+
+def as_cupy(x, name: str):
+    """(CuPy view of ``x``, dtype name): ``x`` is a CuPy array, a CUDA tensor from PyTorch
+    taken through DLPack without a copy, or another CUDA array (its CUDA Array Interface).
+    bfloat16 tensors travel as int16 (CuPy need not know bfloat16: the kernels only see the
+    bits), so the dtype name is returned beside the view. Host arrays are refused."""
+    import cupy
+
+    if isinstance(x, cupy.ndarray):
+        return x, str(x.dtype)
+    info = describe(x, name)
+    if info.kind == "torch":
+        import torch
+
+        x = x.detach()
+        if x.dtype == torch.bfloat16:
+            x = x.view(torch.int16)
+        return cupy.from_dlpack(x), info.dtype
+    if info.kind == "cuda":
+        return cupy.asarray(x), info.dtype
+    raise KernelInputError(f"{name} must be a cupy.ndarray or a torch.Tensor on the GPU, "
+                           f"got {type(x).__name__}")
+
+
+def output(x, name: str, shape: tuple, dtype: str, like=None):
+    """A result buffer: ``x`` if given (checked: CuPy array or torch tensor of this shape and
+    dtype, C-contiguous), else a new CuPy array (``like``'s storage type, or ``dtype``)."""
+    import cupy
+
+    if x is None:
+        return cupy.empty_like(like) if like is not None else cupy.empty(shape, dtype=dtype)
+    a, dt = as_cupy(x, name)
+    if tuple(a.shape) != tuple(shape) or dt != dtype or not a.flags.c_contiguous:
+        raise KernelInputError(f"{name} must be a C-contiguous {dtype} array of shape {tuple(shape)}, "
+                               f"got {dt} {tuple(a.shape)}")
+    return a
+
+
+def wrap_like(x, kind: str, dtype: str | None = None):
+    """``x`` (a CuPy array) in the caller's framework ``kind``: a torch tensor (DLPack, no
+    copy; bfloat16 when ``dtype`` says so), a NumPy array (copied to the host), a numba
+    device array (no copy) or the CuPy array itself."""
+    if kind == "torch":
+        import torch
+
+        t = torch.from_dlpack(x)
+        return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+    if kind == "numpy":
+        return x.get()
+    if kind == "cuda":
+        from numba import cuda
+
+        return cuda.as_cuda_array(x)
+    return x
+
+
+class CupyLaunch(Launch):
+    """A Launch of a CUDA C++ kernel through CuPy. Subclasses give ``CU_FILE``,
+    ``defines()``, ``launches()`` and ``run``."""
+
+    CU_FILE = ""
+
+    def defines(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def inputs(self, Q, K, V):
+        """CuPy views of Q, K, V, checked against this launch (shape, dtype, C order)."""
+        out = []
+        for x, name in ((Q, "Q"), (K, "K"), (V, "V")):
+            a, dt = as_cupy(x, name)
+            self.check_shape_of(dataclasses.replace(describe(a, name), dtype=dt), name)
+            if not a.flags.c_contiguous:
+                raise KernelInputError(f"{name} is not C-contiguous; pass a contiguous copy")
+            out.append(a)
+        return out
+
+    def launch_kernel(self, kl: KernelLaunch, args: tuple) -> None:
+        """Launch ``kl`` (one of ``launches()``) of this file with these constants."""
+        kernel = get_kernel(self.CU_FILE, kl.kernel, self.defines(), kl.dynamic_smem)
+        kernel(kl.grid, (kl.threads,), args, shared_mem=kl.dynamic_smem)
+
+
+# --------------------------------------------------------------------------------------
+# The fp32 CUDA-core kernels (standard.cu, flash1.cu, flash2.cu): one thread layout, tiles
+# from flashsim's SRAM rule for SRAM bytes of shared memory
+
+SRAM = 48 * 1024        # the shared memory per block the fp32 kernels are planned for
+NUM_THREADS = 256       # threads per block of every fp32 kernel
+
+
+class Fp32Launch(CupyLaunch):
+    """A launch of one of the fp32 files: compile-time constants d, B_r, B_c, threads."""
+
+    def defines(self) -> dict[str, int]:
+        return fp32_defines(self.d, self.block_rows, self.block_cols)
+
+    def run_fused(self, Q, K, V, stats: tuple):
+        """Launch the one kernel of a fused file (flash1.cu, flash2.cu) with arguments
+        (Q, K, V, O, *stats, N, tau, causal): returns O and the row statistics ``stats``
+        names, each (B, H, N) float32 (CuPy)."""
+        import cupy
+
+        q, k, v = self.inputs(Q, K, V)
+        O = cupy.empty_like(q)
+        rows = {n: cupy.empty((self.batch, self.heads, self.N), dtype=cupy.float32) for n in stats}
+        (kl,) = self.launches()
+        self.launch_kernel(kl, (q, k, v, O, *rows.values(), cupy.int32(self.N),
+                                cupy.float32(self.tau), cupy.int32(self.causal)))
+        return O, rows
+
+
+def fp32_defines(d: int, block_rows: int, block_cols: int) -> dict[str, int]:
+    return {"HEAD_DIM": d, "BLOCK_R": block_rows, "BLOCK_C": block_cols, "NUM_THREADS": NUM_THREADS}
+
+
+def fp32_plan(algorithm: str, B: int, H: int, N: int, d: int, *, causal: bool, block_rows, block_cols,
+              sram: int = SRAM):
+    """The fp32 kernels' tile rule: flashsim's plan for an SRAM of ``sram`` bytes (the
+    tile policy's ``sram_rule``); given tiles must fit there too."""
+    from ..common import sram_rule
+
+    return sram_rule(algorithm, N, d, dtype="fp32", sram=int(sram), causal=causal,
+                     block_rows=block_rows, block_cols=block_cols)
+
+
+def fp32_configure(cls, kernel: str, algorithm: str, shared_bytes, B: int, H: int, N: int, d: int,
+                   *, causal: bool = False, block_rows=None, block_cols=None, sram: int = SRAM):
+    """The launch of a fused fp32 kernel: tiles from ``fp32_plan``, static shared memory
+    ``shared_bytes(d, B_r, B_c)``, NUM_THREADS threads."""
+    p = fp32_plan(algorithm, B, H, N, d, causal=causal, block_rows=block_rows,
+                  block_cols=block_cols, sram=sram)
+    return cls(kernel, algorithm, B, H, N, d, "fp32", causal, p.block_rows, p.block_cols,
+               NUM_THREADS, shared_bytes(d, p.block_rows, p.block_cols), 0, p.sram_bytes)
+
+
+def fp32_variants(cu_file: str, algorithm: str, hot: tuple, head_dims=(64, 128)) -> list:
+    """(file, defines, dynamic smem, hot kernels) that CI compiles: the plans at N = 4096."""
+    out = []
+    for d in head_dims:
+        p = fp32_plan(algorithm, 1, 1, 4096, d, causal=False, block_rows=None, block_cols=None)
+        out.append((cu_file, fp32_defines(d, p.block_rows, p.block_cols), 0, hot))
+    return out
