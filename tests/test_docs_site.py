@@ -50,6 +50,7 @@ def _png(data: dict) -> str:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    """The site, built once for this module's tests."""
     if importlib.util.find_spec("mkdocs") is None:
         _missing("MkDocs is not installed (pip install -e '.[docs]')")
     out = tmp_path_factory.mktemp("site")
@@ -59,6 +60,7 @@ def site(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_site_holds_every_notebook_with_its_figures(site):
     notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
     assert notebooks
@@ -75,6 +77,7 @@ def test_site_holds_every_notebook_with_its_figures(site):
         assert "Traceback" not in page, source.name
 
 
+@pytest.mark.slow
 def test_site_holds_every_page_and_an_api_page_per_module(site):
     readme = (ROOT / "README.md").read_text().splitlines()
     sentence = next(line for line in readme if line and not line.startswith(("#", "!", "<")))
