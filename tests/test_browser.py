@@ -16,7 +16,8 @@ with no ``[*]`` prompt left. Then, per notebook:
   the sliders show;
 * each slider of each panel, moved one step with the keyboard (focus the handle, arrow key)
   and back, changes the panel's picture; the median time from key press to new picture
-  is under 150 ms;
+  is under 150 ms (a separate test: on a machine shared with other work it measures the
+  load too);
 * the browser logged no console error.
 
 Notebooks: 03 and 04 (named by issue 17) and every later one from 08 on that shows a
@@ -360,19 +361,24 @@ def test_browser_sent_back_no_value_a_cell_set(run, request):
         f"slider: {run['snaps']}")
 
 
-def test_each_slider_redraws_its_picture_quickly(run):
+def test_each_slider_moved_by_the_keyboard_changes_its_picture(run):
     moves = run["moves"]
     assert moves, f"{run['name']} has no slider"
     stuck = [m["slider"] for m in moves if not m["moved"]]
     same = [m["slider"] for m in moves if m["moved"] and not m["changed"]]
     assert not stuck, f"{run['name']}: sliders the keyboard cannot move: {stuck}"
     assert not same, f"{run['name']}: moving these sliders left the picture as it was: {same}"
-    times = [m["ms"] for m in moves]
-    assert None not in times, f"{run['name']}: no redraw within {MOVE_TIMEOUT_MS} ms: {moves}"
+
+
+def test_median_redraw_under_150_ms(run):
+    """From key press to new picture: the kernel's recompute and redraw, the PNG's trip
+    and the browser's update, as a user sees it."""
+    times = [m["ms"] for m in run["moves"] if m["moved"]]
+    assert times and None not in times, f"{run['name']}: no redraw within {MOVE_TIMEOUT_MS} ms"
     median = statistics.median(times)
     assert median < REDRAW_MEDIAN_MS, (
         f"{run['name']}: median redraw {median:.0f} ms over {len(times)} moves: "
-        + ", ".join(f"{m['slider']} {m['ms']:.0f}" for m in moves))
+        + ", ".join(f"{m['slider']} {m['ms']:.0f}" for m in run["moves"] if m["moved"]))
 
 
 def test_no_console_errors(run):
