@@ -47,8 +47,18 @@ def modules(package: str) -> list[str]:
 
 
 def _home_page() -> str:
-    text = (ROOT / "README.md").read_text()
-    return re.sub(r"\]\(docs/", "](", text)
+    """README.md with its links fitted to the site: docs/X becomes X; a link to any other
+    file of the repository (not on the site) becomes its text and the path."""
+    def link(m: re.Match) -> str:
+        bang, text, target = m.groups()
+        if target.startswith(("http://", "https://", "mailto:", "#")):
+            return m.group(0)
+        if target.startswith("docs/"):
+            return f"{bang}[{text}]({target[len('docs/'):]})"
+        if target.startswith("notebooks/") and target.endswith(".ipynb"):
+            return f"{bang}[{text}]({target})"
+        return f"{text} (`{target}`)"
+    return re.sub(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)", link, (ROOT / "README.md").read_text())
 
 
 @event_priority(100)   # before mkdocs-jupyter turns .ipynb files into pages
