@@ -19,6 +19,7 @@ are imported only when a panel is built, so ``import flashsim`` stays light.
 
 from __future__ import annotations
 
+import base64
 import functools
 import time
 from typing import Callable
@@ -420,7 +421,8 @@ class Panel:
     (a FlashsimError) leaves the picture as it was and puts the message in ``error`` and
     above the picture. A view may return ``limits`` {control: (lo, hi)}, e.g. how many
     steps there are; the control's range follows it (and the view is recomputed if its
-    value had to move). Displaying a Panel displays its ``widget``."""
+    value had to move). Displaying a Panel displays its ``widget``, with the current picture
+    as a PNG beside it for renderers without widgets (:meth:`_repr_mimebundle_`)."""
 
     def __init__(self, compute: Callable[..., dict], picture, controls: dict,
                  figsize=(9.0, 4.0), dpi: int = 80):
@@ -484,7 +486,11 @@ class Panel:
         return self._renderer.png()
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        """The live widget for JupyterLab and, beside it, the picture as it is now as a PNG:
+        renderers that cannot run widgets (nbconvert, the docs site) show that instead."""
+        data = dict(self.widget._repr_mimebundle_(**kwargs))
+        data["image/png"] = base64.b64encode(self.image.value).decode("ascii")
+        return data
 
 
 def _w():
