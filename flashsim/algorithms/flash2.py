@@ -13,6 +13,10 @@ Traffic per head, with b bytes per element, T_r = ceil(N/B_r) and 4-byte statist
 so without a mask K and V are read T_r times: 2 N^2 d b / B_r, which falls as B_r grows.
 FLOPs: 4 d sum_i r_i cols(i), with r_i the rows of block i (4 N^2 d without a mask).
 SRAM working set: b (2 B_r d + 2 B_c d + B_r B_c) + 8 B_r  (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i).
+
+Placed as FlashAttention-2/3 kernels place it (``placement="registers"``, ``REGISTERS``):
+Q_i, K_j, V_j in shared memory, b (B_r d + 2 B_c d); the S_ij tile (P_ij takes its
+registers), the fp32 O_i accumulator and m_i, l_i in registers, 4 B_r B_c + 4 B_r d + 8 B_r.
 """
 
 from __future__ import annotations
@@ -21,16 +25,26 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (apply_causal_mask, block_extent, causal_stop_j, exp_diff,
-                      largest_square_block, matmul_flops)
+from ._common import (ACC_BYTES, apply_causal_mask, block_extent, causal_stop_j, exp_diff,
+                      largest_square_block, matmul_flops, registers)
+
+# The buffers a kernel keeps in registers, with their bytes per element there.
+REGISTERS = {"S_ij": ACC_BYTES, "O_i": ACC_BYTES, "m_i": STAT_BYTES, "l_i": STAT_BYTES,
+             "L_i": STAT_BYTES}
 
 
 
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
     r, c = block_rows, block_cols
     return b * (2 * r * d + 2 * c * d + r * c) + 2 * STAT_BYTES * r
+
+
+def placed_bytes(block_rows: int, block_cols: int, d: int, b: int) -> tuple[int, int]:
+    """(shared memory, registers) at their peaks with ``REGISTERS`` (see the header)."""
+    r, c = block_rows, block_cols
+    return b * (r * d + 2 * c * d), ACC_BYTES * (r * c + r * d) + 2 * STAT_BYTES * r
 
 
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
@@ -92,7 +106,7 @@ def build(plan) -> Nest:
         Store("O_i", "O", rows="i"),
         Store("L_i", "L", rows="i"),
     )),)
-    return Nest(tensors, body)
+    return Nest(tensors, place(body, registers(plan, REGISTERS)))
 
 
 def closed_form(plan) -> tuple[dict, dict, int]:

@@ -36,6 +36,10 @@ R = T_c N, as in Algorithm 4, but O_i, l_i and m_i no longer cross HBM every ste
 FLOPs: 10 d sum_j c_j rows(j), as in Algorithm 4 (five matmuls per tile).
 SRAM working set: b (4 B_c d + 2 B_r d + 2 B_r B_c) + 4 B_r d + 8 B_r
 (K_j, V_j, dK_j, dV_j, Q_i, dO_i, S_ij/P_ij, dS_ij, the fp32 dQ_i, and L_i, D_i).
+Placed as FlashAttention-2's backward kernel places it (``placement="registers"``,
+``REGISTERS``): K_j, V_j, Q_i, dO_i and the P_ij, dS_ij tiles (matmul operands, needed
+transposed too) in shared memory, b (2 B_c d + 2 B_r d + 2 B_r B_c); the fp32 accumulators
+dK_j, dV_j, dQ_i and L_i, D_i in registers, 8 B_c d + 4 B_r d + 8 B_r.
 """
 
 from __future__ import annotations
@@ -44,12 +48,15 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (apply_causal_mask, block_extent, causal_start_i, exp_diff,
-                      largest_square_block, matmul_flops)
+from ._common import (ACC_BYTES, apply_causal_mask, block_extent, causal_start_i, exp_diff,
+                      largest_square_block, matmul_flops, registers)
 
-ACC_BYTES = 4             # dQ is accumulated in fp32 (atomic adds)
+# dQ is accumulated in fp32 (atomic adds): ACC_BYTES. The buffers a kernel keeps in
+# registers, with their bytes per element there:
+REGISTERS = {"dK_j": ACC_BYTES, "dV_j": ACC_BYTES, "dQ_i": ACC_BYTES, "L_i": STAT_BYTES,
+             "D_i": STAT_BYTES}
 
 
 def accumulator(b: int) -> str:
@@ -60,6 +67,13 @@ def accumulator(b: int) -> str:
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
     r, c = block_rows, block_cols
     return b * (4 * c * d + 2 * r * d + 2 * r * c) + ACC_BYTES * r * d + 2 * STAT_BYTES * r
+
+
+def placed_bytes(block_rows: int, block_cols: int, d: int, b: int) -> tuple[int, int]:
+    """(shared memory, registers) at their peaks with ``REGISTERS`` (see the header)."""
+    r, c = block_rows, block_cols
+    return (b * (2 * c * d + 2 * r * d + 2 * r * c),
+            ACC_BYTES * (2 * c * d + r * d) + 2 * STAT_BYTES * r)
 
 
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
@@ -150,7 +164,7 @@ def build(plan) -> Nest:
             Compute("dQ_i = convert(dQ_acc_i)", convert),
             Store("dQ_i", "dQ", rows="i"),
         )),)
-    return Nest(tensors, body)
+    return Nest(tensors, place(body, registers(plan, REGISTERS)))
 
 
 def closed_form(plan) -> tuple[dict, dict, int]:
