@@ -329,9 +329,9 @@ def fastest_blocks(algorithm: str, seq_len: int, head_dim: int, efficiency, *,
                    multiple: int = 16, largest: int = 256) -> tuple[int, int]:
     """The tiles with the shortest roofline time for a kernel that says how well it runs.
 
-    ``plan`` picks blocks by filling an SRAM of M bytes with the algorithm's working set.
-    A real kernel splits its on-chip memory differently (FlashAttention kernels keep S_ij
-    and O_i in registers, pad shared-memory rows against bank conflicts, add scratch), and
+    ``plan`` picks blocks by filling on-chip memory: an SRAM of M bytes in the two-level
+    model, or shared memory and registers as FlashAttention kernels place S_ij and O_i. A
+    real kernel also pads shared-memory rows against bank conflicts and adds scratch, and
     the tiles that move the fewest bytes are not always the fastest: a kernel that is
     bound by arithmetic runs at the speed its thread layout allows. So the kernel answers
     ``efficiency(B_r, B_c)``: the fraction of the GPU's peak FLOP rate it expects with
