@@ -28,7 +28,7 @@ from flashsim.views import widgets  # noqa: E402
 from gpu_kernels.harness import provenance  # noqa: E402
 
 TARGET_S = 0.100
-SRAM_SWEEP = [int(m) for m in np.geomspace(16 * 1024, 1024 * 1024, 41)]
+SRAM_SWEEP = widgets.sram_options()[::max(1, len(widgets.sram_options()) // 41)]  # on the grid
 N_SWEEP = [65536, 32768, 16384, 65536, 8192, 65536, 4096, 32768] * 4
 
 

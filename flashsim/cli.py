@@ -1,6 +1,9 @@
 """``flashsim io`` and ``flashsim compare``: the simulator from a terminal.
 
-Bad input ends with one line on stderr and exit status 2, never a traceback.
+The counts are the bytes SRAM requests from the level below it (the two-level model's
+"HBM traffic"); whenever a GPU preset applies (``--gpu``, or no ``--sram``), the L2 model's
+DRAM bytes stand beside them. Bad input ends with one line on stderr and exit status 2,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 from . import context_parallel, reference
 from .hardware import l2
 from .algorithms import ALGORITHMS
+from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError
 from .plan import PASSES, plan
 from .hardware import schedules
@@ -51,9 +55,16 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=list(DTYPE_BYTES), default="fp32",
                    help="sets bytes per element (values are computed in float64)")
     p.add_argument("--gpu", choices=list(GPUS), type=str.lower,
-                   help="hardware preset: sets M and enables the roofline time (default h200)")
+                   help="hardware preset: sets M (shared memory a block) and the register "
+                        "budget, and adds the L2 model's DRAM bytes and the roofline time "
+                        "(default h200 unless --sram is given alone)")
     p.add_argument("--sram", help="SRAM size M per thread block, e.g. 100KiB, 228KB, 65536 "
                                   "(KB = 1000 B, KiB = 1024 B); overrides the preset's M")
+    p.add_argument("--placement", choices=PLACEMENTS,
+                   help="two-level: every buffer in SRAM (the paper's model and block rules, "
+                        "Theorem 2); registers: S_ij, accumulators and statistics in "
+                        "registers, tiles from HBM in shared memory, as real kernels (default "
+                        "with a GPU preset)")
     p.add_argument("--block-rows", type=_int, help="B_r (default: the algorithm's rule)")
     p.add_argument("--block-cols", type=_int, help="B_c (default: the algorithm's rule)")
     p.add_argument("--causal", action="store_true", help="causal mask; masked tiles skipped")
@@ -76,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--extra-passes", type=_passes, default=(),
                     help="standard only: eager elementwise passes over S, e.g. scale,mask")
     io.add_argument("--l2", help="L2 cache size, e.g. 60MB: adds the three-level model's "
-                                 "DRAM bytes (also on with --gpu, at the preset's L2)")
+                                 "DRAM bytes (on whenever a GPU preset applies, at its L2)")
     io.add_argument("--blocks-per-sm", type=_int,
                     help="resident thread blocks per SM for the L2 model (default: as many "
                          "as the SRAM working set allows)")
@@ -156,7 +167,7 @@ def _plan(args, algorithm: str, passes=()):
     return plan(algorithm, args.seq_len, args.head_dim, batch=args.batch, heads=args.heads,
                 dtype=args.dtype, sram=args.sram, gpu=args.gpu, block_rows=args.block_rows,
                 block_cols=args.block_cols, causal=args.causal, extra_passes=passes,
-                pass_=args.pass_)
+                pass_=args.pass_, placement=args.placement)
 
 
 def _report(p, args, inputs):
@@ -193,11 +204,12 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "gpus":
             for key, g in GPUS.items():
-                print(f"{key:<10} {g.name:<26} SMs {g.sms:>3}  SRAM/block "
-                      f"{format_bytes(g.sram_per_block):>10}  L2 {format_bytes(g.l2_bytes)}  "
-                      f"HBM {g.hbm_bandwidth / 1e12:.2f} TB/s  fp16 "
+                print(f"{key:<10} {g.name:<26} SMs {g.sms:>3}  shared/block "
+                      f"{format_bytes(g.sram_per_block):>10}  registers/block "
+                      f"{format_bytes(g.register_bytes_per_block)}  L2 "
+                      f"{format_bytes(g.l2_bytes)}  HBM {g.hbm_bandwidth / 1e12:.2f} TB/s  fp16 "
                       f"{g.peak_tensor_fp16 / 1e12:.0f} / fp32 {g.peak_fp32 / 1e12:.1f} TFLOP/s"
-                      f"\n{'':<11}source: {g.source}")
+                      f"\n{'':<11}source: {g.source}\n{'':<11}registers: {g.register_source}")
             return 0
         if args.command == "numerics":
             if not 0 <= args.outlier_fraction <= 1:
@@ -212,7 +224,7 @@ def main(argv=None) -> int:
             cp = (context_parallel.cp_plan(p, args.devices, args.cp_schedule or "ring")
                   if args.devices else None)
             rep = _report(p, args, inputs)
-            if args.gpu is not None or args.l2 is not None:
+            if p.gpu is not None or args.l2 is not None:
                 rep.l2 = l2.simulate(p, l2_bytes=None if args.l2 is None else parse_size(args.l2),
                                      blocks_per_sm=args.blocks_per_sm)
             sched = _schedule(p, args) if args.schedule else None
@@ -228,8 +240,13 @@ def main(argv=None) -> int:
             print(json.dumps({**rep.to_dict(), **fields}) if args.json
                   else "\n".join([format_report(rep)] + lines))
         else:
-            reps = [_report(_plan(args, a, args.extra_passes if a == "standard" else ()),
-                            args, inputs) for a in ALGORITHMS]
+            reps = []
+            for a in ALGORITHMS:
+                p = _plan(args, a, args.extra_passes if a == "standard" else ())
+                rep = _report(p, args, inputs)
+                if p.gpu is not None:
+                    rep.l2 = l2.simulate(p)
+                reps.append(rep)
             print(json.dumps({"compare": [r.to_dict() for r in reps]}) if args.json
                   else format_compare(reps))
         return 0

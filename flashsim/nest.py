@@ -18,11 +18,25 @@ A loop runs over the blocks of one index: ``Loop("i", block=B_r, extent=N)`` vis
 variables that select its rows and columns; ``None`` means the whole dimension.
 Buffers live in SRAM from the op that creates them to the end of the loop iteration
 (or nest) in which they were created.
+
+**Where a buffer lives.** In the paper's two-level model every buffer is in SRAM, one budget
+of M bytes. A real kernel splits its on-chip storage in two: *shared memory* (what threads
+of a block share: the tiles loaded from HBM, here Q_i, K_j, V_j) and the *registers* of its
+threads (what each thread computes on: the S_ij tile, the O_i accumulator, m_i, l_i). Each
+Load and Alloc says where its buffer lives (``level``, shared memory unless it says
+``"registers"``) and, if it differs from the op's, its ``width`` there in bytes per element
+(4 for an fp32 accumulator of fp16 data). An algorithm writes its nest with every buffer in
+SRAM and names its register buffers in a table; :func:`place` marks them, once per pass, so
+the forward and backward of one plan can place a buffer of the same name differently. A
+nest with no register buffer is the two-level model. The engines keep the two levels
+apart: ``Counts.sram_peak`` is the shared-memory peak, ``Counts.register_peak`` the
+registers' (0 in the two-level model), and :func:`working_set` takes the level. Traffic
+never depends on placement: a load or store moves the HBM tile's bytes wherever it lands.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Union
 
 import numpy as np
@@ -39,13 +53,20 @@ class Tensor:
     elem_bytes: int
 
 
+SMEM, REGISTERS = "smem", "registers"          # the two on-chip levels
+
+
 @dataclass(frozen=True)
 class Load:
-    """Copy a tile of ``tensor`` from HBM into SRAM buffer ``buf`` (counted as an HBM read)."""
+    """Copy a tile of ``tensor`` from HBM into SRAM buffer ``buf`` (counted as an HBM read).
+    ``level``/``width``: where the buffer lives and its bytes per element there (None: the
+    tensor's)."""
     buf: str
     tensor: str
     rows: str | None = None
     cols: str | None = None
+    level: str = SMEM
+    width: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,12 +82,14 @@ class Store:
 class Alloc:
     """Create SRAM buffer ``buf`` of ``rows`` x ``cols`` elements filled with ``fill``; no HBM
     traffic. ``rows`` is a loop variable (its block's extent); ``cols`` is one too, or a
-    number of columns."""
+    number of columns. ``level``/``width`` as for :class:`Load` (None: ``elem_bytes``)."""
     buf: str
     rows: str
     cols: str | int
     elem_bytes: int
     fill: float = 0.0
+    level: str = SMEM
+    width: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +142,25 @@ class Nest:
     tensors: dict
     body: tuple
 
+    def onchip_bytes(self, op, elems) -> object:
+        """Bytes buffer ``op.buf`` (a Load or Alloc) takes on chip for ``elems`` elements."""
+        return _onchip(op, elems, self.tensors)[1]
+
+
+def place(body: tuple, registers: dict) -> tuple:
+    """``body`` with the Loads and Allocs of the buffers named in ``registers`` ({buffer:
+    bytes per element in registers, or None to keep the op's width}) moved to registers."""
+    if not registers:
+        return body
+    out = []
+    for op in body:
+        if isinstance(op, (Load, Alloc)) and op.buf in registers:
+            op = replace(op, level=REGISTERS, width=registers[op.buf])
+        elif isinstance(op, Loop):
+            op = replace(op, body=place(op.body, registers))
+        out.append(op)
+    return tuple(out)
+
 
 class Ctx:
     """The current block index of every enclosing loop, and the rows each block covers."""
@@ -154,7 +196,8 @@ def loop_range(loop: Loop, ctx: Ctx) -> range:
 @dataclass
 class Step:
     """One op as :func:`walk` meets it: the op, the live context, and for loads, stores and
-    allocations the rows/cols of the tile and its bytes."""
+    allocations the rows/cols of the tile and its bytes (a load's or store's: the HBM tile's,
+    what crosses; an allocation's: what it takes on chip)."""
     op: Op
     ctx: Ctx
     rows: tuple[int, int] | None = None
@@ -170,10 +213,11 @@ def walk(nest: Nest) -> Iterator[Step]:
     the whole nest) carries ``freed``: the buffers released there.
     """
     ctx = Ctx()
-    yield from _walk(nest.body, nest.tensors, ctx)
+    yield from _walk(nest.body, nest, ctx)
 
 
-def _walk(ops: tuple, tensors: dict, ctx: Ctx, owner: Loop | None = None) -> Iterator[Step]:
+def _walk(ops: tuple, nest: Nest, ctx: Ctx, owner: Loop | None = None) -> Iterator[Step]:
+    tensors = nest.tensors
     created: list[str] = []
     for op in ops:
         if isinstance(op, (Load, Store)):
@@ -188,14 +232,14 @@ def _walk(ops: tuple, tensors: dict, ctx: Ctx, owner: Loop | None = None) -> Ite
             cols = (0, op.cols) if isinstance(op.cols, int) else ctx.range(op.cols)
             created.append(op.buf)
             yield Step(op, ctx, rows, cols,
-                       (rows[1] - rows[0]) * (cols[1] - cols[0]) * op.elem_bytes)
+                       nest.onchip_bytes(op, (rows[1] - rows[0]) * (cols[1] - cols[0])))
         elif isinstance(op, Compute):
             yield Step(op, ctx)
         elif isinstance(op, Loop):
             ctx.loops[op.var] = op
             for i in loop_range(op, ctx):
                 ctx.idx[op.var] = i
-                yield from _walk(op.body, tensors, ctx, op)
+                yield from _walk(op.body, nest, ctx, op)
             ctx.idx.pop(op.var, None)
             ctx.loops.pop(op.var)
         else:  # pragma: no cover - a nest is built by our own code
@@ -205,13 +249,15 @@ def _walk(ops: tuple, tensors: dict, ctx: Ctx, owner: Loop | None = None) -> Ite
 
 @dataclass
 class Counts:
-    """Bytes by tensor and direction, matmul FLOPs and the SRAM peak, for one head; and the
-    work outside the matmuls: exponentials, and all non-matmul operations (exponentials
-    included), as :class:`Compute` defines them."""
+    """Bytes by tensor and direction, matmul FLOPs and the on-chip peaks, for one head:
+    ``sram_peak`` for shared memory (all of SRAM in the two-level model), ``register_peak``
+    for the buffers placed in registers; and the work outside the matmuls: exponentials, and
+    all non-matmul operations (exponentials included), as :class:`Compute` defines them."""
     read: dict = field(default_factory=dict)
     write: dict = field(default_factory=dict)
     flops: int = 0
     sram_peak: int = 0
+    register_peak: int = 0
     exp_ops: int = 0
     nonmatmul_flops: int = 0
 
@@ -227,19 +273,24 @@ class Counts:
                 setattr(self, attr, getattr(self, attr) + int(v))
 
 
-def execute(nest: Nest, hbm: dict, sram_limit: int | None = None) -> Counts:
+def execute(nest: Nest, hbm: dict, sram_limit: int | None = None,
+            register_limit: int | None = None) -> Counts:
     """Run ``nest`` with values. ``hbm`` maps tensor names to arrays of shape
     ``(..., rows, cols)``; outputs are written into it. Returns the counts for one head
-    (the leading batch dimensions share one schedule)."""
+    (the leading batch dimensions share one schedule). A limit, when given, is checked
+    after every buffer is created: shared memory against ``sram_limit``, registers
+    against ``register_limit``."""
     counts = Counts({n: 0 for n in nest.tensors}, {n: 0 for n in nest.tensors})
     sram: dict[str, np.ndarray] = {}
-    sizes: dict[str, int] = {}
+    sizes: dict[str, dict] = {SMEM: {}, REGISTERS: {}}
+    level: dict[str, str] = {}
     for step in walk(nest):
         op = step.op
         if isinstance(op, Load):
             (r0, r1), (c0, c1) = step.rows, step.cols
             sram[op.buf] = hbm[op.tensor][..., r0:r1, c0:c1].copy()
-            sizes[op.buf] = step.nbytes
+            level[op.buf] = op.level
+            sizes[op.level][op.buf] = nest.onchip_bytes(op, (r1 - r0) * (c1 - c0))
             counts.read[op.tensor] += step.nbytes
         elif isinstance(op, Store):
             (r0, r1), (c0, c1) = step.rows, step.cols
@@ -249,20 +300,26 @@ def execute(nest: Nest, hbm: dict, sram_limit: int | None = None) -> Counts:
             batch = next(iter(hbm.values())).shape[:-2]
             shape = (step.rows[1] - step.rows[0], step.cols[1] - step.cols[0])
             sram[op.buf] = np.full(batch + shape, op.fill)
-            sizes[op.buf] = step.nbytes
+            level[op.buf] = op.level
+            sizes[op.level][op.buf] = nest.onchip_bytes(op, shape[0] * shape[1])
         elif isinstance(op, Compute):
             op.fn(sram, step.ctx)
             counts.add_compute(op, step.ctx.extent)
         if step.freed:
             for buf in step.freed:
                 sram.pop(buf, None)
-                sizes.pop(buf, None)
+                sizes[level.pop(buf, SMEM)].pop(buf, None)
         elif isinstance(op, (Load, Alloc)):
-            counts.sram_peak = max(counts.sram_peak, sum(sizes.values()))
+            counts.sram_peak = max(counts.sram_peak, sum(sizes[SMEM].values()))
+            counts.register_peak = max(counts.register_peak, sum(sizes[REGISTERS].values()))
             if sram_limit is not None and counts.sram_peak > sram_limit:
                 raise SramOverflowError(
-                    f"SRAM holds {counts.sram_peak} B after loading {op.buf}, more than "
-                    f"M = {sram_limit} B")
+                    f"shared memory holds {counts.sram_peak} B after loading {op.buf}, more "
+                    f"than M = {sram_limit} B")
+            if register_limit is not None and counts.register_peak > register_limit:
+                raise SramOverflowError(
+                    f"registers hold {counts.register_peak} B after creating {op.buf}, more "
+                    f"than the block's {register_limit} B")
     return counts
 
 
@@ -270,57 +327,73 @@ def count(nest: Nest) -> Counts:
     """The counts :func:`execute` would give, without values and without stepping through
     innermost loops one block at a time."""
     counts = Counts({n: 0 for n in nest.tensors}, {n: 0 for n in nest.tensors})
-    _count(nest.body, nest.tensors, Ctx(), counts, 0)
+    _count(nest.body, nest.tensors, Ctx(), counts, (0, 0))
     return counts
 
 
 def count_scope(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts | None = None,
-                resident: int = 0) -> Counts:
+                resident: tuple = (0, 0)) -> Counts:
     """Add the counts of ``ops`` run in context ``ctx`` (the enclosing loops' blocks already
-    chosen: one thread block of a launch, say) to ``counts`` and return it."""
+    chosen: one thread block of a launch, say) to ``counts`` and return it. ``resident``:
+    (shared, register) bytes already held by outer scopes."""
     counts = counts if counts is not None else Counts(
         {n: 0 for n in tensors}, {n: 0 for n in tensors})
     _count(ops, tensors, ctx, counts, resident)
     return counts
 
 
-def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: int) -> int:
-    """Count ``ops`` in context ``ctx`` with ``resident`` bytes already in SRAM from outer
-    scopes; returns the bytes this scope holds at its end (freed by the caller)."""
-    held = 0
+def _onchip(op, elems, tensors: dict):
+    """(level index, bytes) of a Load's or Alloc's buffer: 0 for shared memory, 1 for
+    registers; ``op.width`` bytes an element, else the op's own width."""
+    width = op.width or (op.elem_bytes if isinstance(op, Alloc)
+                         else tensors[op.tensor].elem_bytes)
+    return int(op.level == REGISTERS), elems * width
+
+
+def _note_peak(counts: Counts, resident: tuple, held: list) -> None:
+    counts.sram_peak = max(counts.sram_peak, int(resident[0] + np.max(held[0])))
+    counts.register_peak = max(counts.register_peak, int(resident[1] + np.max(held[1])))
+
+
+def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: tuple) -> None:
+    """Count ``ops`` in context ``ctx`` with ``resident`` = (shared, register) bytes already
+    on chip from outer scopes."""
+    held = [0, 0]
     for op in ops:
         if isinstance(op, (Load, Store)):
             t = tensors[op.tensor]
             rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
-            nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * t.elem_bytes
+            elems = (rows[1] - rows[0]) * (cols[1] - cols[0])
             if isinstance(op, Load):
-                counts.read[op.tensor] += nbytes
-                held += nbytes
-                counts.sram_peak = max(counts.sram_peak, resident + held)
+                counts.read[op.tensor] += elems * t.elem_bytes
+                level, nb = _onchip(op, elems, tensors)
+                held[level] += nb
+                _note_peak(counts, resident, held)
             else:
-                counts.write[op.tensor] += nbytes
+                counts.write[op.tensor] += elems * t.elem_bytes
         elif isinstance(op, Alloc):
             cols = op.cols if isinstance(op.cols, int) else ctx.extent(op.cols)
-            held += ctx.extent(op.rows) * cols * op.elem_bytes
-            counts.sram_peak = max(counts.sram_peak, resident + held)
+            level, nb = _onchip(op, ctx.extent(op.rows) * cols, tensors)
+            held[level] += nb
+            _note_peak(counts, resident, held)
         elif isinstance(op, Compute):
             counts.add_compute(op, ctx.extent)
         elif isinstance(op, Loop):
             ctx.loops[op.var] = op
             blocks = loop_range(op, ctx)
+            inner = (resident[0] + held[0], resident[1] + held[1])
             if any(isinstance(o, Loop) for o in op.body):
                 for i in blocks:
                     ctx.idx[op.var] = i
-                    _count(op.body, tensors, ctx, counts, resident + held)
+                    _count(op.body, tensors, ctx, counts, inner)
             elif len(blocks):
-                _count_leaf(op, blocks, tensors, ctx, counts, resident + held)
+                _count_leaf(op, blocks, tensors, ctx, counts, inner)
             ctx.idx.pop(op.var, None)
             ctx.loops.pop(op.var)
-    return held
 
 
 def _count_leaf(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Counts,
-                resident: int) -> None:
+                resident: tuple) -> None:
     """All iterations of an innermost loop at once: each extent of ``loop.var`` becomes a
     NumPy array over the iterations and every count is a sum over it."""
     idx = np.arange(blocks.start, blocks.stop, dtype=np.int64)
@@ -333,22 +406,24 @@ def _count_leaf(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Coun
     def span(var: str | None, full: int):
         return full if var is None else ext(var)
 
-    held = np.zeros(len(idx), dtype=np.int64)
+    held = [np.zeros(len(idx), dtype=np.int64), np.zeros(len(idx), dtype=np.int64)]
     for op in loop.body:
         if isinstance(op, (Load, Store)):
             t = tensors[op.tensor]
-            nbytes = span(op.rows, t.rows) * span(op.cols, t.cols) * t.elem_bytes
-            nbytes = np.broadcast_to(nbytes, idx.shape)
+            elems = np.broadcast_to(span(op.rows, t.rows) * span(op.cols, t.cols), idx.shape)
             if isinstance(op, Load):
-                counts.read[op.tensor] += int(nbytes.sum())
-                held = held + nbytes
-                counts.sram_peak = max(counts.sram_peak, resident + int(held.max()))
+                counts.read[op.tensor] += int(elems.sum()) * t.elem_bytes
+                level, nb = _onchip(op, elems, tensors)
+                held[level] = held[level] + nb
+                _note_peak(counts, resident, held)
             else:
-                counts.write[op.tensor] += int(nbytes.sum())
+                counts.write[op.tensor] += int(elems.sum()) * t.elem_bytes
         elif isinstance(op, Alloc):
             cols = op.cols if isinstance(op.cols, int) else ext(op.cols)
-            held = held + np.broadcast_to(ext(op.rows) * cols * op.elem_bytes, idx.shape)
-            counts.sram_peak = max(counts.sram_peak, resident + int(held.max()))
+            elems = np.broadcast_to(ext(op.rows) * cols, idx.shape)
+            level, nb = _onchip(op, elems, tensors)
+            held[level] = held[level] + nb
+            _note_peak(counts, resident, held)
         elif isinstance(op, Compute):
             counts.add_compute(op, ext, idx.shape)
 
@@ -401,10 +476,12 @@ def blocks(launch: Launch) -> Iterator[Ctx]:
         yield ctx
 
 
-def working_set(nest: Nest) -> list[tuple[str, int]]:
-    """The buffers resident at the SRAM peak with full-size blocks, ``[(buf, bytes), ...]``.
+def working_set(nest: Nest, level: str = SMEM) -> list[tuple[str, int]]:
+    """The buffers of ``level`` (``"smem"``, the default, or ``"registers"``) resident at
+    that level's peak with full-size blocks, ``[(buf, bytes), ...]``.
 
-    Checked before a plan runs; the peak that :func:`execute` tracks equals their sum."""
+    Checked before a plan runs; the peaks that :func:`execute` tracks equal their sums. In
+    the two-level model (no register buffer) the shared level is all of SRAM."""
     best: list[tuple[str, int]] = []
 
     def visit(ops: tuple, outer: list[tuple[str, int]], blocks: dict[str, int]) -> None:
@@ -415,10 +492,12 @@ def working_set(nest: Nest) -> list[tuple[str, int]]:
                 t = nest.tensors[op.tensor]
                 r = t.rows if op.rows is None else blocks[op.rows]
                 c = t.cols if op.cols is None else blocks[op.cols]
-                here.append((op.buf, r * c * t.elem_bytes))
+                if op.level == level:
+                    here.append((op.buf, nest.onchip_bytes(op, r * c)))
             elif isinstance(op, Alloc):
                 cols = op.cols if isinstance(op.cols, int) else blocks[op.cols]
-                here.append((op.buf, blocks[op.rows] * cols * op.elem_bytes))
+                if op.level == level:
+                    here.append((op.buf, nest.onchip_bytes(op, blocks[op.rows] * cols)))
             elif isinstance(op, Loop):
                 visit(op.body, here, {**blocks, op.var: min(op.block, op.extent)})
             if sum(b for _, b in here) > sum(b for _, b in best):

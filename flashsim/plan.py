@@ -1,12 +1,19 @@
 """A plan: one algorithm, one shape, one SRAM size, validated; and the report it produces.
 
     p = flashsim.plan("flash2", seq_len=4096, head_dim=64, gpu="h200")
-    p.count()            # exact HBM traffic, no arithmetic
+    p.count()            # exact traffic SRAM asks of the level below, no arithmetic
     O, rep = p.run(Q, K, V)   # real float64 values, and the same counts
     p.closed_form()      # the same numbers from the formulas beside each algorithm
 
     b = flashsim.plan("flash2", seq_len=4096, head_dim=64, pass_="bwd")  # or "fwd+bwd"
     (dQ, dK, dV), rep = b.run(Q, K, V, dO=dO)  # gradients; the forward's O, L are inputs
+
+Where buffers live (``placement``). ``"two-level"`` is the paper's model: every buffer in one
+SRAM of M bytes, the rule Theorem 2 is about. ``"registers"`` places them as real kernels
+do: the tiles loaded from HBM in shared memory (M bytes a block), the S_ij tile, fp32
+accumulators and statistics in registers (the preset's register budget a block); see each
+algorithm's ``REGISTERS``. A GPU preset's M (no ``sram`` given) means the GPU: placement
+"registers"; an ``sram`` without a ``gpu`` means the paper's SRAM: "two-level".
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import numpy as np
 
 from . import nest as _nest
 from .algorithms import ALGORITHMS, BACKWARD, standard
+from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError, SramOverflowError
 from .hardware.presets import DEFAULT_GPU, GPU, gpu as _gpu, roofline_time
 from .report import Report
@@ -52,6 +60,15 @@ class Plan:
     gpu: GPU | None
     softmax_rows: int = 0          # standard only: whole rows of S per softmax block
     pass_: str = "fwd"             # "fwd", "bwd" or "fwd+bwd"
+    placement: str = "two-level"   # "two-level" (all in SRAM) or "registers" (as kernels)
+
+    @property
+    def register_budget(self) -> int | None:
+        """Bytes of registers one block may hold (the preset's), or None in the two-level
+        model, where registers are not a level."""
+        if self.placement != "registers":
+            return None
+        return self.gpu.register_bytes_per_block
 
     @property
     def elem_bytes(self) -> int:
@@ -77,12 +94,22 @@ class Plan:
                           tuple(op for n in nests for op in n.body))
 
     def working_set(self) -> list[tuple[str, int]]:
-        """SRAM buffers resident at the peak, with their bytes."""
+        """Shared-memory buffers (all of SRAM in the two-level model) resident at the peak,
+        with their bytes: what must fit in M."""
         return list(self._working_set)
+
+    def register_set(self) -> list[tuple[str, int]]:
+        """Register buffers resident at the register peak, with their bytes (empty in the
+        two-level model): what must fit in ``register_budget``."""
+        return list(self._register_set)
 
     @cached_property
     def _working_set(self) -> tuple:
         return tuple(_nest.working_set(self.nest()))
+
+    @cached_property
+    def _register_set(self) -> tuple:
+        return tuple(_nest.working_set(self.nest(), _nest.REGISTERS))
 
     def count(self) -> "Report":
         """Exact traffic without values (innermost loops summed with NumPy)."""
@@ -100,7 +127,9 @@ class Plan:
             e, n = module.closed_form_nonmatmul(self)
             exps, nonmatmul = exps + e, nonmatmul + n
         peak = sum(b for _, b in self.working_set())
-        return self._report(_nest.Counts(read, write, flops, peak, exps, nonmatmul))
+        registers = sum(b for _, b in self.register_set())
+        return self._report(_nest.Counts(read, write, flops, peak, register_peak=registers,
+                                         exp_ops=exps, nonmatmul_flops=nonmatmul))
 
     def run(self, Q, K, V, dO=None) -> tuple:
         """Run with values. Q, K, V: (..., N, d) with N = seq_len, d = head_dim; the leading
@@ -126,8 +155,9 @@ class Plan:
                 f"plan has batch x heads = {self.batch * self.heads}")
         hbm = dict(arrays)
         if self.pass_ == "bwd":
-            _execute(self.module.build(self), hbm, self.sram_bytes)   # saved tensors only
-        counts = _execute(self.nest(), hbm, self.sram_bytes)
+            _execute(self.module.build(self), hbm, self.sram_bytes,    # saved tensors only
+                     self.register_budget)
+        counts = _execute(self.nest(), hbm, self.sram_bytes, self.register_budget)
         report = self._report(counts)
         report.hbm.update(hbm)
         if backward:
@@ -146,7 +176,9 @@ class Plan:
                 if wrote.get(name, 0) and read.get(name, 0)}
 
     def trace(self) -> list[dict]:
-        """Every load, store and compute in order, as plain records (for pictures)."""
+        """Every load, store and compute in order, as plain records (for pictures). A
+        buffer's ``level`` is "smem" or "registers"; an allocation's ``bytes`` are what it
+        takes on chip, a load's or store's what crosses from or to HBM."""
         out = []
         for step in _nest.walk(self.nest()):
             op = step.op
@@ -154,6 +186,7 @@ class Plan:
                 out.append({
                     "op": type(op).__name__.lower(), "buf": getattr(op, "buf", None),
                     "tensor": getattr(op, "tensor", None), "name": getattr(op, "name", None),
+                    "level": getattr(op, "level", None),
                     "rows": step.rows, "cols": step.cols, "bytes": step.nbytes,
                     "blocks": dict(step.ctx.idx),
                 })
@@ -167,25 +200,33 @@ class Plan:
                              "write_bytes": heads * c.write.get(name, 0)}
                       for name in dict.fromkeys(list(c.read) + list(c.write))}
         return Report(self, per_tensor, heads * c.flops, c.sram_peak,
+                      register_peak_bytes=c.register_peak,
                       exp_ops=heads * c.exp_ops, nonmatmul_flops=heads * c.nonmatmul_flops)
 
 
 def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
          dtype: str = "fp32", sram: int | str | None = None, gpu: str | None = None,
          block_rows: int | None = None, block_cols: int | None = None, causal: bool = False,
-         extra_passes=(), pass_: str = "fwd") -> Plan:
+         extra_passes=(), pass_: str = "fwd", placement: str | None = None) -> Plan:
     """Validate a configuration and choose block sizes.
 
     ``pass_`` is ``"fwd"`` (the forward), ``"bwd"`` (the backward alone: the forward's saved
     tensors, such as P or O and L, are its inputs in HBM) or ``"fwd+bwd"`` (both, their
     traffic added tensor by tensor). Both passes of a plan use the same tiles; with a
     backward pass the default blocks follow the backward's rule, whose working set is the
-    larger.
+    larger (with registers: the largest tiles that fit both passes).
 
     M (``sram``, bytes or a size such as ``"100KiB"``) comes from ``sram`` if given, else
-    from the ``gpu`` preset (default ``"h200"`` when neither is given). Block sizes default
-    to each algorithm's rule (see its module); a plan whose working set does not fit in M
-    raises SramOverflowError with the breakdown.
+    from the ``gpu`` preset (default ``"h200"`` when neither is given).
+
+    ``placement`` (see the module docstring) defaults to ``"registers"`` when a GPU preset
+    applies (``gpu`` given, or neither ``gpu`` nor ``sram``) and to ``"two-level"`` when only
+    ``sram`` is: the paper's model, whose block rules Theorem 2 is about. Block sizes
+    default, in the two-level model, to each algorithm's rule (see its module); with
+    registers, to :func:`placed_blocks`: the largest square tiles (multiples of 16) whose
+    shared part fits M and whose register part fits the preset's register budget (standard
+    attention: its fixed 64 x 64 matmul tile, halved until it fits). A plan that overflows
+    either level raises SramOverflowError with the breakdown.
     """
     if algorithm not in ALGORITHMS:
         raise FlashsimError(
@@ -196,6 +237,15 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     b = dtype_bytes(dtype)
     preset = _gpu(gpu) if gpu is not None else (_gpu(DEFAULT_GPU) if sram is None else None)
     M = parse_size(sram) if sram is not None else preset.sram_per_block
+    if placement is None:
+        placement = "two-level" if preset is None else "registers"
+    if placement not in PLACEMENTS:
+        raise FlashsimError(
+            f"unknown placement {placement!r}: choose one of {', '.join(PLACEMENTS)}")
+    if placement == "registers" and preset is None:
+        raise FlashsimError("placement 'registers' needs a GPU preset for its register "
+                            "file: pass gpu=... (flashsim gpus lists them)")
+    R = preset.register_bytes_per_block if placement == "registers" else None
     passes = standard.check_passes(extra_passes)
     if passes and algorithm != "standard":
         raise FlashsimError(
@@ -204,24 +254,77 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     if pass_ not in PASSES:
         raise FlashsimError(f"unknown pass {pass_!r}: choose one of {', '.join(PASSES)}")
     module = ALGORITHMS[algorithm] if pass_ == "fwd" else BACKWARD[algorithm]
-    Br0, Bc0 = module.default_blocks(N, d, M, b)
+    if R is None:
+        Br0, Bc0 = module.default_blocks(N, d, M, b)
+    else:   # both passes' tiles must fit: with registers neither working set bounds the other
+        checks = [fits(m, d, b, M, R) for m in {"fwd": (ALGORITHMS[algorithm],),
+                  "bwd": (module,), "fwd+bwd": (ALGORITHMS[algorithm], module)}[pass_]]
+        Br0, Bc0 = placed_blocks(algorithm, N, lambda r, c: all(f(r, c) for f in checks))
     Br = Br0 if block_rows is None else positive_int(block_rows, "block_rows")
     Bc = Bc0 if block_cols is None else positive_int(block_cols, "block_cols")
     if Br == 0 or Bc == 0:
+        if R is None:
+            need = f"{module.working_set_bytes(1, 1, d, b)} B"
+        else:
+            need = "{} B of shared memory and {} B of registers".format(
+                *module.placed_bytes(1, 1, d, b))
         raise SramOverflowError(
-            f"no {algorithm} tiles fit in SRAM of M = {M} B at head_dim {d} in {dtype}: "
-            f"even 1 x 1 blocks need {module.working_set_bytes(1, 1, d, b)} B")
+            f"no {algorithm} tiles fit in SRAM of M = {M} B"
+            f"{'' if R is None else f' and {R} B of registers'} at head_dim {d} in {dtype}: "
+            f"even 1 x 1 blocks need {need}")
     rows = standard.softmax_rows(N, M, b) if algorithm == "standard" else 0
     p = Plan(algorithm, N, d, batch, heads, dtype, M, Br, Bc, bool(causal), passes, preset,
-             rows, pass_)
-    ws = p.working_set()
-    need = sum(size for _, size in ws)
-    if need > M:
-        parts = " + ".join(f"{name} {size}" for name, size in ws)
+             rows, pass_, placement)
+    over = []
+    for level, bufs, limit in (("shared memory" if R is not None else "SRAM",
+                                p.working_set(), M), ("registers", p.register_set(), R)):
+        need = sum(size for _, size in bufs)
+        if limit is not None and need > limit:
+            parts = " + ".join(f"{name} {size}" for name, size in bufs)
+            over.append(f"{need} B of {level} ({parts}) but "
+                        + (f"M = {limit} B" if level != "registers" else
+                           f"a block of {preset.warps_per_block} warps holds {limit} B"))
+    if over:
         raise SramOverflowError(
-            f"{algorithm} with B_r={Br}, B_c={Bc} needs {need} B of SRAM "
-            f"({parts}) but M = {M} B; use smaller blocks or more SRAM")
+            f"{algorithm} with B_r={Br}, B_c={Bc} ({placement}) needs " + "; and ".join(over)
+            + "; use smaller blocks" + (" or more SRAM" if R is None else ""))
     return p
+
+
+def fits(module, head_dim: int, elem_bytes: int, sram: int, registers: int | None = None):
+    """``fits(B_r, B_c)``: whether tiles of an algorithm module fit on chip. In the two-level
+    model (``registers`` None) its whole working set must fit in ``sram`` bytes; with a
+    register budget, its shared-memory part must fit in ``sram`` and its register part in
+    ``registers`` (``module.placed_bytes``). The predicate the default tile rules search."""
+    d, b = head_dim, elem_bytes
+    if registers is None:
+        return lambda Br, Bc: module.working_set_bytes(Br, Bc, d, b) <= sram
+
+    def ok(Br: int, Bc: int) -> bool:
+        shared, regs = module.placed_bytes(Br, Bc, d, b)
+        return shared <= sram and regs <= registers
+    return ok
+
+
+def placed_blocks(algorithm: str, n: int, fit) -> tuple[int, int]:
+    """The default tiles when buffers are placed as a kernel places them: the largest
+    square B x B with ``fit(B, B)``, rounded down to a multiple of 16 (tensor-core friendly)
+    when B >= 16, capped at N; standard attention: its fixed 64 x 64 matmul tile, halved
+    until it fits. (0, 0) when nothing fits."""
+    if algorithm == "standard":
+        B = standard.MATMUL_TILE
+        while B > 0 and not fit(min(B, n), min(B, n)):
+            B //= 2
+        return min(B, n), min(B, n)
+    lo, hi = 0, 1
+    while fit(hi, hi) and hi <= n:               # the working sets grow with B
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fit(mid, mid) else (lo, mid)
+    if lo >= 16:
+        lo -= lo % 16
+    return min(lo, n), min(lo, n)
 
 
 def fastest_blocks(algorithm: str, seq_len: int, head_dim: int, efficiency, *,
@@ -230,9 +333,9 @@ def fastest_blocks(algorithm: str, seq_len: int, head_dim: int, efficiency, *,
                    multiple: int = 16, largest: int = 256) -> tuple[int, int]:
     """The tiles with the shortest roofline time for a kernel that says how well it runs.
 
-    ``plan`` picks blocks by filling an SRAM of M bytes with the algorithm's working set.
-    A real kernel splits its on-chip memory differently (FlashAttention kernels keep S_ij
-    and O_i in registers, pad shared-memory rows against bank conflicts, add scratch), and
+    ``plan`` picks blocks by filling on-chip memory: an SRAM of M bytes in the two-level
+    model, or shared memory and registers as FlashAttention kernels place S_ij and O_i. A
+    real kernel also pads shared-memory rows against bank conflicts and adds scratch, and
     the tiles that move the fewest bytes are not always the fastest: a kernel that is
     bound by arithmetic runs at the speed its thread layout allows. So the kernel answers
     ``efficiency(B_r, B_c)``: the fraction of the GPU's peak FLOP rate it expects with
@@ -278,13 +381,13 @@ def fastest_blocks(algorithm: str, seq_len: int, head_dim: int, efficiency, *,
     return min(ranked)[-2:]
 
 
-def _execute(nest: _nest.Nest, hbm: dict, sram: int) -> _nest.Counts:
+def _execute(nest: _nest.Nest, hbm: dict, sram: int, registers: int | None) -> _nest.Counts:
     lead = hbm["Q"].shape[:-2]
     for name, t in nest.tensors.items():
         if name not in hbm:
             # Poisoned: an element the algorithm forgets to write stays NaN.
             hbm[name] = np.full(lead + (t.rows, t.cols), np.nan)
-    return _nest.execute(nest, hbm, sram_limit=sram)
+    return _nest.execute(nest, hbm, sram_limit=sram, register_limit=registers)
 
 
 def _check_inputs(n: int, d: int, **named) -> dict:

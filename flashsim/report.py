@@ -1,6 +1,12 @@
-"""A run's report (traffic by tensor and direction, FLOPs, SRAM peak, and the L2 model's
+"""A run's report (traffic by tensor and direction, FLOPs, on-chip peaks, and the L2 model's
 figures when it ran), and one fixed-format table for every run, so standard and tiled
-results line up row by row."""
+results line up row by row.
+
+What the numbers are. The loop nest counts the bytes SRAM *requests from the level below
+it*: in the paper's two-level model that level is HBM, so the paper (and this project's
+older names, ``hbm_*``) calls them HBM traffic. On a GPU the level below shared memory is
+the L2 cache, and only its misses and write-backs reach DRAM (HBM): those are the L2
+model's ``dram_*`` bytes, which stand beside the requests whenever a GPU preset applies."""
 
 from __future__ import annotations
 
@@ -12,7 +18,10 @@ from .units import format_bytes
 
 @dataclass
 class Report:
-    """Traffic of one run, totalled over batch x heads. ``sram_peak_bytes`` is per block."""
+    """Traffic of one run, totalled over batch x heads: ``per_tensor`` holds the bytes SRAM
+    requests from the level below, by tensor and direction. ``sram_peak_bytes`` is the
+    shared-memory peak of one block (all of SRAM in the two-level model) and
+    ``register_peak_bytes`` its registers' (0 in the two-level model)."""
     plan: "Plan"  # noqa: F821 - flashsim.plan.Plan
     per_tensor: dict
     flops: int
@@ -23,23 +32,53 @@ class Report:
     l2: object | None = None               # flashsim.hardware.l2.L2Report, when the L2 model ran
     exp_ops: int = 0                       # exponentials (special-function unit work)
     nonmatmul_flops: int = 0               # every operation outside the matmuls, exps included
+    register_peak_bytes: int = 0
 
     @property
-    def hbm_read_bytes(self) -> int:
+    def requested_read_bytes(self) -> int:
+        """Bytes SRAM reads from the level below it (the two-level count)."""
         return sum(t["read_bytes"] for t in self.per_tensor.values())
 
     @property
-    def hbm_write_bytes(self) -> int:
+    def requested_write_bytes(self) -> int:
         return sum(t["write_bytes"] for t in self.per_tensor.values())
 
     @property
-    def hbm_bytes(self) -> int:
-        return self.hbm_read_bytes + self.hbm_write_bytes
+    def requested_bytes(self) -> int:
+        return self.requested_read_bytes + self.requested_write_bytes
+
+    # The same counts under the paper's name: in the two-level model the level below SRAM
+    # is HBM. On a GPU, DRAM (HBM) sees ``dram_bytes``.
+    hbm_read_bytes = requested_read_bytes
+    hbm_write_bytes = requested_write_bytes
+    hbm_bytes = requested_bytes
+
+    @property
+    def dram_bytes(self) -> int | None:
+        """Bytes the L2 model sends to or from DRAM, counting what is still dirty in L2 when
+        the kernels end (it reaches DRAM later); None when the L2 model has not run."""
+        x = self.l2
+        if x is None:
+            return None
+        return x.dram_read_bytes + x.dram_write_bytes + x.dirty_at_end_bytes
+
+    @property
+    def smem_peak_bytes(self) -> int:
+        return self.sram_peak_bytes
 
     @property
     def predicted_time_s(self) -> float | None:
+        """The roofline with the requested bytes at HBM bandwidth: as if no request hit in
+        L2 (``predicted_dram_time_s`` uses the L2 model's DRAM bytes)."""
         p = self.plan
         return None if p.gpu is None else roofline_time(self.hbm_bytes, self.flops, p.gpu, p.dtype)
+
+    @property
+    def predicted_dram_time_s(self) -> float | None:
+        p = self.plan
+        if p.gpu is None or self.l2 is None:
+            return None
+        return roofline_time(self.dram_bytes, self.flops, p.gpu, p.dtype)
 
     def to_dict(self) -> dict:
         p = self.plan
@@ -47,7 +86,11 @@ class Report:
             "algorithm": p.algorithm, "pass": p.pass_, "seq_len": p.seq_len, "head_dim": p.head_dim,
             "batch": p.batch, "heads": p.heads, "dtype": p.dtype, "causal": p.causal,
             "extra_passes": list(p.extra_passes), "sram_bytes": p.sram_bytes,
-            "block_rows": p.block_rows, "block_cols": p.block_cols,
+            "block_rows": p.block_rows, "block_cols": p.block_cols, "placement": p.placement,
+            "requested_read_bytes": self.requested_read_bytes,
+            "requested_write_bytes": self.requested_write_bytes,
+            "requested_bytes": self.requested_bytes,
+            # the same three under the two-level model's names (kept for scripts)
             "hbm_read_bytes": self.hbm_read_bytes, "hbm_write_bytes": self.hbm_write_bytes,
             "hbm_bytes": self.hbm_bytes, "flops": self.flops,
             "exp_ops": self.exp_ops, "nonmatmul_flops": self.nonmatmul_flops,
@@ -61,6 +104,9 @@ class Report:
                     p.seq_len, p.sram_bytes, p.elem_bytes)
         if p.gpu is not None:
             d["gpu"] = p.gpu.name
+            d["smem_peak_bytes"] = self.smem_peak_bytes
+            d["register_peak_bytes"] = self.register_peak_bytes
+            d["register_budget_bytes"] = p.register_budget
             d["predicted_time_s"] = self.predicted_time_s
         if self.max_abs_error is not None:
             d["max_abs_error"] = self.max_abs_error
@@ -72,7 +118,9 @@ class Report:
                       "l2_request_write_bytes": self.l2.l2_write_bytes,
                       "dram_read_bytes": self.l2.dram_read_bytes,
                       "dram_write_bytes": self.l2.dram_write_bytes,
-                      "dram_dirty_at_end_bytes": self.l2.dirty_at_end_bytes})
+                      "dram_dirty_at_end_bytes": self.l2.dirty_at_end_bytes,
+                      "dram_bytes": self.dram_bytes,
+                      "predicted_dram_time_s": self.predicted_dram_time_s})
         return d
 
 
@@ -88,43 +136,64 @@ def _cell(n: int) -> str:
     return f"{n:,}" if n < 10**6 else f"{n:,} ({format_bytes(n)})"
 
 
+def _memory_line(p) -> str:
+    """What M is, and where the buffers live."""
+    if p.placement == "registers":
+        return (f"M = {p.sram_bytes:,} B of shared memory a block, registers "
+                f"{p.register_budget:,} B a block ({p.gpu.warps_per_block} warps x 32 x "
+                f"{p.gpu.max_registers_per_thread} x 4 B)")
+    return f"M = {p.sram_bytes:,} B of SRAM (two-level model: every buffer in SRAM)"
+
+
 def format_report(rep) -> str:
-    """The table ``flashsim io`` prints: HBM bytes by tensor and direction, totals, SRAM
-    peak, FLOPs and, with a GPU preset, the roofline time."""
+    """The table ``flashsim io`` prints: the bytes SRAM requests from the level below, by
+    tensor and direction, and totals; the on-chip peaks; FLOPs; with a GPU preset, what the
+    L2 model sends to DRAM, and the roofline times."""
     p = rep.plan
     name = p.algorithm if p.pass_ == "fwd" else f"{p.algorithm} {p.pass_}"
     head = (f"{name}  N={p.seq_len} d={p.head_dim} batch={p.batch} heads={p.heads} "
             f"{p.dtype}{' causal' if p.causal else ''}"
             f"{' +' + ','.join(p.extra_passes) if p.extra_passes else ''}\n"
-            f"M = {p.sram_bytes:,} B of SRAM   B_r = {p.block_rows}   B_c = {p.block_cols}"
+            f"{_memory_line(p)}\n"
+            f"B_r = {p.block_rows}   B_c = {p.block_cols}   placement: {p.placement}"
             + (f"   softmax rows = {p.softmax_rows}" if p.algorithm == "standard" else ""))
-    lines = [head, _RULE, _row("HBM traffic", "read bytes", "write bytes")]
+    lines = [head, _RULE, "requested by SRAM from the level below (the two-level count: "
+             "HBM in the paper's model, L2 on a GPU)", _row("", "read bytes", "write bytes")]
     for name, t in rep.per_tensor.items():
         if t["read_bytes"] or t["write_bytes"]:
             lines.append(_row(f"  {name}", _cell(t["read_bytes"]), _cell(t["write_bytes"])))
+    registers = p.placement == "registers"
     lines += [
-        _row("  total", _cell(rep.hbm_read_bytes), _cell(rep.hbm_write_bytes)),
+        _row("  total", _cell(rep.requested_read_bytes), _cell(rep.requested_write_bytes)),
         _RULE,
-        _row("HBM bytes (r+w)", _cell(rep.hbm_bytes)),
-        _row("SRAM peak / block", _cell(rep.sram_peak_bytes)),
-        _row("FLOPs (matmuls)", f"{rep.flops:,}"),
-        _row("exponentials", f"{rep.exp_ops:,}"),
-        _row("non-matmul ops", f"{rep.nonmatmul_flops:,}"),
+        _row("requested (r+w)", _cell(rep.requested_bytes)),
+        _row("shared mem peak/block" if registers else "SRAM peak / block",
+             _cell(rep.sram_peak_bytes)),
     ]
+    if registers:
+        lines.append(_row("registers peak/block", _cell(rep.register_peak_bytes)))
+    lines += [_row("FLOPs (matmuls)", f"{rep.flops:,}"),
+              _row("exponentials", f"{rep.exp_ops:,}"),
+              _row("non-matmul ops", f"{rep.nonmatmul_flops:,}")]
     if getattr(rep, "l2", None) is not None:
         x = rep.l2
         lines += [
             _RULE,
             f"three levels: L2 of {x.l2_bytes:,} B, {x.blocks_per_sm} resident blocks per SM "
-            f"x {x.sms} SMs (flashsim/l2.py)",
+            f"x {x.sms} SMs (flashsim/hardware/l2.py)",
             _row("L2 requests", _cell(x.l2_read_bytes), _cell(x.l2_write_bytes)),
             _row("DRAM", _cell(x.dram_read_bytes), _cell(x.dram_write_bytes)),
             _row("  dirty in L2 at end", "", _cell(x.dirty_at_end_bytes)),
+            _row("DRAM bytes (r+w+dirty)", _cell(rep.dram_bytes)),
         ]
     if rep.predicted_time_s is not None:
-        lines.append(_row(f"roofline time", f"{rep.predicted_time_s * 1e3:.4f} ms"))
-        lines.append(f"  (on {p.gpu.name}: max(bytes / {p.gpu.hbm_bandwidth / 1e12:.2f} TB/s, "
-                     f"FLOPs / {p.gpu.peak_flops(p.dtype) / 1e12:.1f} TFLOP/s))")
+        g = p.gpu
+        lines.append(_row("roofline, requested", f"{rep.predicted_time_s * 1e3:.4f} ms"))
+        if rep.predicted_dram_time_s is not None:
+            lines.append(_row("roofline, DRAM bytes",
+                              f"{rep.predicted_dram_time_s * 1e3:.4f} ms"))
+        lines.append(f"  (on {g.name}: max(bytes / {g.hbm_bandwidth / 1e12:.2f} TB/s, "
+                     f"FLOPs / {g.peak_flops(p.dtype) / 1e12:.1f} TFLOP/s))")
     if rep.max_abs_errors is not None:
         for name, err in rep.max_abs_errors.items():
             lines.append(_row(f"max |{name} - {name}_ref|", f"{err:.3e}"))
@@ -140,7 +209,7 @@ def format_compare(reports) -> str:
     width = 22 + 20 * len(reports)
     which = "" if p.pass_ == "fwd" else p.pass_ + "  "
     head = (f"{which}N={p.seq_len} d={p.head_dim} batch={p.batch} heads={p.heads} {p.dtype}"
-            f"{' causal' if p.causal else ''}   M = {p.sram_bytes:,} B of SRAM")
+            f"{' causal' if p.causal else ''}\n{_memory_line(p)}")
 
     def row(label, cells):
         return f"{label:<22}" + "".join(f"{c:>20}" for c in cells)
@@ -148,7 +217,7 @@ def format_compare(reports) -> str:
     names = list(dict.fromkeys(n for r in reports for n in r.per_tensor))
     lines = [head, "-" * width, row("", [r.plan.algorithm for r in reports]),
              row("B_r x B_c", [f"{r.plan.block_rows} x {r.plan.block_cols}" for r in reports]),
-             "-" * width]
+             "-" * width, "bytes requested by SRAM from the level below (two-level count)"]
     for name in names:
         for direction, key in (("read", "read_bytes"), ("write", "write_bytes")):
             vals = [r.per_tensor.get(name, {}).get(key, 0) for r in reports]
@@ -156,15 +225,25 @@ def format_compare(reports) -> str:
                 lines.append(row(f"{name} {direction}", [f"{v:,}" for v in vals]))
     base = reports[0].hbm_bytes
     lines += ["-" * width,
-              row("HBM bytes (r+w)", [f"{r.hbm_bytes:,}" for r in reports]),
+              row("requested (r+w)", [f"{r.hbm_bytes:,}" for r in reports]),
               row("", [format_bytes(r.hbm_bytes) for r in reports]),
               row(f"vs {reports[0].plan.algorithm}", [f"{r.hbm_bytes / base:.3f}x" for r in reports]),
-              row("SRAM peak / block", [f"{r.sram_peak_bytes:,}" for r in reports]),
+              row("SRAM peak / block" if p.placement == "two-level" else "shared mem peak",
+                  [f"{r.sram_peak_bytes:,}" for r in reports]),
+              *([row("registers peak", [f"{r.register_peak_bytes:,}" for r in reports])]
+                if p.placement == "registers" else []),
               row("FLOPs (matmuls)", [f"{r.flops:,}" for r in reports]),
               row("exponentials", [f"{r.exp_ops:,}" for r in reports]),
               row("non-matmul ops", [f"{r.nonmatmul_flops:,}" for r in reports])]
+    if all(r.dram_bytes is not None for r in reports):
+        lines.append(row("DRAM bytes (L2 model)", [f"{r.dram_bytes:,}" for r in reports]))
+        lines.append(row("", [format_bytes(r.dram_bytes) for r in reports]))
     if all(r.predicted_time_s is not None for r in reports):
-        lines.append(row("roofline time (ms)", [f"{r.predicted_time_s * 1e3:.4f}" for r in reports]))
+        lines.append(row("roofline, requested", [f"{r.predicted_time_s * 1e3:.4f} ms"
+                                                 for r in reports]))
+    if all(r.predicted_dram_time_s is not None for r in reports):
+        lines.append(row("roofline, DRAM", [f"{r.predicted_dram_time_s * 1e3:.4f} ms"
+                                            for r in reports]))
     if all(r.max_abs_errors is not None for r in reports):
         for name in reports[0].max_abs_errors:
             lines.append(row(f"max |{name} - {name}_ref|",

@@ -45,7 +45,10 @@ def test_verify_is_exact_for_ragged_sizes(capsys, alg, causal):
 def test_io_table_and_compare_table(capsys):
     code, out, _ = run(capsys, "io", "-a", "standard", "-N", "512", "-d", "64",
                        "--sram", "100KiB", "--extra-passes", "scale,mask")
-    assert code == 0 and "S_scaled" in out and "S_masked" in out and "HBM bytes" in out
+    assert code == 0 and "S_scaled" in out and "S_masked" in out
+    # the two-level count named for what it is; --sram alone: no preset, no DRAM line
+    assert "requested by SRAM from the level below" in out and "requested (r+w)" in out
+    assert "HBM bytes" not in out and "DRAM" not in out
     code, out, _ = run(capsys, "compare", "-N", "512", "-d", "64", "--causal")
     assert code == 0
     assert all(a in out for a in ("standard", "flash1", "flash2"))
@@ -108,8 +111,10 @@ def test_gpu_preset_adds_the_three_level_dram_bytes(capsys):
     big = json.loads(out)
     assert tiny["blocks_per_sm"] == 1 and tiny["block_rows"] == 48
     assert big["dram_read_bytes"] == 3 * 8192 * 64 * 4 < tiny["dram_read_bytes"]
+    code, out, _ = run(capsys, "io", "-a", "flash2", "-N", "256", "-d", "64", "--sram", "64KiB")
+    assert "DRAM" not in out          # an SRAM size alone: the two-level model, no preset
     code, out, _ = run(capsys, "io", "-a", "flash2", "-N", "256", "-d", "64")
-    assert "DRAM" not in out          # two levels unless asked
+    assert "DRAM bytes" in out        # the default preset applies: DRAM stands beside
 
 
 def test_bad_l2_size_is_one_line(capsys):

@@ -197,6 +197,7 @@ PANELS = [
     (w.roofline_panel, [("seq_len", 65536), ("gpu", "a100-80gb"), ("seq_len", 2048)]),
     (w.loop_order_panel, [("seq_len", 65536), ("sram", 2**18)]),
     (w.parallelism_panel, [("batch", 1), ("batch", 16), ("heads", 3), ("seq_len", 1024)]),
+    (w.warps_panel, [("warps", 8), ("block_cols", 128), ("warps", 2), ("head_dim", 64)]),
 ]
 
 
@@ -265,7 +266,8 @@ def test_pictures_draw_without_widgets():
                       (P.RooflinePicture, w.roofline_view()),
                       (P.StandardTrafficPicture, w.standard_view()),
                       (P.LoopOrderPicture, w.loop_order_view()),
-                      (P.WavesPicture, w.parallelism_view())):
+                      (P.WavesPicture, w.parallelism_view()),
+                      (P.WarpsPicture, w.warp_partition_view())):
         fig = P.draw(cls, view)
         fig.canvas.draw()
     P.memory_hierarchy(w.memory_table()).canvas.draw()

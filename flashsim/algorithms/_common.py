@@ -6,6 +6,18 @@ import math
 
 import numpy as np
 
+# fp32: what tensor cores (and these kernels' CUDA-core code) accumulate in, whatever the
+# data type, so an accumulator in registers takes 4 bytes an element.
+ACC_BYTES = 4
+PLACEMENTS = ("two-level", "registers")
+
+
+def registers(plan, table: dict) -> dict:
+    """The register table to :func:`flashsim.nest.place` a nest with: ``table`` when the
+    plan places buffers as a GPU kernel does (``placement="registers"``), empty (every buffer
+    in SRAM, the paper's two-level model) otherwise."""
+    return dict(table) if getattr(plan, "placement", "two-level") == "registers" else {}
+
 
 def largest_square_block(n: int, sram: int, working_set) -> int:
     """FlashAttention-2's block rule: the largest B with ``working_set(B) <= sram`` (the

@@ -25,6 +25,9 @@ elements of S visited:
                     row once; with the same tiles FlashAttention does more at every shape)
 SRAM working set: b (2 B_c d + 2 B_r d + B_r B_c) + 16 B_r
 (K_j, V_j, Q_i, O_i, S_ij and four statistics vectors: l_i, m_i, m~_ij, l~_ij).
+Placed as a kernel would (``placement="registers"``, ``REGISTERS``): K_j, V_j, Q_i in shared
+memory, b (2 B_c d + B_r d); S_ij, O_i (fp32, as loaded) and the four statistics in
+registers, 4 B_r B_c + 4 B_r d + 16 B_r.
 
 On a GPU no loop here is parallel: one thread block runs the whole nest for one head, as
 the original FlashAttention kernel did (every K/V block j updates every O_i, so the j loop
@@ -38,15 +41,26 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import apply_causal_mask, block_extent, causal_start_i, exp_diff, matmul_flops
+from ._common import (ACC_BYTES, apply_causal_mask, block_extent, causal_start_i, exp_diff,
+                      matmul_flops, registers)
+
+# The buffers a kernel keeps in registers, with their bytes per element there.
+REGISTERS = {"S_ij": ACC_BYTES, "O_i": ACC_BYTES, "l_i": STAT_BYTES, "m_i": STAT_BYTES,
+             "mt_ij": STAT_BYTES, "lt_ij": STAT_BYTES}
 
 
 
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
     r, c = block_rows, block_cols
     return b * (2 * c * d + 2 * r * d + r * c) + 4 * STAT_BYTES * r
+
+
+def placed_bytes(block_rows: int, block_cols: int, d: int, b: int) -> tuple[int, int]:
+    """(shared memory, registers) at their peaks with ``REGISTERS`` (see the header)."""
+    r, c = block_rows, block_cols
+    return b * (2 * c * d + r * d), ACC_BYTES * (r * c + r * d) + 4 * STAT_BYTES * r
 
 
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
@@ -137,7 +151,7 @@ def build(plan) -> Nest:
         Load("V_j", "V", rows="j"),
         inner,
     ))
-    return Nest(tensors, (init, outer))
+    return Nest(tensors, place((init, outer), registers(plan, REGISTERS)))
 
 
 def closed_form(plan) -> tuple[dict, dict, int]:

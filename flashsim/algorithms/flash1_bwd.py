@@ -36,6 +36,9 @@ elements of S visited and C = sum_j c_j tiles(j), tiles(j) the Q blocks block j 
 exponentials E; operations 6 E + 3 d R + d C (D_i recomputed at every tile, line 19).
 SRAM working set: b (4 B_c d + 4 B_r d + 2 B_r B_c) + 12 B_r
 (K_j, V_j, dK~_j, dV~_j, Q_i, O_i, dO_i, dQ_i, S_ij/P_ij, dP_ij/dS_ij, and l_i, m_i, D_i).
+Placed as a kernel would (``placement="registers"``, ``REGISTERS``): K_j, V_j, Q_i, O_i,
+dO_i and the P_ij, dS_ij tiles in shared memory, b (2 B_c d + 3 B_r d + 2 B_r B_c); the fp32
+accumulators dK~_j, dV~_j, dQ_i and l_i, m_i, D_i in registers, 8 B_c d + 4 B_r d + 12 B_r.
 """
 
 from __future__ import annotations
@@ -44,15 +47,27 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import apply_causal_mask, block_extent, causal_start_i, exp_diff, matmul_flops
+from ._common import (ACC_BYTES, apply_causal_mask, block_extent, causal_start_i, exp_diff,
+                      matmul_flops, registers)
+
+# The buffers a kernel keeps in registers, with their bytes per element there.
+REGISTERS = {"dK_j": ACC_BYTES, "dV_j": ACC_BYTES, "dQ_i": ACC_BYTES, "l_i": STAT_BYTES,
+             "m_i": STAT_BYTES, "D_i": STAT_BYTES}
 
 
 
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
     r, c = block_rows, block_cols
     return b * (4 * c * d + 4 * r * d + 2 * r * c) + 3 * STAT_BYTES * r
+
+
+def placed_bytes(block_rows: int, block_cols: int, d: int, b: int) -> tuple[int, int]:
+    """(shared memory, registers) at their peaks with ``REGISTERS`` (see the header)."""
+    r, c = block_rows, block_cols
+    return (b * (2 * c * d + 3 * r * d + 2 * r * c),
+            ACC_BYTES * (2 * c * d + r * d) + 3 * STAT_BYTES * r)
 
 
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
@@ -141,7 +156,7 @@ def build(plan) -> Nest:
         Store("dK_j", "dK", rows="j"),
         Store("dV_j", "dV", rows="j"),
     ))
-    return Nest(tensors, (init, outer))
+    return Nest(tensors, place((init, outer), registers(plan, REGISTERS)))
 
 
 def closed_form(plan) -> tuple[dict, dict, int]:

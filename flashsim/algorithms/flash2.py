@@ -29,6 +29,9 @@ j < stop(i) (``visible_stop_j``), cols(i) = min(N_k, stop(i) B_c), and a Q block
 no key at all is neither read nor written (so Q, O and L move R = the rows of the Q blocks
 that see something, not N_q). A row that sees nothing in a block it shares gets O = 0 and
 L = -inf: the empty state, which the merge of partial results ignores.
+Placed as FlashAttention-2/3 kernels place it (``placement="registers"``, ``REGISTERS``):
+Q_i, K_j, V_j in shared memory, b (B_r d + 2 B_c d); the S_ij tile (P_ij takes its
+registers), the fp32 O_i accumulator and m_i, l_i in registers, 4 B_r B_c + 4 B_r d + 8 B_r.
 """
 
 from __future__ import annotations
@@ -37,16 +40,26 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (apply_position_mask, block_extent, exp_diff, largest_square_block,
-                      matmul_flops, visible_stop_j)
+from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff,
+                      largest_square_block, matmul_flops, registers, visible_stop_j)
+
+# The buffers a kernel keeps in registers, with their bytes per element there.
+REGISTERS = {"S_ij": ACC_BYTES, "O_i": ACC_BYTES, "m_i": STAT_BYTES, "l_i": STAT_BYTES,
+             "L_i": STAT_BYTES}
 
 
 
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
     r, c = block_rows, block_cols
     return b * (2 * r * d + 2 * c * d + r * c) + 2 * STAT_BYTES * r
+
+
+def placed_bytes(block_rows: int, block_cols: int, d: int, b: int) -> tuple[int, int]:
+    """(shared memory, registers) at their peaks with ``REGISTERS`` (see the header)."""
+    r, c = block_rows, block_cols
+    return b * (r * d + 2 * c * d), ACC_BYTES * (r * c + r * d) + 2 * STAT_BYTES * r
 
 
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
@@ -133,7 +146,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
         Store("O_i", "O", rows="i"),
         Store("L_i", "L", rows="i"),
     )),)
-    return Nest(tensors, body)
+    return Nest(tensors, place(body, registers(plan, REGISTERS)))
 
 
 def closed_form(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None

@@ -47,6 +47,10 @@ As the forward, the nest runs one step of context parallelism's backward: N_q qu
 (``visible_start_i``), so rows(j) = N_q - min(start(j) B_r, N_q) with N_q for N above and
 N_k for N in the K, V, dK, dV terms; a K/V block that no query sees still writes its
 zero dK_j, dV_j, as flash-attn's kernel does.
+Placed as FlashAttention-2's backward kernel places it (``placement="registers"``,
+``REGISTERS``): K_j, V_j, Q_i, dO_i and the P_ij, dS_ij tiles (matmul operands, needed
+transposed too) in shared memory, b (2 B_c d + 2 B_r d + 2 B_r B_c); the fp32 accumulators
+dK_j, dV_j, dQ_i and L_i, D_i in registers, 8 B_c d + 4 B_r d + 8 B_r.
 """
 
 from __future__ import annotations
@@ -55,13 +59,16 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (apply_position_mask, block_extent, exp_diff, largest_square_block,
-                      matmul_flops, visible_start_i)
+from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff,
+                      largest_square_block, matmul_flops, registers, visible_start_i)
 from .flash2 import _positions
 
-ACC_BYTES = 4             # dQ is accumulated in fp32 (atomic adds)
+# dQ is accumulated in fp32 (atomic adds): ACC_BYTES. The buffers a kernel keeps in
+# registers, with their bytes per element there:
+REGISTERS = {"dK_j": ACC_BYTES, "dV_j": ACC_BYTES, "dQ_i": ACC_BYTES, "L_i": STAT_BYTES,
+             "D_i": STAT_BYTES}
 
 
 def accumulator(b: int) -> str:
@@ -72,6 +79,13 @@ def accumulator(b: int) -> str:
 def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
     r, c = block_rows, block_cols
     return b * (4 * c * d + 2 * r * d + 2 * r * c) + ACC_BYTES * r * d + 2 * STAT_BYTES * r
+
+
+def placed_bytes(block_rows: int, block_cols: int, d: int, b: int) -> tuple[int, int]:
+    """(shared memory, registers) at their peaks with ``REGISTERS`` (see the header)."""
+    r, c = block_rows, block_cols
+    return (b * (2 * c * d + 2 * r * d + 2 * r * c),
+            ACC_BYTES * (2 * c * d + r * d) + 2 * STAT_BYTES * r)
 
 
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
@@ -174,7 +188,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
             Compute("dQ_i = convert(dQ_acc_i)", convert),
             Store("dQ_i", "dQ", rows="i"),
         )),)
-    return Nest(tensors, body)
+    return Nest(tensors, place(body, registers(plan, REGISTERS)))
 
 
 def closed_form(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None

@@ -35,6 +35,10 @@ Outside the matmuls (``flashsim.nest.Compute`` says what counts): the 1/sqrt(d) 
 (max, subtract, exp, sum, divide), causal or not (the mask hides nothing from the work).
 When a row does not fit, the softmax streams twice: exponentials 2 N^2 + N T_c, operations
 7 N^2 + 3 N T_c, T_c = ceil(N / B_c) (the online pass rescales its sum once per tile).
+Placed as GEMM kernels place it (``placement="registers"``, ``REGISTERS``): the operand
+tiles in shared memory, b (B_c d + B_r max(d, B_c)); the fp32 accumulators S_ij (kernel 1)
+and O_i (kernel 3), and the tiles of an elementwise pass, in registers, 4 B_r max(B_c, d).
+Kernel 2 keeps its rows and their statistics in shared memory, as above.
 """
 
 from __future__ import annotations
@@ -44,11 +48,15 @@ import math
 import numpy as np
 
 from ..errors import FlashsimError
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import apply_causal_mask, exp_diff, matmul_flops
+from ._common import ACC_BYTES, apply_causal_mask, exp_diff, matmul_flops, registers
 
 PASSES = ("scale", "mask")
+# The buffers a kernel keeps in registers, with their bytes per element there (None: as in
+# HBM). The streaming softmax's S_ij tile (when a row does not fit) shares kernel 1's name
+# and place.
+REGISTERS = {"S_ij": ACC_BYTES, "O_i": ACC_BYTES, "X_ij": None}
 # The tile an eager matmul uses: fixed, like a cuBLAS kernel's, and independent of M.
 MATMUL_TILE = 64
 
@@ -57,6 +65,12 @@ def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
     """Kernels 1 and 3 (kernel 2 picks its rows to fit)."""
     r, c = block_rows, block_cols
     return b * (r * d + c * d + r * c)
+
+
+def placed_bytes(block_rows: int, block_cols: int, d: int, b: int) -> tuple[int, int]:
+    """(shared memory, registers) of kernels 1 and 3 with ``REGISTERS`` (see the header)."""
+    r, c = block_rows, block_cols
+    return b * (c * d + r * max(d, c)), ACC_BYTES * r * max(c, d)
 
 
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
@@ -186,7 +200,8 @@ def build(plan) -> Nest:
         )),
         Store("O_i", "O", rows="i"),
     ))
-    return Nest(tensors, (kernel1,) + pass_loops + (kernel2, kernel3))
+    return Nest(tensors, place((kernel1,) + pass_loops + (kernel2, kernel3),
+                               registers(plan, REGISTERS)))
 
 
 def closed_form(plan) -> tuple[dict, dict, int]:

@@ -40,6 +40,11 @@ counts): no exponentials (P is read, not recomputed); the softmax backward 4 N^2
 kernels 4 and 5 as the code applies it, N d (T_c + T_r).
 SRAM working set: b (B_r d + B_c d + B_r B_c) for the matmul kernels; R (2 N b + 4) for
 kernel 3, or 2 b B_r B_c + 4 B_r when it streams tiles.
+Placed as GEMM kernels place it (``placement="registers"``, ``REGISTERS``): operand tiles in
+shared memory, b max(B_r B_c + B_r d, B_r d + B_c d, B_r B_c + B_c d) for the matmul kernels
+and b B_r B_c + 4 B_r (P_ij, D_i) when kernel 3 streams tiles; the fp32 accumulators dV_j,
+dP_ij, dQ_i, dK_j (and the streamed dP_ij, and an elementwise pass's tiles) in registers,
+4 max(B_c d, B_r B_c, B_r d). Kernel 3's whole rows stay in shared memory, as above.
 """
 
 from __future__ import annotations
@@ -48,10 +53,15 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor
+from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
 from . import standard
-from ._common import matmul_flops
+from ._common import ACC_BYTES, matmul_flops, registers
+
+# The buffers a kernel keeps in registers, with their bytes per element there (None: as in
+# HBM). Kernel 3's streamed dP_ij tile shares kernel 2's name and place.
+REGISTERS = {"dV_j": ACC_BYTES, "dP_ij": ACC_BYTES, "dQ_i": ACC_BYTES, "dK_j": ACC_BYTES,
+             "X_ij": None}
 
 
 
@@ -59,6 +69,14 @@ def working_set_bytes(block_rows: int, block_cols: int, d: int, b: int) -> int:
     """The larger of the matmul kernels' and the streaming softmax backward's."""
     r, c = block_rows, block_cols
     return max(b * (r * d + c * d + r * c), 2 * b * r * c + STAT_BYTES * r)
+
+
+def placed_bytes(block_rows: int, block_cols: int, d: int, b: int) -> tuple[int, int]:
+    """(shared memory, registers) with ``REGISTERS``: the larger of the matmul kernels' and
+    the streaming softmax backward's, as ``working_set_bytes`` (see the header)."""
+    r, c = block_rows, block_cols
+    shared = max(b * max(r * c + r * d, r * d + c * d, r * c + c * d), b * r * c + STAT_BYTES * r)
+    return shared, ACC_BYTES * max(c * d, r * c, r * d)
 
 
 def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
@@ -209,7 +227,8 @@ def build(plan) -> Nest:
         )),
         Store("dK_j", "dK", rows="j"),
     ))
-    return Nest(tensors, (kernel1, kernel2, kernel3) + pass_loops + (kernel4, kernel5))
+    return Nest(tensors, place((kernel1, kernel2, kernel3) + pass_loops + (kernel4, kernel5),
+                               registers(plan, REGISTERS)))
 
 
 def closed_form(plan) -> tuple[dict, dict, int]:

@@ -287,7 +287,8 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
 
     ``l2_bytes`` and ``sms`` default to the plan's GPU preset. ``blocks_per_sm`` (resident
     blocks per SM, an int or ``{launch label: int}``) defaults to what the plan's SRAM
-    working set allows in the SM's shared memory, at most 32.
+    working set allows in the SM's shared memory (and, when the plan places buffers in
+    registers, what its register part allows in the SM's register file), at most 32.
     """
     g = plan.gpu or _gpu(DEFAULT_GPU)
     cap = g.l2_bytes if l2_bytes is None else l2_bytes
@@ -298,7 +299,9 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
     heads = plan.batch * plan.heads
     if blocks_per_sm is None:
         ws = sum(b for _, b in plan.working_set())
-        default_bps = max(1, min(32, g.sram_per_sm // max(ws, 1)))
+        regs = sum(b for _, b in plan.register_set())
+        default_bps = max(1, min(32, g.sram_per_sm // max(ws, 1),
+                                 g.register_bytes_per_sm // max(regs, 1)))
     report = L2Report(cap, default_bps if blocks_per_sm is None else blocks_per_sm, n_sms)
     sizes: dict = {}
     intern: dict = {}

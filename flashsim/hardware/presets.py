@@ -6,6 +6,24 @@ vendors' datasheets and the CUDA C++ Programming Guide's table of per-block shar
 (compute capability 8.0: 163 KiB, 8.9: 99 KiB, 9.0: 227 KiB), except where a preset says
 "measured". Datasheets' "MB" of L2 are binary: the H200's "60 MB" reads as
 ``cudaDeviceProp.l2CacheSize`` = 62,914,560 bytes on the project's machine.
+
+Four levels, from the SM outwards (sizes per SM unless a name says otherwise):
+
+* **registers**: 64K 32-bit registers per SM (256 KiB), at most 255 per thread and 64K per
+  block (the Programming Guide's "Technical Specifications per Compute Capability", the same
+  for cc 8.0, 8.9 and 9.0). A kernel's tiles of S_ij and its O_i accumulator live here.
+  What one block may hold is set by its warps: ``warps_per_block`` x 32 threads x 255
+  registers x 4 bytes, at most 64K registers. The presets take FlashAttention-2's forward
+  kernels, 4 warps a block (flash-attention, csrc/flash_attn/src/flash_fwd_launch_template.h:
+  ``Flash_fwd_kernel_traits<d, 128, 64, 4, ...>`` for d = 128 and ``<d, 128, 128, 4, ...>``
+  for d = 64 on sm80/sm90): 130,560 bytes, an upper bound, since a real kernel also keeps
+  addresses, indices and loop counters in registers.
+* **shared memory**, carved out of the SM's L1 (``l1_shared_per_sm``: 192 KB on an A100,
+  256 KB on an H100/H200, the architecture whitepapers): up to ``sram_per_sm`` of it is
+  shared memory, and one block may use ``sram_per_block``. That per-block figure is what
+  flashsim calls M. The FlashAttention paper's "192 KB of on-chip SRAM per SM" is the whole
+  L1 + shared capacity of an A100 SM, and its "about 20 MB" is that times 108 SMs.
+* **L2** (``l2_bytes``), shared by all SMs; **HBM** (DRAM) behind it.
 """
 
 from __future__ import annotations
@@ -17,6 +35,11 @@ from ..errors import FlashsimError
 KiB, MiB = 1024, 2**20
 # The preset every default refers to: the GPU this project measures on.
 DEFAULT_GPU = "h200"
+REGISTER_SOURCE = (
+    "CUDA C++ Programming Guide, Technical Specifications per Compute Capability (64K "
+    "32-bit registers per SM and per block, 255 per thread); 4 warps per block as "
+    "FlashAttention-2's forward kernels (flash-attention, csrc/flash_attn/src/"
+    "flash_fwd_launch_template.h)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +64,24 @@ class GPU:
     fp32_ops_per_clk_sm: int = 0
     tensor_fp8_flops_per_clk_sm: int = 0     # e4m3/e5m2 inputs (Hopper: twice fp16)
     unit_source: str = ""
+    l1_shared_per_sm: int = 0    # the SM's L1 + shared-memory capacity (architecture whitepaper)
+    registers_per_sm: int = 65536            # 32-bit registers of one SM
+    max_registers_per_thread: int = 255
+    max_registers_per_block: int = 65536
+    warps_per_block: int = 4     # FlashAttention-2's forward kernels (see the module docstring)
+    register_source: str = REGISTER_SOURCE
+
+    @property
+    def register_bytes_per_block(self) -> int:
+        """Bytes of registers one block of ``warps_per_block`` warps may hold (4-byte
+        registers): the register budget of the default tile rule."""
+        regs = min(self.warps_per_block * 32 * self.max_registers_per_thread,
+                   self.max_registers_per_block, self.registers_per_sm)
+        return 4 * regs
+
+    @property
+    def register_bytes_per_sm(self) -> int:
+        return 4 * self.registers_per_sm
 
     def peak_flops(self, dtype: str) -> float:
         """The rate that bounds attention's matmuls in ``dtype``."""
@@ -80,7 +121,9 @@ GPUS: dict[str, GPU] = {
         unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.0: 64 fp32 and 16 "
                     "special-function results per clock per SM); A100 whitepaper (1024 dense "
                     "fp16 FMA per clock per SM)",
-        source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
+        l1_shared_per_sm=192 * KiB,
+        source="NVIDIA A100 datasheet (2021); A100 architecture whitepaper (192 KB L1 + "
+               "shared per SM); CUDA Programming Guide, cc 8.0"),
     "a100-80gb": GPU(
         "NVIDIA A100 80GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
         hbm_bandwidth=2039e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
@@ -90,7 +133,9 @@ GPUS: dict[str, GPU] = {
         unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.0: 64 fp32 and 16 "
                     "special-function results per clock per SM); A100 whitepaper (1024 dense "
                     "fp16 FMA per clock per SM)",
-        source="NVIDIA A100 datasheet (2021); CUDA Programming Guide, cc 8.0"),
+        l1_shared_per_sm=192 * KiB,
+        source="NVIDIA A100 datasheet (2021); A100 architecture whitepaper (192 KB L1 + "
+               "shared per SM); CUDA Programming Guide, cc 8.0"),
     "h100": GPU(
         "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MiB,
         hbm_bandwidth=3.35e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
@@ -103,7 +148,9 @@ GPUS: dict[str, GPU] = {
                     "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
                     "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
                     "132 x 1.83 GHz x 16)",
-        source="NVIDIA H100 datasheet (2023); CUDA Programming Guide, cc 9.0"),
+        l1_shared_per_sm=256 * KiB,
+        source="NVIDIA H100 datasheet (2023); H100 architecture whitepaper (256 KB L1 + "
+               "shared per SM); CUDA Programming Guide, cc 9.0"),
     "h200": GPU(
         "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MiB,
         hbm_bandwidth=4.8e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
@@ -116,8 +163,10 @@ GPUS: dict[str, GPU] = {
                     "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
                     "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
                     "132 x 1.83 GHz x 16)",
+        l1_shared_per_sm=256 * KiB,
         source="NVIDIA H200 datasheet (2024); L2 (62,914,560 B) and SM count measured on "
                "the project's H200 (cudaGetDeviceProperties, benchmarks/results/ncu_h200.json); "
+               "H100 architecture whitepaper (the same SM: 256 KB L1 + shared); "
                "CUDA Programming Guide, cc 9.0"),
     "rtx4090": GPU(
         "NVIDIA GeForce RTX 4090", sms=128, sram_per_block=99 * KiB, l2_bytes=72 * MiB,
@@ -128,8 +177,9 @@ GPUS: dict[str, GPU] = {
         unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.9: 128 fp32 and 16 "
                     "special-function results per clock per SM); Ada whitepaper (fp16 with fp32 "
                     "accumulate 165.2 TFLOP/s = 128 SMs x 2.52 GHz x 512)",
+        l1_shared_per_sm=128 * KiB,
         source="NVIDIA Ada Lovelace architecture whitepaper v1.1 (fp16 tensor rate with "
-               "fp32 accumulate); CUDA Programming Guide, cc 8.9"),
+               "fp32 accumulate; 128 KB L1 + shared per SM); CUDA Programming Guide, cc 8.9"),
 }
 
 

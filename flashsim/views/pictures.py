@@ -143,14 +143,16 @@ def _log_limits(values, pad: float = 1.6) -> tuple[float, float]:
 
 # ===================================================================== 01 memory
 
-def memory_hierarchy(rows: list[dict], figsize=(10.0, 3.8), dpi: int = 80):
-    """Two bar charts (log scale): capacity and bandwidth of SRAM and HBM per GPU preset.
-    ``rows`` from :func:`flashsim.views.widgets.memory_table`. Returns the figure."""
+def memory_hierarchy(rows: list[dict], figsize=(10.0, 4.4), dpi: int = 80):
+    """Two bar charts (log scale): capacity of registers, shared memory, L2 and HBM, and
+    bandwidth of shared memory and HBM, per GPU preset (on-chip levels summed over the
+    SMs). ``rows`` from :func:`flashsim.views.widgets.memory_table`. Returns the figure."""
     fig = figure(figsize, dpi)
     ax1, ax2 = fig.subplots(1, 2)
     y = np.arange(len(rows))
     for ax, pairs, title in (
-            (ax1, (("sram_total", "SRAM (all SMs)"), ("l2_bytes", "L2"),
+            (ax1, (("registers_total", "registers (all SMs)"),
+                   ("sram_total", "shared memory M x SMs"), ("l2_bytes", "L2"),
                    ("hbm_capacity", "HBM")), "capacity (bytes)"),
             (ax2, (("sram_bandwidth", "SRAM"), ("hbm_bandwidth", "HBM")),
              "bandwidth (bytes/s)")):
@@ -184,12 +186,14 @@ class RooflinePicture:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e12:g} TFLOP/s"))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlim(1, 1e4)
-        ax.set_xlabel("arithmetic intensity I = FLOPs / HBM bytes")
+        ax.set_xlabel("I = FLOPs per byte: filled, requested from below SRAM; open, DRAM")
         ax.set_ylabel("attainable FLOP/s")
         self.roof, = ax.plot([], [], color="black", lw=2)
         self.ridge = ax.axvline(1.0, color="gray", ls=":")
         self.points = {a: ax.plot([], [], "o", ms=9, color=c, label=LABELS[a])[0]
                        for a, c in COLORS.items()}
+        self.dram = {a: ax.plot([], [], "o", ms=9, mfc="none", mew=1.5, color=c)[0]
+                     for a, c in COLORS.items()}
         offsets = {"standard": (8, -4), "flash1": (-10, 10), "flash2": (8, -16)}
         self.notes = {a: ax.annotate("", (1, 1), xytext=offsets[a], textcoords="offset points",
                                      fontsize=8, color=COLORS[a],
@@ -201,7 +205,8 @@ class RooflinePicture:
 
     def layers(self, v: dict) -> list:
         return [((v["gpu"], v["dtype"]), [self.ax.yaxis, self.roof, self.ridge]),
-                (None, [*self.points.values(), *self.notes.values(), self.title])]
+                (None, [*self.points.values(), *self.dram.values(), *self.notes.values(),
+                        self.title])]
 
     def update(self, v: dict) -> None:
         I = np.geomspace(1, 1e4, 64)
@@ -211,10 +216,15 @@ class RooflinePicture:
         for alg, a in v["algs"].items():
             self.points[alg].set_data([a["intensity"]], [a["attainable"]])
             self.notes[alg].xy = (a["intensity"], a["attainable"])
-            self.notes[alg].set_text(f"I = {a['intensity']:.0f}, {a['bound']}-bound")
+            di = a.get("dram_intensity")
+            self.dram[alg].set_data(([di], [a["dram_attainable"]]) if di else ([], []))
+            self.notes[alg].set_text(f"I = {a['intensity']:.0f}, {a['bound']}-bound"
+                                     + (f"; DRAM: {di:.0f}" if di else ""))
+        dram = ("open circles: DRAM bytes (L2 model)" if v["seq_len"] <= v["dram_max_n"]
+                else f"DRAM bytes drawn for N <= {v['dram_max_n']}")
         self.title.set_text(f"{v['gpu_name']}, {v['dtype']}, N = {v['seq_len']}, "
                             f"d = {v['head_dim']}: min(peak, I x bandwidth), ridge at "
-                            f"{v['ridge']:.0f} FLOP/byte")
+                            f"{v['ridge']:.0f} FLOP/byte\n{dram}")
 
 
 # ===================================================================== 02 standard
@@ -323,7 +333,8 @@ class OnlineSoftmaxPicture:
         self.dots = ax.scatter(j, np.zeros(n), s=22, zorder=3)
         self.m_old = ax.axhline(0, color="#ff7f0e", ls="--", lw=1.2)
         self.m_new = ax.axhline(0, color="#d62728", lw=1.2)
-        self.m_old_label = ax.text(n - 0.5, 0, "m_old", color="#ff7f0e", ha="right",
+        # m_old at the left end, m_new at the right: apart even when the two are equal
+        self.m_old_label = ax.text(-0.5, 0, "m_old", color="#ff7f0e", ha="left",
                                    va="top", fontsize=8)
         self.m_new_label = ax.text(n - 0.5, 0, "m_new", color="#d62728", ha="right",
                                    va="bottom", fontsize=8)
@@ -363,8 +374,7 @@ class OnlineSoftmaxPicture:
         self.dots.set_offsets(np.column_stack([np.arange(n), x]))
         self.dots.set_facecolors(list(colors))
         self.ax2.set_xlim(-0.7, n - 0.3)
-        for label in (self.m_old_label, self.m_new_label):
-            label.set_x(n - 0.5)
+        self.m_new_label.set_x(n - 0.5)
         self.span.set_x(lo - 0.5)
         self.span.set_width(hi - lo)
         for line, label, m in ((self.m_old, self.m_old_label, v["m_old"]),
@@ -384,10 +394,15 @@ class OnlineSoftmaxPicture:
             bar.set_color("#ff7f0e" if lo <= k < hi else "#1f77b4")
         self.final.set_data(np.arange(n), v["softmax"])
         self.ax2.set_ylim(0, 1.15 * max(v["y_top"], v["softmax"].max()))
-        self.title.set_text(f"{v['example']}: block {v['k']} of {v['steps']} "
-                            f"(x[{lo}:{hi}]), block size {v['block']}")
-        rose = ("the max rose: old state rescaled" if v["m_new"] > v["m_old"]
-                else "the max did not change: alpha = 1")
+        last = " (the last)" if v["k"] == v["steps"] - 1 else ""
+        self.title.set_text(f"{v['example']}: step {v['k']}: block {v['k'] + 1} of "
+                            f"{v['steps']}{last} (x[{lo}:{hi}]), block size {v['block']}")
+        if not np.isfinite(v["m_old"]):
+            rose = "first block: nothing to rescale"
+        elif v["m_new"] > v["m_old"]:
+            rose = "the max rose: old state rescaled"
+        else:
+            rose = "the max did not change: alpha = 1"
         lines = [
             f"m_old = {v['m_old']:.6g}",
             f"m_new = max(m_old, max x[{lo}:{hi}])",
@@ -410,8 +425,10 @@ class OnlineSoftmaxPicture:
 # ===================================================================== 04 SRAM and tiles
 
 class SramPicture:
-    """HBM bytes against the SRAM size M (log-log) for the three algorithms, Theorem 2's
-    c N^2 d^2 / M and the compulsory floor; the current M marked, block sizes noted."""
+    """Bytes requested from the level below SRAM against the SRAM size M (log-log) for the
+    three algorithms (solid), Theorem 2's c N^2 d^2 / M and the compulsory floor; dashed
+    with open markers, what the L2 model sends to DRAM for the same plans (N small enough);
+    the current M marked, block sizes noted."""
 
     def __init__(self, fig):
         from matplotlib.ticker import FuncFormatter
@@ -426,12 +443,17 @@ class SramPicture:
                                 label="floor: Q, K, V read, O written once")
         self.now = ax.axvline(1, color="gray", lw=1)
         self.marks = {a: ax.plot([], [], "o", color=c, ms=7)[0] for a, c in COLORS.items()}
+        self.dram = {a: ax.plot([], [], "--", marker="o", mfc="none", color=c, lw=1.2, ms=5)[0]
+                     for a, c in COLORS.items()}
+        self.dram["flash2"].set_label("dashed, open: DRAM bytes (L2 model)")
+        for alg in COLORS:
+            self.lines[alg].set_label(LABELS[alg] + ", requested")
         _pow2_axis(ax.xaxis, [2**k for k in range(14, 21)])
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: bytes_label(x)))
         _log2_bytes_axis(ax.yaxis)
         ax.set_xlim(2**14 / 1.15, 2**20 * 1.15)
         ax.set_xlabel("SRAM per thread block, M")
-        ax.set_ylabel("HBM traffic (bytes read + written)")
+        ax.set_ylabel("bytes read + written")
         ax.grid(True, alpha=0.25)
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
         self.title = ax.set_title("", fontsize=10)
@@ -441,7 +463,8 @@ class SramPicture:
 
     def layers(self, v: dict) -> list:
         return [((v["seq_len"], v["head_dim"], v["dtype"], v["causal"]),
-                 [self.ax.yaxis, *self.lines.values(), self.theorem, self.floor, self.title]),
+                 [self.ax.yaxis, *self.lines.values(), *self.dram.values(), self.theorem,
+                  self.floor, self.title]),
                 (None, [self.now, *self.marks.values(), self.note])]
 
     def update(self, v: dict) -> None:
@@ -452,17 +475,24 @@ class SramPicture:
         self.theorem.set_data(sizes, v["theorem2"])
         self.floor.set_ydata([v["floor"], v["floor"]])
         self.now.set_xdata([v["sram"], v["sram"]])
+        dram = v.get("dram")
+        for alg, line in self.dram.items():
+            line.set_data((v["dram_sizes"], dram[alg]) if dram is not None else ([], []))
         self.ax.set_ylim(*_log_limits([v["floor"], *v["curves"].values()], pad=1.4))
         self.title.set_text(f"N = {v['seq_len']}, d = {v['head_dim']}, {v['dtype']}"
                             f"{', causal' if v['causal'] else ''}, one head: "
-                            f"HBM traffic against SRAM size")
-        lines = [f"M = {bytes_label(v['sram'])} = {v['sram']:,} B", ""]
+                            f"bytes against SRAM size")
+        lines = [f"M = {bytes_label(v['sram'])} = {v['sram']:,} B", "requested from below:"]
         for alg in COLORS:
             br, bc = v["blocks"][alg]
             lines.append(f"{alg:<8}  B_r={br:<4} B_c={bc}")
-            lines.append(f"{'':8}  HBM {bytes_label(v['bytes'][alg])}")
+            lines.append(f"{'':8}  {bytes_label(v['bytes'][alg])}")
         lines += ["", f"floor     {bytes_label(v['floor'])}",
-                  f"Theorem 2 c = {v['c']:.3g} (fitted)"]
+                  f"Theorem 2 c = {v['c']:.3g} (fitted)", ""]
+        if dram is None:
+            lines += [f"DRAM (L2 model): drawn", f"for N <= {v['dram_max_n']}"]
+        else:
+            lines += [f"DRAM: {bytes_label(v['l2_bytes'])} L2,", "H200 preset's SMs"]
         self.note.set_text("\n".join(lines))
 
 
@@ -477,7 +507,7 @@ class TilePicture:
     def __init__(self, fig):
         from matplotlib.colors import ListedColormap
         gs = fig.add_gridspec(1, 5, width_ratios=[7, 0.6, 0.6, 0.6, 0.6], wspace=0.25,
-                              bottom=0.22, top=0.86, left=0.08, right=0.97)
+                              bottom=0.26, top=0.86, left=0.08, right=0.97)
         self.ax = ax = fig.add_subplot(gs[0])
         self.grid = ax.imshow(np.zeros((1, 1)), cmap=ListedColormap(TILE_COLORS), vmin=0,
                               vmax=7, interpolation="nearest", extent=(0, 1, 1, 0),
@@ -533,12 +563,15 @@ class TilePicture:
             f"{bytes_label(v['sram'])}{', causal' if v['causal'] else ''}\n"
             f"B_r = {Br}, B_c = {Bc}: {Tr} x {Tc} tiles, {v['skipped']} skipped (grey)")
         held = ", ".join(f"{t}[{r0}:{r1}]" for t, (r0, r1) in v["held"])
+        last = " (the last)" if v["step"] == v["steps"] - 1 else ""
         self.text.set_text(
-            f"step {v['step']} of {v['steps']}: tile (i, j) = ({v['i']}, {v['j']}) (orange)\n"
+            f"step {v['step']}: tile {v['step'] + 1} of {v['steps']}{last}, (i, j) = "
+            f"({v['i']}, {v['j']}) (orange)\n"
             f"in SRAM (orange strips): {held}\n"
             f"HBM so far: read {bytes_label(v['read_bytes'])} of "
             f"{bytes_label(v['total_read'])}, written {bytes_label(v['written_bytes'])} of "
-            f"{bytes_label(v['total_written'])}; green: O rows written")
+            f"{bytes_label(v['total_written'])}\n"
+            f"green strip: rows of the output already written to HBM")
 
 
 # ===================================================================== 05 FlashAttention-2
@@ -638,6 +671,66 @@ class WavesPicture:
         self.sup.set_text(
             f"batch {v['batch']}, heads {v['heads']}, N = {v['seq_len']}, B_r = "
             f"{v['block_rows']}: FA2 finishes {v['speedup']:.1f}x sooner")
+
+
+class WarpsPicture:
+    """One B_r x B_c tile of S and the B_r x d accumulator O_i, coloured by the warp that
+    owns each element, for split-K (FlashAttention) and split-Q (FlashAttention-2); beside
+    them, the shared-memory elements each scheme writes and reads per K/V block to combine
+    its warps' results."""
+
+    def __init__(self, fig):
+        from matplotlib.colors import ListedColormap
+        gs = fig.add_gridspec(2, 3, width_ratios=[1.0, 1.0, 1.1], hspace=0.55, wspace=0.6,
+                              left=0.06, right=0.97, top=0.85, bottom=0.12)
+        cmap = ListedColormap(["#bdbdbd", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                               "#9467bd", "#8c564b", "#e377c2", "#17becf"])
+        self.images, self.titles = {}, {}
+        for row, scheme in enumerate(("split-K", "split-Q")):
+            for col, what in enumerate(("S", "O")):
+                ax = fig.add_subplot(gs[row, col])
+                self.images[scheme, what] = ax.imshow(np.zeros((1, 1)), cmap=cmap, vmin=-1,
+                                                      vmax=7, interpolation="nearest",
+                                                      aspect="auto")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                self.titles[scheme, what] = ax.set_title("", fontsize=8)
+        self.bar_ax = bax = fig.add_subplot(gs[:, 2])
+        self.bars = bax.bar([0, 1], [0, 0], color=["#d62728", "#2ca02c"])
+        bax.set_xticks([0, 1], ["split-K\n(FlashAttention)", "split-Q\n(FlashAttention-2)"],
+                       fontsize=8)
+        bax.set_ylabel("elements written + read in shared\nmemory per K/V block to combine",
+                       fontsize=8)
+        self.bar_notes = [bax.text(x, 0, "", ha="center", va="bottom", fontsize=8)
+                          for x in (0, 1)]
+        self.sup = fig.suptitle("", fontsize=10)
+
+    def layers(self, v: dict) -> list:
+        return [(None, [*self.images.values(), *self.titles.values(), *self.bars,
+                        *self.bar_notes, self.bar_ax.yaxis, self.sup])]
+
+    def update(self, v: dict) -> None:
+        w, Br, Bc, d = v["warps"], v["block_rows"], v["block_cols"], v["head_dim"]
+        for scheme in ("split-K", "split-Q"):
+            x = v[scheme]
+            for what, extent in (("S", (0, Bc, Br, 0)), ("O", (0, d, Br, 0))):
+                img = self.images[scheme, what]
+                img.set_data(x["owner_" + what])
+                img.set_extent(extent)
+                img.axes.set_xlim(0, extent[1])
+                img.axes.set_ylim(Br, 0)
+            shared = "" if scheme == "split-Q" else ": every warp a partial (grey)"
+            self.titles[scheme, "S"].set_text(f"{scheme}: S_ij, {Br} x {Bc}, by warp")
+            self.titles[scheme, "O"].set_text(f"O_i, {Br} x {d}{shared}")
+        totals = [v[s]["exchange_written"] + v[s]["exchange_read"] for s in ("split-K", "split-Q")]
+        for bar, note, total, s in zip(self.bars, self.bar_notes, totals, ("split-K", "split-Q")):
+            bar.set_height(total)
+            note.set_y(total)
+            note.set_text(f"{total:,}\n+{v[s]['barriers']} barriers")
+        self.bar_ax.set_ylim(0, max(totals + [1]) * 1.3)
+        self.sup.set_text(f"{w} warps share a {Br} x {Bc} tile (d = {d}): split-K combines "
+                          f"partial results through shared memory at every K/V block, "
+                          f"split-Q never")
 
 
 def predicted_vs_measured(rows: list[dict], quantity: str, ax=None):
