@@ -219,9 +219,13 @@ def test_uniform_ring_time_is_the_closed_form():
 def test_overlap_threshold_in_closed_form():
     n = cpm.min_rows_for_overlap("h200", "bf16")
     assert n == pytest.approx(989.4e12 * 2 / (2 * 450e9))
-    # compute-bound steps just above and below n rows per device
+    # compute-bound steps just above and below n rows per device: the condition assumes a
+    # step bound by its FLOPs, which needs tiles of more than ~206 rows at bf16 on an H200
+    # (the ridge point), so the paper's two-level rule's 224 x 224, not the register-placed
+    # 112 x 112 whose steps are bound by their K/V requests
     for rows, hidden in ((int(2 * n), True), (int(n / 2), False)):
-        base = flashsim.plan("flash2", 4 * rows, 128, heads=64, dtype="bf16", gpu="h200")
+        base = flashsim.plan("flash2", 4 * rows, 128, heads=64, dtype="bf16", gpu="h200",
+                             placement="two-level")
         no_latency = dataclasses.replace(presets.link("h200"), latency=0.0)
         tl = cpm.cp_plan(base, 4, "ring").timeline(link=no_latency)
         assert tl.overlapped == hidden

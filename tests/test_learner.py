@@ -2,6 +2,7 @@
 would (issue #12), each held by a test, and the new views of notebooks 01, 04 and 05."""
 
 import ast
+import importlib
 import json
 import pathlib
 import re
@@ -42,14 +43,17 @@ def _literal(node):
 
 
 def _panel_calls(tree):
-    """[(variable, factory name, {kwarg: value})] for ``X = widgets.*_panel(...)``."""
+    """[(variable, factory, {kwarg: value})] for ``X = module.*_panel(...)``, the factory
+    named ``"module.name"`` (a module of flashsim.views: widgets, hopper, beyond)."""
     out = []
     for node in ast.walk(tree):
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                 and isinstance(node.value.func, ast.Attribute)
                 and node.value.func.attr.endswith("_panel")):
             kw = {k.arg: _literal(k.value) for k in node.value.keywords}
-            out.append((node.targets[0].id, node.value.func.attr, kw))
+            owner = node.value.func.value
+            module = owner.id if isinstance(owner, ast.Name) else "widgets"
+            out.append((node.targets[0].id, f"{module}.{node.value.func.attr}", kw))
     return out
 
 
@@ -69,17 +73,30 @@ def _control_sets(tree):
 
 
 # Cheap arguments to build each panel once and read its controls.
-CHEAP = {"sram_panel": dict(seq_len=256), "tile_panel": dict(seq_len=128),
-         "roofline_panel": dict(seq_len=256), "standard_panel": dict(seq_len=256),
-         "loop_order_panel": dict(seq_len=256), "online_softmax_panel": {},
-         "parallelism_panel": dict(seq_len=256), "warps_panel": {},
-         "recomputation_panel": dict(seq_len=256)}
+CHEAP = {"widgets.sram_panel": dict(seq_len=256), "widgets.tile_panel": dict(seq_len=128),
+         "widgets.roofline_panel": dict(seq_len=256), "widgets.standard_panel": dict(seq_len=256),
+         "widgets.loop_order_panel": dict(seq_len=256), "widgets.online_softmax_panel": {},
+         "widgets.parallelism_panel": dict(seq_len=256), "widgets.warps_panel": {},
+         "widgets.recomputation_panel": dict(seq_len=256)}
+
+
+def _factory(name: str):
+    module, attr = name.split(".")
+    return getattr(importlib.import_module(f"flashsim.views.{module}"), attr)
+
+
+class _Controls(dict):
+    """Each factory's controls, built once (cheaply where CHEAP says how) when first asked."""
+
+    def __missing__(self, name):
+        self[name] = _factory(name)(**CHEAP.get(name, {})).controls
+        return self[name]
 
 
 @pytest.fixture(scope="module")
 def controls():
     pytest.importorskip("ipywidgets")
-    return {name: getattr(w, name)(**kw).controls for name, kw in CHEAP.items()}
+    return _Controls()
 
 
 def test_every_value_a_cell_sets_is_on_its_sliders_grid(controls):
@@ -103,7 +120,7 @@ def test_every_value_a_cell_sets_is_on_its_sliders_grid(controls):
             for var, ctl, value in _control_sets(tree):
                 name, kw = calls[var]
                 if var not in live:
-                    live[var] = getattr(w, name)(**{k: v for k, v in kw.items()
+                    live[var] = _factory(name)(**{k: v for k, v in kw.items()
                                                     if v is not None})
                 c = live[var].controls[ctl]
                 if value is None:                      # e.g. ``.max``: the widget's own
@@ -336,8 +353,8 @@ def test_docs_list_every_notebook():
     text = (ROOT / "docs" / "notebooks.md").read_text()
     rows = re.findall(r"^\| `(\d\d_\w+)\.ipynb` \|", text, flags=re.M)
     assert sorted(rows) == [p.stem for p in NOTEBOOKS]
-    words = {5: "Five", 6: "Six", 7: "Seven", 8: "Eight"}
-    assert text.count(words[len(NOTEBOOKS)] + " notebooks") == 1
+    # no count to go stale as notebooks are added (it once said five of seven)
+    assert not re.search(r"\b(Five|Six|Seven|Eight|Nine|Ten|Eleven|Twelve) notebooks", text)
 
 
 # ------------------------------------------------------------------ notebooks stay clean
