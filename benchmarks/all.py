@@ -14,9 +14,11 @@ Run from the repository root. The steps, in order, each its own process with a t
     cupy_h200      python -m benchmarks.cupy_h200            -> DIR/cupy_h200.json
     backward_h200  python -m benchmarks.backward_h200        -> DIR/backward_h200.json
     ncu_sweep      python -m benchmarks.ncu_sweep run        -> DIR/ncu_h200.json, raw CSV (--ncu)
+    sfu_check      python -m benchmarks.sfu_check run        -> DIR/sfu_h200.json (--ncu)
     core_speed, slider_latency                               -> DIR/*.json (--cpu)
     gpu_tests      FLASHSIM_REAL_GPU=1 pytest -m gpu tests   -> DIR/gpu_tests.xml (JUnit)
 
+ring_attention needs two GPUs and runs on its own (its docstring has the command).
 The limits add up to 560 s without --ncu and --cpu, so the whole run fits one 10-minute
 command. Should the GPU tests need longer, run ``--no-tests`` in one call and the tests
 (``FLASHSIM_REAL_GPU=1 python -m pytest -m gpu -o addopts=""``) in another.
@@ -63,6 +65,8 @@ def steps(args) -> list[tuple[str, list[str], float, dict]]:
     if args.ncu:
         out_steps.append(("ncu_sweep", [py, "-m", "benchmarks.ncu_sweep", "run", "--out", out]
                           + (["--quick"] if quick else []), 1800 * k, {}))
+        out_steps.append(("sfu_check", [py, "-m", "benchmarks.sfu_check", "run", "--out", out]
+                          + (["--quick"] if quick else []), 240 * k, {}))
     if args.cpu:
         out_steps += [bench("core_speed", limit=120), bench("slider_latency", limit=300)]
     # last: a test run cut short by its limit costs no measurement (and finds the kernels

@@ -1,11 +1,11 @@
 """Ring attention on real GPUs, one process per GPU, beside flashsim's context-parallel model.
 
     # two GPUs, one process each, NCCL (the check the model is held to):
-    python3 benchmarks/ring_attention.py --nproc 2 --out $OUT/ring_attention_h200x2.json
+    python -m benchmarks.ring_attention --nproc 2 --out $OUT/ring_attention_h200x2.json
     # one GPU: P ranks emulated as CUDA streams, K/V "sent" by device-to-device copies
-    python3 benchmarks/ring_attention.py --emulate --nproc 2 --out $OUT/ring_emulated.json
+    python -m benchmarks.ring_attention --emulate --nproc 2 --out $OUT/ring_emulated.json
     # CPU, gloo, tiny shapes, float64 (what the test suite runs when PyTorch is installed)
-    python3 benchmarks/ring_attention.py --backend gloo --device cpu --nproc 2 --smoke
+    python -m benchmarks.ring_attention --backend gloo --device cpu --nproc 2 --smoke
 
 Each rank holds the queries, keys and values of its positions (flashsim's layouts: ring and
 allgather contiguous, zigzag, striped). At step s rank r attends to the K/V slice of rank
@@ -58,10 +58,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from benchmarks._provenance import provenance  # noqa: E402
+from gpu_kernels.harness import provenance  # noqa: E402
 from flashsim import context_parallel as cpm  # noqa: E402
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}

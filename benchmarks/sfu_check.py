@@ -4,7 +4,7 @@ against flashsim's exponential count (``exp_ops``, one warp instruction per 32 l
 On the GPU machine, from the repository root (ncu, nvcc and cuobjdump on PATH or in
 /usr/local/cuda/bin):
 
-    PYTHONPATH=. python3 benchmarks/sfu_check.py run --out $OUT
+    python -m benchmarks.sfu_check run --out $OUT
 
 1. asks ``ncu --query-metrics`` which of the candidate metrics exist (``CANDIDATES``) and
    keeps every line that mentions the XU pipe or MUFU (``query_matches``);
@@ -17,7 +17,7 @@ On the GPU machine, from the repository root (ncu, nvcc and cuobjdump on PATH or
    values as ncu printed them, the per-opcode counts parsed from them) and
    ``$OUT/sfu_h200_raw.csv``, and prints the comparison.
 
-    python3 benchmarks/sfu_check.py compare flashsim/measured/data/sfu_h200.json
+    python -m benchmarks.sfu_check compare flashsim/measured/data/sfu_h200.json
 
 prints the comparison of a committed file (``flashsim.measured.sfu.compare``); the test
 ``tests/test_sfu.py`` holds it within 10% when the file is committed.
@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Metrics tried (kept when ``ncu --query-metrics`` lists their base name; the sass__* ones
 # are never listed and are tried anyway). The per-opcode counts (warp-level executed
@@ -211,7 +211,7 @@ def per_opcode(raw) -> dict:
 
 
 def run(out_dir: str, quick: bool) -> None:
-    from benchmarks._provenance import provenance
+    from gpu_kernels.harness import provenance
     from flashsim.measured import sfu
 
     os.makedirs(out_dir, exist_ok=True)
@@ -226,13 +226,14 @@ def run(out_dir: str, quick: bool) -> None:
     manifest = os.path.join(out_dir, "manifest.json")
     with open(manifest, "w") as f:
         json.dump({"points": pts}, f)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
     def command(metrics):
         instances = ["--print-metric-instances", "details"] if PER_OPCODE in metrics else []
         return [_tool("ncu") or "ncu", "--clock-control", "none", "--kernel-name", KERNEL,
                 "--metrics", ",".join(metrics), "--csv", "--page", "raw", *instances,
-                sys.executable, os.path.abspath(__file__), "workload", "--manifest", manifest]
+                sys.executable, "-m", "benchmarks.sfu_check", "workload", "--manifest", manifest]
     # sass__* metrics come from another provider and are not in --query-metrics' list:
     # ask for the per-opcode counts anyway, and do without them if this ncu refuses
     if PER_OPCODE not in found:

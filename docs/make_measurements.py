@@ -44,6 +44,20 @@ def core(lines):
                     [[r["what"], f"{r['seconds'] * 1e3:.1f} ms", f"{r['target_s'] * 1e3:.0f} ms",
                       "yes" if r["met"] else "no"] for r in d["results"]])
     lines.append("")
+    if d.get("cli"):
+        limit = d["provenance"].get("cli_memory_limit_bytes", 0) / 2**30
+        lines += [f"The CLI, one fresh process per line under `/usr/bin/time -v` with a "
+                  f"{limit:.0f} GiB address-space limit (wall time is longer on a loaded "
+                  "machine: the 1-minute load average before each run is listed):", ""]
+        lines += _table(
+            ["what", "exit", "wall", "CPU", "peak memory", "target", "load", "met"],
+            [[c["what"], str(c["exit_status"]), f"{c['wall_s']:.2f} s", f"{c['cpu_s']:.2f} s",
+              f"{c['peak_rss_bytes'] / 2**20:.0f} MiB",
+              f"< {c['target_wall_s']} s" + (f", < {c['target_peak_rss_bytes'] / 2**30:.0f} GiB"
+                                              if c["target_peak_rss_bytes"] else ""),
+              f"{c['load_average_1min_before']:.1f}", "yes" if c["met"] else "no"]
+             for c in d["cli"]])
+        lines.append("")
 
 
 def slider(lines):

@@ -2,8 +2,15 @@
 
 The counts are the bytes SRAM requests from the level below it (the two-level model's
 "HBM traffic"); whenever a GPU preset applies (``--gpu``, or no ``--sram``), the L2 model's
-DRAM bytes stand beside them. Bad input ends with one line on stderr and exit status 2,
-never a traceback.
+DRAM bytes stand beside them.
+
+Every input gets an answer (exit status 0) or one line on stderr (exit status 2) and
+nothing on stdout: arguments are read by :mod:`flashsim.validate` (the API's checks, with
+its stated limits), the work an answer needs is checked before it starts (``--verify``'s
+memory and tile count, the L2 model's work), and the output is printed whole at the end.
+
+The arguments live in one table per command (:func:`build_parser`); a new option is one
+``add_argument`` whose ``type`` is a reader below, so it fails the same way as the others.
 """
 
 from __future__ import annotations
@@ -14,18 +21,18 @@ import sys
 
 import numpy as np
 
-from . import context_parallel, reference
-from .hardware import l2
+from . import context_parallel, nest as _nest, reference, validate
 from .algorithms import ALGORITHMS
 from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError
-from .plan import PASSES, plan
-from .hardware import schedules
+from .hardware import l2, schedules
+from .hardware.l2_lockstep import Budget
 from .hardware.presets import DEFAULT_GPU, GPUS
 from .hardware.schedules import LOADS, SCHEDULES
 from .numerics import Recipe, error_table, hadamard
+from .plan import PASSES, plan
 from .report import format_compare, format_report
-from .units import DTYPE_BYTES, format_bytes, parse_size
+from .units import DTYPE_BYTES, format_bytes
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,48 +40,96 @@ class _Parser(argparse.ArgumentParser):
         raise FlashsimError(message)
 
 
-def _int(text: str) -> int:
+def _reader(check, *args, **kw):
+    """An argparse ``type`` from a validator: argparse names the argument in its message."""
+    def read(text: str):
+        try:
+            return check(text, "", *args, **kw)
+        except FlashsimError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    read.__name__ = check.__name__
+    return read
+
+
+def _name(options):
+    """Case-insensitive choice among ``options``."""
+    return _reader(lambda text, name: validate.choice(text, list(options), name))
+
+
+_count = _reader(validate.whole, hi=validate.MAX_SEQ_LEN)
+_seq_len = _reader(validate.whole, hi=validate.MAX_SEQ_LEN, what="tokens")
+_head_dim = _reader(validate.whole, hi=validate.MAX_HEAD_DIM)
+_batch = _reader(validate.whole, hi=validate.MAX_BATCH)
+_heads = _reader(validate.whole, hi=validate.MAX_HEADS)
+_size = _reader(validate.size)
+_seed = _reader(validate.whole, lo=0, hi=validate.MAX_SEED)
+_bps = _reader(validate.whole, hi=validate.MAX_BLOCKS_PER_SM)
+_stages = _reader(validate.whole, hi=64)
+_devices = _reader(validate.whole, hi=2**16)
+
+
+def _fraction(text: str) -> float:
     try:
-        value = int(text, 10)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        value = float("nan")
+    if not 0 < value <= 1:                      # NaN fails here too
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
     return value
+
+# numerics runs seven emulated methods in float64 on the CPU: heads x N^2 x d at most 2^33
+# (16 times the default recipe's work; about a minute here)
+NUMERICS_MAX_WORK = 2**33
 
 
 def _passes(text: str) -> tuple:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+    from .algorithms.standard import PASSES as EXTRA
+    try:
+        return validate.names(text, EXTRA, "")
+    except FlashsimError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _shape_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seq-len", "-N", type=_int, required=True, help="sequence length N")
-    p.add_argument("--head-dim", "-d", type=_int, required=True, help="head dimension d")
-    p.add_argument("--batch", type=_int, default=1)
-    p.add_argument("--heads", type=_int, default=1)
-    p.add_argument("--dtype", choices=list(DTYPE_BYTES), default="fp32",
-                   help="sets bytes per element (values are computed in float64)")
-    p.add_argument("--gpu", choices=list(GPUS), type=str.lower,
-                   help="hardware preset: sets M (shared memory a block) and the register "
-                        "budget, and adds the L2 model's DRAM bytes and the roofline time "
-                        "(default h200 unless --sram is given alone)")
-    p.add_argument("--sram", help="SRAM size M per thread block, e.g. 100KiB, 228KB, 65536 "
-                                  "(KB = 1000 B, KiB = 1024 B); overrides the preset's M")
-    p.add_argument("--placement", choices=PLACEMENTS,
+    p.add_argument("--seq-len", "-N", type=_seq_len, required=True,
+                   help=f"sequence length N (at most {validate.MAX_SEQ_LEN:,})")
+    p.add_argument("--head-dim", "-d", type=_head_dim, required=True, help="head dimension d")
+    p.add_argument("--batch", type=_batch, default=1)
+    p.add_argument("--heads", type=_heads, default=1)
+    p.add_argument("--dtype", type=_name(DTYPE_BYTES), default="fp32",
+                   help=f"{', '.join(DTYPE_BYTES)}: sets bytes per element (values are "
+                        "computed in float64)")
+    p.add_argument("--gpu", type=_name(GPUS),
+                   help=f"hardware preset ({', '.join(GPUS)}): sets M (shared memory a "
+                        "block) and the register budget, and adds the L2 model's DRAM bytes "
+                        "and the roofline time (default h200 unless --sram is given alone)")
+    p.add_argument("--sram", type=_size,
+                   help="SRAM size M per thread block, e.g. 100KiB, 228KB, 65536 "
+                        "(KB = 1000 B, KiB = 1024 B); overrides the preset's M")
+    p.add_argument("--placement", type=_name(PLACEMENTS),
                    help="two-level: every buffer in SRAM (the paper's model and block rules, "
                         "Theorem 2); registers: S_ij, accumulators and statistics in "
                         "registers, tiles from HBM in shared memory, as real kernels (default "
                         "with a GPU preset)")
-    p.add_argument("--block-rows", type=_int, help="B_r (default: the algorithm's rule)")
-    p.add_argument("--block-cols", type=_int, help="B_c (default: the algorithm's rule)")
+    p.add_argument("--block-rows", type=_count, help="B_r (default: the algorithm's rule)")
+    p.add_argument("--block-cols", type=_count, help="B_c (default: the algorithm's rule)")
     p.add_argument("--causal", action="store_true", help="causal mask; masked tiles skipped")
-    p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd",
+    p.add_argument("--pass", dest="pass_", type=_name(PASSES), default="fwd",
                    help="fwd (default), bwd (the backward alone: the forward's saved tensors "
                         "are inputs) or fwd+bwd (both, traffic added tensor by tensor)")
     p.add_argument("--verify", action="store_true",
                    help="run with values on random inputs and report max |O - O_ref| (with "
-                        "a backward pass, also |dQ - dQ_ref|, |dK - dK_ref|, |dV - dV_ref|)")
-    p.add_argument("--seed", type=int, default=0, help="random inputs for --verify")
+                        "a backward pass, also |dQ - dQ_ref|, |dK - dK_ref|, |dV - dV_ref|); "
+                        "refused when its arrays would not fit in memory")
+    p.add_argument("--seed", type=_seed, default=0, help="random inputs for --verify")
+    p.add_argument("--extra-passes", type=_passes, default=(),
+                   help="standard only: eager elementwise passes over S, e.g. scale,mask")
+    p.add_argument("--l2", type=_size,
+                   help="L2 cache size, e.g. 60MiB: adds the three-level model's DRAM bytes "
+                        "(also on with --gpu, at the preset's L2)")
+    p.add_argument("--blocks-per-sm", type=_bps,
+                   help="resident thread blocks per SM for the L2 model (default: as many "
+                        "as the SRAM working set allows); needs --gpu or --l2")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -82,48 +137,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flashsim", description="Exact HBM <-> SRAM traffic of attention.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     io = sub.add_parser("io", help="traffic of one algorithm")
-    io.add_argument("--algorithm", "-a", choices=list(ALGORITHMS), required=True)
+    io.add_argument("--algorithm", "-a", type=_name(ALGORITHMS), required=True,
+                    help=", ".join(ALGORITHMS))
     _shape_args(io)
-    io.add_argument("--extra-passes", type=_passes, default=(),
-                    help="standard only: eager elementwise passes over S, e.g. scale,mask")
-    io.add_argument("--l2", help="L2 cache size, e.g. 60MB: adds the three-level model's "
-                                 "DRAM bytes (on whenever a GPU preset applies, at its L2)")
-    io.add_argument("--blocks-per-sm", type=_int,
-                    help="resident thread blocks per SM for the L2 model (default: as many "
-                         "as the SRAM working set allows)")
-    io.add_argument("--schedule", choices=SCHEDULES,
+    io.add_argument("--schedule", type=_name(SCHEDULES),
                     help="flash2 forward, fp16/bf16: predict the time under a schedule of "
                          "the tensor cores, special-function units and loads "
                          "(flashsim/hardware/schedules.py)")
-    io.add_argument("--loads", choices=LOADS, default="producer",
+    io.add_argument("--loads", type=_name(LOADS), default="producer",
                     help="with --schedule: how K_j, V_j reach shared memory (default "
                          "producer: a warp-specialised producer)")
-    io.add_argument("--stages", type=_int, default=2,
+    io.add_argument("--stages", type=_stages, default=2,
                     help="with --schedule and --loads producer: K/V stages in shared memory")
-    io.add_argument("--devices", type=_int,
+    io.add_argument("--devices", type=_devices,
                     help="context parallelism over P devices (flash2): adds link_bytes and "
                          "per-device HBM bytes")
-    io.add_argument("--cp-schedule", choices=list(context_parallel.SCHEDULES),
+    io.add_argument("--cp-schedule", type=_name(context_parallel.SCHEDULES),
                     help="with --devices: ring (default), allgather, zigzag or striped")
     cmp_ = sub.add_parser("compare", help="standard, flash1 and flash2 side by side")
     _shape_args(cmp_)
-    cmp_.add_argument("--extra-passes", type=_passes, default=(),
-                      help="eager elementwise passes for the standard column, e.g. scale,mask")
     sub.add_parser("gpus", help="list the hardware presets")
     num = sub.add_parser("numerics", help="the FlashAttention-3 paper's FP16/FP8 error table "
                                           "(Table 3), on emulated numbers")
     r = Recipe()
-    num.add_argument("--seq-len", "-N", type=_int, default=r.seq_len)
-    num.add_argument("--head-dim", "-d", type=_int, default=r.head_dim,
-                     help="a power of two (the Hadamard rotation)")
-    num.add_argument("--heads", type=_int, default=r.heads)
-    num.add_argument("--outlier-fraction", type=float, default=r.outlier_fraction,
-                     help="fraction of entries with an added N(0, 100) term (paper: 0.001)")
-    num.add_argument("--block-rows", type=_int, default=r.block_rows,
+    num.add_argument("--seq-len", "-N", type=_reader(validate.whole, hi=2**16),
+                     default=r.seq_len)
+    num.add_argument("--head-dim", "-d", type=_reader(validate.whole, hi=2**12),
+                     default=r.head_dim, help="a power of two (the Hadamard rotation)")
+    num.add_argument("--heads", type=_reader(validate.whole, hi=2**12), default=r.heads)
+    num.add_argument("--outlier-fraction", type=_fraction, default=r.outlier_fraction,
+                     help="fraction of entries with an added N(0, 100) term, in (0, 1] "
+                          "(paper: 0.001)")
+    num.add_argument("--block-rows", type=_count, default=r.block_rows,
                      help="B_r: FP8 scale blocks of Q")
-    num.add_argument("--block-cols", type=_int, default=r.block_cols,
+    num.add_argument("--block-cols", type=_count, default=r.block_cols,
                      help="B_c: FP8 scale blocks of K, V and the K/V tiles")
-    num.add_argument("--seed", type=int, default=r.seed)
+    num.add_argument("--seed", type=_reader(validate.whole, lo=0, hi=2**32 - 1),
+                     default=r.seed)
     num.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     return parser
 
@@ -145,29 +195,79 @@ def _schedule(p, args) -> dict:
                              "load": ph.load}}
 
 
-def _numerics(args) -> int:
+def _numerics(args) -> str:
+    work = args.heads * args.seq_len ** 2 * args.head_dim
+    if work > NUMERICS_MAX_WORK:
+        raise FlashsimError(
+            f"numerics would multiply heads x N^2 x d = {work:,}, more than the limit of "
+            f"{NUMERICS_MAX_WORK:,} (the emulated methods run in float64 on the CPU); use a "
+            "smaller N, d or fewer heads")
     recipe = Recipe(seq_len=args.seq_len, head_dim=args.head_dim, heads=args.heads,
                     outlier_fraction=args.outlier_fraction, block_rows=args.block_rows,
                     block_cols=args.block_cols, seed=args.seed)
     hadamard(recipe.head_dim)                   # refuse a bad d before any work
     rows = error_table(recipe)
     if args.json:
-        print(json.dumps(rows))
-        return 0
-    print(f"N={recipe.seq_len} d={recipe.head_dim} heads={recipe.heads} outliers "
+        return json.dumps(rows)
+    lines = [f"N={recipe.seq_len} d={recipe.head_dim} heads={recipe.heads} outliers "
           f"{recipe.outlier_fraction} (N(0,100)); RMSE of O against float64\n"
-          f"{'method':<28}{'ours':>10}{'paper':>10}{'ours/paper':>12}  how")
+          f"{'method':<28}{'ours':>10}{'paper':>10}{'ours/paper':>12}  how"]
     for row in rows:
-        print(f"{row['method']:<28}{row['rmse']:>10.2e}{row['paper_rmse']:>10.2e}"
-              f"{row['rmse'] / row['paper_rmse']:>12.2f}  {row['how']}")
-    return 0
+        lines.append(f"{row['method']:<28}{row['rmse']:>10.2e}{row['paper_rmse']:>10.2e}"
+                     f"{row['rmse'] / row['paper_rmse']:>12.2f}  {row['how']}")
+    return "\n".join(lines)
 
 
-def _plan(args, algorithm: str, passes=()):
+def _plan(args, algorithm: str):
+    # compare: the passes are the standard column's; io: plan() refuses them elsewhere
+    passes = args.extra_passes if algorithm == "standard" or args.command == "io" else ()
     return plan(algorithm, args.seq_len, args.head_dim, batch=args.batch, heads=args.heads,
                 dtype=args.dtype, sram=args.sram, gpu=args.gpu, block_rows=args.block_rows,
                 block_cols=args.block_cols, causal=args.causal, extra_passes=passes,
                 pass_=args.pass_, placement=args.placement)
+
+
+def _check_verify(plans, args) -> None:
+    """Refuse ``--verify`` before it starts when its float64 arrays would not fit in this
+    process's memory, or its tiles and FLOPs would take minutes."""
+    heads, N, d = args.batch * args.heads, args.seq_len, args.head_dim
+    backward = args.pass_ != "fwd"
+    nd, nn = 8 * heads * N * d, 8 * heads * N * N
+    inputs = (4 if backward else 3) * nd                    # Q, K, V (, dO)
+    refs = (3 if backward else 1) * nd                      # O_ref (or dQ, dK, dV refs)
+    # The reference holds a few N x N matrices at once (S, P, and in the backward dP, dS
+    # and their products); the causal mask is one N x N bool matrix and its copy.
+    # (measured: about 3 N x N forward at N = 8192; one more is kept for safety).
+    reference_peak = (7 if backward else 4) * nn + (2 * N * N if args.causal else 0)
+    transfers, flops, run_peak = 0, heads * N * N * d * (12 if backward else 4), 0
+    for p in plans:
+        nests = [p.nest()] + ([p.module.build(p)] if args.pass_ == "bwd" else [])
+        tensors: dict = {}
+        for n in nests:                     # with pass bwd the forward runs first, uncounted
+            counted = _nest.count(n)
+            transfers += counted.transfers
+            flops += heads * counted.flops
+            tensors.update(n.tensors)
+        run_peak = max(run_peak, inputs + sum(
+            8 * heads * t.rows * t.cols for t in tensors.values()))
+    need = inputs + refs + max(reference_peak, run_peak)
+    allowed = int(validate.VERIFY_MEMORY_SHARE * validate.memory_allowance())
+    if need > allowed:
+        raise FlashsimError(
+            f"--verify needs about {need:,} B ({format_bytes(need)}) for its float64 arrays "
+            f"(inputs, the N x N reference, every HBM tensor) but this process may use "
+            f"{allowed:,} B ({format_bytes(allowed)}: half of the memory still free to it); "
+            "use a smaller N or batch x heads, or leave out --verify")
+    if transfers > validate.VERIFY_MAX_TRANSFERS:
+        raise FlashsimError(
+            f"--verify would step through {transfers:,} tile loads and stores with values, "
+            f"more than the limit of {validate.VERIFY_MAX_TRANSFERS:,}; use larger blocks or "
+            "a smaller N, or leave out --verify (the counts need no values)")
+    if flops > validate.VERIFY_MAX_FLOPS:
+        raise FlashsimError(
+            f"--verify would compute {flops:,} float64 FLOPs (run and reference), more than "
+            f"the limit of {validate.VERIFY_MAX_FLOPS:,}; use a smaller N, d or batch x "
+            "heads, or leave out --verify")
 
 
 def _report(p, args, inputs):
@@ -177,11 +277,12 @@ def _report(p, args, inputs):
     if dO is None:
         O, rep = p.run(Q, K, V)
         rep.max_abs_error = float(np.max(np.abs(O - ref["O"])))
-        return rep
-    grads, rep = p.run(Q, K, V, dO=dO)
-    got = {"O": rep.hbm["O"], **grads._asdict()}
-    rep.max_abs_errors = {k: float(np.max(np.abs(got[k] - ref[k]))) for k in ref}
-    rep.max_abs_error = max(rep.max_abs_errors.values())
+    else:
+        grads, rep = p.run(Q, K, V, dO=dO)
+        got = {"O": rep.hbm["O"], **grads._asdict()}
+        rep.max_abs_errors = {k: float(np.max(np.abs(got[k] - ref[k]))) for k in ref}
+        rep.max_abs_error = max(rep.max_abs_errors.values())
+    rep.hbm.clear()                     # the arrays are not printed: free them now
     return rep
 
 
@@ -199,64 +300,102 @@ def _inputs(args):
     return Q, K, V, dO, ref
 
 
+def _gpus() -> str:
+    return "\n".join(
+        f"{key:<10} {g.name:<26} SMs {g.sms:>3}  shared/block "
+        f"{format_bytes(g.sram_per_block):>10}  registers/block "
+        f"{format_bytes(g.register_bytes_per_block)}  L2 {format_bytes(g.l2_bytes)}  "
+        f"HBM {g.hbm_bandwidth / 1e12:.2f} TB/s  fp16 "
+        f"{g.peak_tensor_fp16 / 1e12:.0f} / fp32 {g.peak_fp32 / 1e12:.1f} TFLOP/s"
+        f"\n{'':<11}source: {g.source}\n{'':<11}registers: {g.register_source}"
+        for key, g in GPUS.items())
+
+
+def answer(argv=None) -> str:
+    """The text ``flashsim`` prints for ``argv``, or a FlashsimError; nothing printed."""
+    args = build_parser().parse_args(argv)
+    if args.command == "gpus":
+        return _gpus()
+    if args.command == "numerics":
+        return _numerics(args)
+    io = args.command == "io"
+    if io and args.cp_schedule and not args.devices:
+        raise FlashsimError("--cp-schedule needs --devices P")
+    if io and args.schedule is None and (args.loads != "producer" or args.stages != 2):
+        raise FlashsimError("--loads and --stages shape the schedule model: add --schedule")
+    algorithms = [args.algorithm] if io else list(ALGORITHMS)
+    plans = [_plan(args, a) for a in algorithms]
+    # The L2 model runs when asked for (--gpu, --l2) and, implicitly, whenever a preset
+    # applies; an implicit run past the model's work limit is left out with a note.
+    explicit = args.gpu is not None or args.l2 is not None
+    three_levels = explicit or plans[0].gpu is not None
+    if args.blocks_per_sm is not None and not three_levels:
+        raise FlashsimError("--blocks-per-sm sets the L2 model's occupancy, which runs with "
+                            "a GPU preset or --l2 SIZE; add --gpu NAME or --l2")
+    cp = (context_parallel.cp_plan(plans[0], args.devices, args.cp_schedule or "ring")
+          if io and args.devices else None)
+    sched = _schedule(plans[0], args) if io and args.schedule else None
+    if args.verify:
+        _check_verify(plans, args)
+    inputs = _inputs(args) if args.verify else None
+    reps = [_report(p, args, inputs) for p in plans]
+    notes = []
+    if three_levels:
+        budget = Budget(l2.WORK_LIMIT)              # one limit for the whole command
+        try:
+            runs = [l2.simulate(p, l2_bytes=args.l2, blocks_per_sm=args.blocks_per_sm,
+                                budget=budget) for p in plans]
+        except FlashsimError as e:
+            if explicit:
+                raise
+            runs = [None] * len(plans)
+            notes.append(f"DRAM bytes left out (the preset's L2 model was not asked for "
+                         f"and would exceed its limit): {e}")
+        for rep, run in zip(reps, runs):
+            rep.l2 = run
+    if not io:
+        if args.json:
+            return json.dumps({"compare": [r.to_dict() for r in reps],
+                               **({"notes": notes} if notes else {})})
+        return "\n".join([format_compare(reps)] + notes)
+    fields, lines = context_parallel.cli_fields(cp, inputs) if cp else ({}, [])
+    if sched is not None:
+        fields["schedule"] = sched
+        lines.append(
+            f"schedule {sched['schedule']} (loads {sched['loads']}): "
+            f"{sched['predicted_time_s'] * 1e3:.4f} ms, {sched['tflops']:.0f} TFLOP/s; "
+            "per K/V block " + ", ".join(f"{k} {v:.0f}" for k, v in sched["phase_cycles"].items())
+            + " cycles")
+    if notes:
+        fields["notes"] = notes
+    if args.json:
+        return json.dumps({**reps[0].to_dict(), **fields})
+    return "\n".join([format_report(reps[0])] + lines + notes)
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line whatever the input held (line breaks escaped)."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
+
+
 def main(argv=None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        if args.command == "gpus":
-            for key, g in GPUS.items():
-                print(f"{key:<10} {g.name:<26} SMs {g.sms:>3}  shared/block "
-                      f"{format_bytes(g.sram_per_block):>10}  registers/block "
-                      f"{format_bytes(g.register_bytes_per_block)}  L2 "
-                      f"{format_bytes(g.l2_bytes)}  HBM {g.hbm_bandwidth / 1e12:.2f} TB/s  fp16 "
-                      f"{g.peak_tensor_fp16 / 1e12:.0f} / fp32 {g.peak_fp32 / 1e12:.1f} TFLOP/s"
-                      f"\n{'':<11}source: {g.source}\n{'':<11}registers: {g.register_source}")
-            return 0
-        if args.command == "numerics":
-            if not 0 <= args.outlier_fraction <= 1:
-                raise FlashsimError(f"--outlier-fraction must lie in [0, 1], got "
-                                    f"{args.outlier_fraction}")
-            return _numerics(args)
-        if args.command == "io" and args.cp_schedule and not args.devices:
-            raise FlashsimError("--cp-schedule needs --devices P")
-        inputs = _inputs(args) if args.verify else None
-        if args.command == "io":
-            p = _plan(args, args.algorithm, args.extra_passes)
-            cp = (context_parallel.cp_plan(p, args.devices, args.cp_schedule or "ring")
-                  if args.devices else None)
-            rep = _report(p, args, inputs)
-            if p.gpu is not None or args.l2 is not None:
-                rep.l2 = l2.simulate(p, l2_bytes=None if args.l2 is None else parse_size(args.l2),
-                                     blocks_per_sm=args.blocks_per_sm)
-            sched = _schedule(p, args) if args.schedule else None
-            fields, lines = context_parallel.cli_fields(cp, inputs) if cp else ({}, [])
-            if sched is not None:
-                fields["schedule"] = sched
-                lines.append(
-                    f"schedule {sched['schedule']} (loads {sched['loads']}): "
-                    f"{sched['predicted_time_s'] * 1e3:.4f} ms, {sched['tflops']:.0f} TFLOP/s; "
-                    "per K/V block " + ", ".join(f"{k} {v:.0f}"
-                                                 for k, v in sched["phase_cycles"].items())
-                    + " cycles")
-            print(json.dumps({**rep.to_dict(), **fields}) if args.json
-                  else "\n".join([format_report(rep)] + lines))
-        else:
-            reps = []
-            for a in ALGORITHMS:
-                p = _plan(args, a, args.extra_passes if a == "standard" else ())
-                rep = _report(p, args, inputs)
-                if p.gpu is not None:
-                    rep.l2 = l2.simulate(p)
-                reps.append(rep)
-            print(json.dumps({"compare": [r.to_dict() for r in reps]}) if args.json
-                  else format_compare(reps))
-        return 0
+        text = answer(argv)
     except FlashsimError as e:
-        print(f"flashsim: error: {e}", file=sys.stderr)
+        print(f"flashsim: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except MemoryError:
-        print("flashsim: error: not enough memory for this size (try without --verify)",
-              file=sys.stderr)
+        print("flashsim: error: ran out of memory before finishing; use a smaller N or "
+              "batch x heads", file=sys.stderr)
         return 2
+    except SystemExit as e:             # --help printed its text
+        return e.code if isinstance(e.code, int) else 0
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:             # | head: the reader left; not an error of ours
+        sys.stderr.close()
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

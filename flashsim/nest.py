@@ -7,8 +7,9 @@ one description:
 
 * :func:`execute` runs it with real values (NumPy arrays, any leading batch dimensions) and
   counts every byte that crosses between HBM and SRAM, by tensor and direction;
-* :func:`count` gives the same counts without the arithmetic, fast enough for N = 65536
-  (innermost loops are summed with NumPy instead of stepped through);
+* :func:`count` gives the same counts without the arithmetic, for N up to 2^22 in about a
+  second (iterations with equal counts are counted once; see :func:`count_scope`), and
+  :func:`count_leaves`, the earlier engine, stays beside it as an oracle;
 * :func:`walk` yields the steps in order, which is what the notebooks draw and what a GPU
   kernel with the same tiles should do.
 
@@ -251,8 +252,9 @@ def _walk(ops: tuple, nest: Nest, ctx: Ctx, owner: Loop | None = None) -> Iterat
 class Counts:
     """Bytes by tensor and direction, matmul FLOPs and the on-chip peaks, for one head:
     ``sram_peak`` for shared memory (all of SRAM in the two-level model), ``register_peak``
-    for the buffers placed in registers; and the work outside the matmuls: exponentials, and
-    all non-matmul operations (exponentials included), as :class:`Compute` defines them."""
+    for the buffers placed in registers; the work outside the matmuls: exponentials, and
+    all non-matmul operations (exponentials included), as :class:`Compute` defines them;
+    and the loads and stores performed (``transfers``: tiles moved, not bytes)."""
     read: dict = field(default_factory=dict)
     write: dict = field(default_factory=dict)
     flops: int = 0
@@ -260,18 +262,18 @@ class Counts:
     register_peak: int = 0
     exp_ops: int = 0
     nonmatmul_flops: int = 0
+    transfers: int = 0
 
-    def add_compute(self, op: "Compute", ext, times=None) -> None:
-        """Add what ``op`` does with extents ``ext`` (NumPy arrays over the iterations of an
-        innermost loop when ``times`` is their shape, summed)."""
+    def add_compute(self, op: "Compute", ext, times=None, mult: int = 1) -> None:
+        """Add what ``op`` does with extents ``ext``, ``mult`` times (NumPy arrays over the
+        iterations of an innermost loop when ``times`` is their shape, summed)."""
         for attr, fn in (("flops", op.flops), ("exp_ops", op.exps),
                          ("nonmatmul_flops", op.nonmatmul)):
             if fn is not None:
                 v = fn(ext)
                 if times is not None:
                     v = np.broadcast_to(v, times).sum()
-                setattr(self, attr, getattr(self, attr) + int(v))
-
+                setattr(self, attr, getattr(self, attr) + mult * int(v))
 
 def execute(nest: Nest, hbm: dict, sram_limit: int | None = None,
             register_limit: int | None = None) -> Counts:
@@ -292,10 +294,12 @@ def execute(nest: Nest, hbm: dict, sram_limit: int | None = None,
             level[op.buf] = op.level
             sizes[op.level][op.buf] = nest.onchip_bytes(op, (r1 - r0) * (c1 - c0))
             counts.read[op.tensor] += step.nbytes
+            counts.transfers += 1
         elif isinstance(op, Store):
             (r0, r1), (c0, c1) = step.rows, step.cols
             hbm[op.tensor][..., r0:r1, c0:c1] = sram[op.buf]
             counts.write[op.tensor] += step.nbytes
+            counts.transfers += 1
         elif isinstance(op, Alloc):
             batch = next(iter(hbm.values())).shape[:-2]
             shape = (step.rows[1] - step.rows[0], step.cols[1] - step.cols[0])
@@ -324,10 +328,11 @@ def execute(nest: Nest, hbm: dict, sram_limit: int | None = None,
 
 
 def count(nest: Nest) -> Counts:
-    """The counts :func:`execute` would give, without values and without stepping through
-    innermost loops one block at a time."""
+    """The counts :func:`execute` would give, without values. Iterations whose counts are
+    provably equal are counted once and multiplied (see :func:`count_scope`), so the work
+    does not grow with the number of tiles where no loop bound depends on an outer index."""
     counts = Counts({n: 0 for n in nest.tensors}, {n: 0 for n in nest.tensors})
-    _count(nest.body, nest.tensors, Ctx(), counts, (0, 0))
+    _count(nest.body, nest.tensors, Ctx(), counts, (0, 0), 1)
     return counts
 
 
@@ -335,10 +340,30 @@ def count_scope(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts | None = Non
                 resident: tuple = (0, 0)) -> Counts:
     """Add the counts of ``ops`` run in context ``ctx`` (the enclosing loops' blocks already
     chosen: one thread block of a launch, say) to ``counts`` and return it. ``resident``:
-    (shared, register) bytes already held by outer scopes."""
+    (shared, register) bytes already held by outer scopes.
+
+    How it stays fast: an iteration's counts depend on its context only through block
+    extents (a tile's bytes and a matmul's FLOPs are products of extents) and through the
+    ranges of the loops inside it. So the iterations of a loop whose body has no bounded
+    (``start``/``stop``) loop fall into two classes, full blocks and the one ragged last
+    block, each counted once and multiplied by its size. When the loops directly inside
+    are bounded but their own bodies are not, each bound is evaluated per iteration and
+    only the number of full and ragged blocks it admits is summed (counts are linear in
+    them). Deeper bounds are stepped through iteration by iteration. Peaks are maxima over
+    iterations, and a full block holds at least what the ragged one does, so the
+    representatives give them too."""
     counts = counts if counts is not None else Counts(
         {n: 0 for n in tensors}, {n: 0 for n in tensors})
-    _count(ops, tensors, ctx, counts, resident)
+    _count(ops, tensors, ctx, counts, resident, 1)
+    return counts
+
+
+def count_leaves(nest: Nest) -> Counts:
+    """The earlier count engine, kept as an oracle for :func:`count`: every loop above the
+    innermost stepped through, innermost loops summed with NumPy arrays over their
+    iterations (so its memory grows with N for each outer iteration)."""
+    counts = Counts({n: 0 for n in nest.tensors}, {n: 0 for n in nest.tensors})
+    _count_by_leaves(nest.body, nest.tensors, Ctx(), counts, (0, 0))
     return counts
 
 
@@ -355,15 +380,161 @@ def _note_peak(counts: Counts, resident: tuple, held: list) -> None:
     counts.register_peak = max(counts.register_peak, int(resident[1] + np.max(held[1])))
 
 
-def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: tuple) -> None:
-    """Count ``ops`` in context ``ctx`` with ``resident`` = (shared, register) bytes already
-    on chip from outer scopes."""
+def _plus(resident: tuple, held: list) -> tuple:
+    return (resident[0] + held[0], resident[1] + held[1])
+
+
+def has_bounds(ops: tuple) -> bool:
+    """Whether any loop in ``ops`` (at any depth) has a ``start`` or ``stop`` bound."""
+    for op in ops:
+        if isinstance(op, Loop) and (op.start is not None or op.stop is not None
+                                     or has_bounds(op.body)):
+            return True
+    return False
+
+
+def full_blocks(loop: Loop) -> int:
+    """Blocks of ``loop`` that have the full ``block`` rows: all but a ragged last one."""
+    return loop.extent // loop.block
+
+
+def _classes(loop: Loop, blocks: range) -> list[tuple[int, int]]:
+    """``[(representative index, how many)]``: the iterations in ``blocks`` split into full
+    blocks and the ragged last one (whose extent is smaller)."""
+    full = max(0, min(blocks.stop, full_blocks(loop)) - blocks.start)
+    out = [(blocks.start, full)] if full > 0 else []
+    last = loop.blocks - 1
+    if last >= full_blocks(loop) and blocks.start <= last < blocks.stop:
+        out.append((last, 1))
+    return out
+
+
+def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: tuple,
+           mult: int) -> list:
+    """Count ``ops`` in context ``ctx``, ``mult`` times over (that many iterations with the
+    same counts), with ``resident`` = (shared, register) bytes already on chip from outer
+    scopes; returns the [shared, register] bytes this scope holds at its end."""
     held = [0, 0]
     for op in ops:
         if isinstance(op, (Load, Store)):
             t = tensors[op.tensor]
             rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
             elems = (rows[1] - rows[0]) * (cols[1] - cols[0])
+            counts.transfers += mult
+            if isinstance(op, Load):
+                counts.read[op.tensor] += mult * elems * t.elem_bytes
+                level, nb = _onchip(op, elems, tensors)
+                held[level] += nb
+                _note_peak(counts, resident, held)
+            else:
+                counts.write[op.tensor] += mult * elems * t.elem_bytes
+        elif isinstance(op, Alloc):
+            cols = op.cols if isinstance(op.cols, int) else ctx.extent(op.cols)
+            level, nb = _onchip(op, ctx.extent(op.rows) * cols, tensors)
+            held[level] += nb
+            _note_peak(counts, resident, held)
+        elif isinstance(op, Compute):
+            counts.add_compute(op, ctx.extent, mult=mult)
+        elif isinstance(op, Loop):
+            ctx.loops[op.var] = op
+            blocks = loop_range(op, ctx)
+            inner = _plus(resident, held)
+            if not has_bounds(op.body):
+                for i, n in _classes(op, blocks):
+                    ctx.idx[op.var] = i
+                    _count(op.body, tensors, ctx, counts, inner, mult * n)
+            elif not any(has_bounds(o.body) for o in op.body if isinstance(o, Loop)):
+                _count_bounded(op, blocks, tensors, ctx, counts, inner, mult)
+            else:
+                for i in blocks:
+                    ctx.idx[op.var] = i
+                    _count(op.body, tensors, ctx, counts, inner, mult)
+            ctx.idx.pop(op.var, None)
+            ctx.loops.pop(op.var)
+    return held
+
+
+class _Summed:
+    """A loop whose range was evaluated per iteration of the loop around it: how many of
+    its iterations were full blocks and how many the ragged last one, summed."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.ragged = 0
+
+
+def _count_bounded(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Counts,
+                   resident: tuple, mult: int) -> None:
+    """All iterations of ``loop``, whose directly nested loops have bounds (a causal mask)
+    but contain none: per iteration only those bounds are evaluated, and the full and
+    ragged blocks they admit summed; the body is then counted once per class of this
+    loop's block (full or ragged), each nested loop once per class of its own block,
+    multiplied by the sums."""
+    inner = [o for o in loop.body if isinstance(o, Loop)]
+    sums: dict = {}                         # own class -> [index, iterations, [_Summed]]
+    nfull = full_blocks(loop)
+    specs = [(o.start, o.stop, full_blocks(o), o.blocks) for o in inner]
+    for o in inner:
+        ctx.loops[o.var] = o
+    idx = ctx.idx
+    for i in blocks:                        # the hot loop: one per block of ``loop``
+        idx[loop.var] = i
+        key = i < nfull
+        entry = sums.get(key)
+        if entry is None:
+            entry = sums[key] = [i, 0, [_Summed() for _ in inner]]
+        entry[1] += 1
+        for (start, stop, nf, nb), s in zip(specs, entry[2]):
+            lo = 0 if start is None else max(start(ctx), 0)
+            hi = nb if stop is None else min(stop(ctx), nb)
+            if hi > lo:                     # as loop_range: range(lo, hi)
+                full = min(hi, nf) - lo
+                if full > 0:
+                    s.full += full
+                    s.ragged += hi - lo - full
+                else:
+                    s.ragged += hi - lo
+    for o in inner:
+        ctx.loops.pop(o.var, None)
+    for i, n, summed in sums.values():
+        ctx.idx[loop.var] = i
+        _count_summed(loop.body, dict(zip(map(id, inner), summed)), tensors, ctx, counts,
+                      resident, mult, n)
+
+
+def _count_summed(ops: tuple, summed: dict, tensors: dict, ctx: Ctx, counts: Counts,
+                  resident: tuple, mult: int, n: int) -> None:
+    """One class of iterations of a loop body (``n`` of them, each ``mult`` times): its
+    own ops counted ``n`` times, each nested loop's full and ragged blocks counted as
+    many times as ``summed`` says."""
+    held = [0, 0]
+    for op in ops:
+        if isinstance(op, Loop):
+            s = summed[id(op)]
+            ctx.loops[op.var] = op
+            classes = [(0, s.full)] if s.full else []
+            if s.ragged:
+                classes.append((op.blocks - 1, s.ragged))
+            for i, k in classes:
+                ctx.idx[op.var] = i
+                _count(op.body, tensors, ctx, counts, _plus(resident, held), mult * k)
+            ctx.idx.pop(op.var, None)
+            ctx.loops.pop(op.var)
+        else:
+            h = _count((op,), tensors, ctx, counts, _plus(resident, held), mult * n)
+            held = [held[0] + h[0], held[1] + h[1]]
+
+
+def _count_by_leaves(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts,
+                     resident: tuple) -> None:
+    """The oracle: outer loops stepped, innermost loops summed with NumPy."""
+    held = [0, 0]
+    for op in ops:
+        if isinstance(op, (Load, Store)):
+            t = tensors[op.tensor]
+            rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
+            elems = (rows[1] - rows[0]) * (cols[1] - cols[0])
+            counts.transfers += 1
             if isinstance(op, Load):
                 counts.read[op.tensor] += elems * t.elem_bytes
                 level, nb = _onchip(op, elems, tensors)
@@ -381,11 +552,11 @@ def _count(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts, resident: tuple)
         elif isinstance(op, Loop):
             ctx.loops[op.var] = op
             blocks = loop_range(op, ctx)
-            inner = (resident[0] + held[0], resident[1] + held[1])
+            inner = _plus(resident, held)
             if any(isinstance(o, Loop) for o in op.body):
                 for i in blocks:
                     ctx.idx[op.var] = i
-                    _count(op.body, tensors, ctx, counts, inner)
+                    _count_by_leaves(op.body, tensors, ctx, counts, inner)
             elif len(blocks):
                 _count_leaf(op, blocks, tensors, ctx, counts, inner)
             ctx.idx.pop(op.var, None)
@@ -411,6 +582,7 @@ def _count_leaf(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Coun
         if isinstance(op, (Load, Store)):
             t = tensors[op.tensor]
             elems = np.broadcast_to(span(op.rows, t.rows) * span(op.cols, t.cols), idx.shape)
+            counts.transfers += len(idx)
             if isinstance(op, Load):
                 counts.read[op.tensor] += int(elems.sum()) * t.elem_bytes
                 level, nb = _onchip(op, elems, tensors)

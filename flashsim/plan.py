@@ -18,6 +18,7 @@ algorithm's ``REGISTERS``. A GPU preset's M (no ``sram`` given) means the GPU: p
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import NamedTuple
@@ -30,7 +31,8 @@ from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError, SramOverflowError
 from .hardware.presets import DEFAULT_GPU, GPU, gpu as _gpu, roofline_time
 from .report import Report
-from .units import dtype_bytes, parse_size, positive_int
+from . import validate
+from .units import DTYPE_BYTES, dtype_bytes
 
 # What a plan runs: the forward, the backward (the forward's saved tensors are its inputs),
 # or both, one after the other, their traffic added tensor by tensor.
@@ -225,85 +227,93 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     default, in the two-level model, to each algorithm's rule (see its module); with
     registers, to :func:`placed_blocks`: the largest square tiles (multiples of 16) whose
     shared part fits M and whose register part fits the preset's register budget (standard
-    attention: its fixed 64 x 64 matmul tile, halved until it fits). A plan that overflows
-    either level raises SramOverflowError with the breakdown.
+    attention: its fixed 64 x 64 matmul tile, halved until it fits). Where that rule finds
+    no tile that fits, the largest square tile that fits is taken, so a plan is refused
+    only when not even 1 x 1 blocks fit. A given ``block_rows``/``block_cols`` larger than
+    N is capped at N, and a plan that overflows either level raises SramOverflowError with
+    the breakdown.
+
+    Names (algorithm, dtype, gpu, pass, extra passes, placement) are case-insensitive;
+    every argument is checked, with the limits in :mod:`flashsim.validate`, before anything
+    is built.
     """
-    if algorithm not in ALGORITHMS:
-        raise FlashsimError(
-            f"unknown algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
-    N = positive_int(seq_len, "seq_len")
-    d = positive_int(head_dim, "head_dim")
-    batch, heads = positive_int(batch, "batch"), positive_int(heads, "heads")
+    algorithm = validate.choice(algorithm, list(ALGORITHMS), "algorithm")
+    N = validate.whole(seq_len, "seq_len", hi=validate.MAX_SEQ_LEN, what="tokens")
+    d = validate.whole(head_dim, "head_dim", hi=validate.MAX_HEAD_DIM)
+    batch = validate.whole(batch, "batch", hi=validate.MAX_BATCH)
+    heads = validate.whole(heads, "heads", hi=validate.MAX_HEADS)
+    dtype = validate.choice(dtype, list(DTYPE_BYTES), "dtype")
     b = dtype_bytes(dtype)
     preset = _gpu(gpu) if gpu is not None else (_gpu(DEFAULT_GPU) if sram is None else None)
-    M = parse_size(sram) if sram is not None else preset.sram_per_block
+    M = validate.size(sram, "sram") if sram is not None else preset.sram_per_block
     if placement is None:
         placement = "two-level" if preset is None else "registers"
-    if placement not in PLACEMENTS:
-        raise FlashsimError(
-            f"unknown placement {placement!r}: choose one of {', '.join(PLACEMENTS)}")
+    placement = validate.choice(placement, PLACEMENTS, "placement")
     if placement == "registers" and preset is None:
         raise FlashsimError("placement 'registers' needs a GPU preset for its register "
                             "file: pass gpu=... (flashsim gpus lists them)")
     R = preset.register_bytes_per_block if placement == "registers" else None
-    passes = standard.check_passes(extra_passes)
+    causal = validate.flag(causal, "causal")
+    passes = validate.names(extra_passes, standard.PASSES, "extra_passes")
+    passes = standard.check_passes(passes)
     if passes and algorithm != "standard":
         raise FlashsimError(
             f"extra passes ({','.join(passes)}) are for standard attention; "
             f"{algorithm} fuses scaling and masking")
-    if pass_ not in PASSES:
-        raise FlashsimError(f"unknown pass {pass_!r}: choose one of {', '.join(PASSES)}")
+    pass_ = validate.choice(pass_, PASSES, "pass_")
+    fixed = [None if x is None else validate.tiles(
+        N, validate.whole(x, name, hi=validate.MAX_SEQ_LEN), name)
+        for x, name in ((block_rows, "block_rows"), (block_cols, "block_cols"))]
     module = ALGORITHMS[algorithm] if pass_ == "fwd" else BACKWARD[algorithm]
-    if R is None:
-        Br0, Bc0 = module.default_blocks(N, d, M, b)
-    else:   # both passes' tiles must fit: with registers neither working set bounds the other
-        checks = [fits(m, d, b, M, R) for m in {"fwd": (ALGORITHMS[algorithm],),
-                  "bwd": (module,), "fwd+bwd": (ALGORITHMS[algorithm], module)}[pass_]]
-        Br0, Bc0 = placed_blocks(algorithm, N, lambda r, c: all(f(r, c) for f in checks))
-    Br = Br0 if block_rows is None else positive_int(block_rows, "block_rows")
-    Bc = Bc0 if block_cols is None else positive_int(block_cols, "block_cols")
-    if Br == 0 or Bc == 0:
-        if R is None:
-            need = f"{module.working_set_bytes(1, 1, d, b)} B"
-        else:
-            need = "{} B of shared memory and {} B of registers".format(
-                *module.placed_bytes(1, 1, d, b))
-        raise SramOverflowError(
-            f"no {algorithm} tiles fit in SRAM of M = {M} B"
-            f"{'' if R is None else f' and {R} B of registers'} at head_dim {d} in {dtype}: "
-            f"even 1 x 1 blocks need {need}")
     rows = standard.softmax_rows(N, M, b) if algorithm == "standard" else 0
-    p = Plan(algorithm, N, d, batch, heads, dtype, M, Br, Bc, bool(causal), passes, preset,
-             rows, pass_, placement)
-    over = []
-    for level, bufs, limit in (("shared memory" if R is not None else "SRAM",
-                                p.working_set(), M), ("registers", p.register_set(), R)):
-        need = sum(size for _, size in bufs)
-        if limit is not None and need > limit:
-            parts = " + ".join(f"{name} {size}" for name, size in bufs)
-            over.append(f"{need} B of {level} ({parts}) but "
-                        + (f"M = {limit} B" if level != "registers" else
-                           f"a block of {preset.warps_per_block} warps holds {limit} B"))
+
+    made: dict = {}
+
+    def make(Br: int, Bc: int) -> Plan:         # each candidate built (and its nest) once
+        if (Br, Bc) not in made:
+            made[(Br, Bc)] = Plan(algorithm, N, d, batch, heads, dtype, M, Br, Bc, causal,
+                                  passes, preset, rows, pass_, placement)
+        return made[(Br, Bc)]
+
+    def overflows(p: Plan) -> list[str]:
+        """What does not fit, level by level (shared memory, registers), with the buffers."""
+        over = []
+        for level, bufs, limit in (("shared memory" if R is not None else "SRAM",
+                                    p.working_set(), M), ("registers", p.register_set(), R)):
+            need = sum(size for _, size in bufs)
+            if limit is not None and need > limit:
+                parts = " + ".join(f"{name} {size}" for name, size in bufs)
+                over.append(f"{need} B of {level} ({parts}) but "
+                            + (f"M = {limit} B" if level != "registers" else
+                               f"a block of {preset.warps_per_block} warps holds {limit} B"))
+        return over
+
+    def fits(Br: int, Bc: int) -> bool:
+        return not overflows(make(Br, Bc))
+
+    # the algorithm's own rule in the paper's model; with registers, the largest square tile
+    # (a multiple of 16) that fits both levels, as real kernels choose
+    preferred = (module.default_blocks(N, d, M, b) if R is None
+                 else placed_blocks(algorithm, N, fits))
+    Br, Bc = search_tiles(fits, N, preferred, *fixed)
+    p = make(Br, Bc)
+    over = overflows(p)
     if over:
+        if fixed == [None, None] or (Br, Bc) == (1, 1):
+            raise SramOverflowError(
+                f"no {algorithm} tiles fit in SRAM of M = {M} B"
+                f"{'' if R is None else f' and {R} B of registers'} at head_dim {d} in "
+                f"{dtype}: even 1 x 1 blocks need " + "; and ".join(over))
         raise SramOverflowError(
             f"{algorithm} with B_r={Br}, B_c={Bc} ({placement}) needs " + "; and ".join(over)
             + "; use smaller blocks" + (" or more SRAM" if R is None else ""))
+    for B, given, name in ((Br, fixed[0], "block_rows"), (Bc, fixed[1], "block_cols")):
+        if given is None and -(-N // B) > validate.MAX_TILES:
+            raise FlashsimError(
+                f"the {algorithm} tiles that fit in M = {M:,} B ({name} = {B}) cut N = {N:,} "
+                f"into {-(-N // B):,} blocks, more than the {validate.MAX_TILES:,} the model "
+                "steps through; give more SRAM or a smaller N")
     return p
-
-
-def fits(module, head_dim: int, elem_bytes: int, sram: int, registers: int | None = None):
-    """``fits(B_r, B_c)``: whether tiles of an algorithm module fit on chip. In the two-level
-    model (``registers`` None) its whole working set must fit in ``sram`` bytes; with a
-    register budget, its shared-memory part must fit in ``sram`` and its register part in
-    ``registers`` (``module.placed_bytes``). The predicate the default tile rules search."""
-    d, b = head_dim, elem_bytes
-    if registers is None:
-        return lambda Br, Bc: module.working_set_bytes(Br, Bc, d, b) <= sram
-
-    def ok(Br: int, Bc: int) -> bool:
-        shared, regs = module.placed_bytes(Br, Bc, d, b)
-        return shared <= sram and regs <= registers
-    return ok
 
 
 def placed_blocks(algorithm: str, n: int, fit) -> tuple[int, int]:
@@ -327,6 +337,47 @@ def placed_blocks(algorithm: str, n: int, fit) -> tuple[int, int]:
     return min(lo, n), min(lo, n)
 
 
+def working_set_bytes(p: Plan) -> int:
+    """SRAM bytes at the plan's peak: what must fit in M (the sum of ``p.working_set()``)."""
+    return sum(size for _, size in p.working_set())
+
+
+def search_tiles(fits, n: int, preferred: tuple[int, int], block_rows: int | None = None,
+                 block_cols: int | None = None) -> tuple[int, int]:
+    """(B_r, B_c) for a plan of sequence length ``n``.
+
+    ``fits(B_r, B_c)`` says whether a tile fits; it must be monotone (a tile that fits still
+    fits with fewer rows or columns), as every working set here is. The algorithm's
+    ``preferred`` tile (with a given ``block_rows``/``block_cols`` in place of its own) is
+    taken when it fits. Otherwise, with both sides free, the largest square tile that
+    fits; with one side given, the largest other side that fits beside it. When nothing
+    fits, the smallest candidate comes back and the caller's check says why; so a fit is
+    found whenever one exists (``tests/test_tiles.py`` holds this against brute force).
+    """
+    Br = min(block_rows or preferred[0], n)
+    Bc = min(block_cols or preferred[1], n)
+    if Br >= 1 and Bc >= 1 and fits(Br, Bc):
+        return Br, Bc
+    if block_rows is not None and block_cols is not None:
+        return block_rows, block_cols
+
+    def largest(ok) -> int:             # the largest x in [1, n] with ok(x), else 1
+        lo, hi = 1, n
+        if not ok(1):
+            return 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+        return lo
+
+    if block_rows is not None:
+        return block_rows, largest(lambda c: fits(block_rows, c))
+    if block_cols is not None:
+        return largest(lambda r: fits(r, block_cols)), block_cols
+    B = largest(lambda x: fits(x, x))
+    return B, B
+
+
 def fastest_blocks(algorithm: str, seq_len: int, head_dim: int, efficiency, *,
                    gpu: str = DEFAULT_GPU, dtype: str = "fp32", causal: bool = False,
                    block_rows: int | None = None, block_cols: int | None = None,
@@ -345,29 +396,45 @@ def fastest_blocks(algorithm: str, seq_len: int, head_dim: int, efficiency, *,
 
     with its exact count of bytes and FLOPs (the forward's closed form, per head), and
     breaks ties by fewer bytes, then the larger tile. Candidates are the multiples of
-    ``multiple`` up to ``largest`` (capped at N), or the given ``block_rows``/``block_cols``.
+    ``multiple`` up to ``largest`` (capped at N; at most 64 per side), or the given
+    ``block_rows``/``block_cols``.
     For FlashAttention-2 the bytes depend on B_r alone (K and V are read T_r times), for
     FlashAttention (Algorithm 1) on B_c alone (Q and O are read, and O written, T_c times).
     """
-    if algorithm not in ALGORITHMS or algorithm == "standard":
-        raise FlashsimError(f"fastest_blocks is for flash1 and flash2, not {algorithm!r}")
-    N = positive_int(seq_len, "seq_len")
-    d = positive_int(head_dim, "head_dim")
+    algorithm = validate.choice(algorithm, list(ALGORITHMS), "algorithm")
+    if algorithm == "standard":
+        raise FlashsimError("algorithm: fastest_blocks is for flash1 and flash2, not "
+                            "'standard'")
+    N = validate.whole(seq_len, "seq_len", hi=validate.MAX_SEQ_LEN, what="tokens")
+    d = validate.whole(head_dim, "head_dim", hi=validate.MAX_HEAD_DIM)
+    dtype = validate.choice(dtype, list(DTYPE_BYTES), "dtype")
     b = dtype_bytes(dtype)
     preset = _gpu(gpu)
+    causal = validate.flag(causal, "causal")
+    if not callable(efficiency):
+        raise FlashsimError(f"efficiency must be a function (B_r, B_c) -> fraction of peak, "
+                            f"got {validate.show(efficiency)}")
     module = ALGORITHMS[algorithm]
 
     def sizes(given, name):
         if given is not None:
-            return [positive_int(given, name)]
-        return sorted({min(B, N) for B in range(multiple, largest + 1, multiple)})
+            return [min(validate.whole(given, name, hi=validate.MAX_SEQ_LEN), N)]
+        step = validate.whole(multiple, "multiple", hi=validate.MAX_SEQ_LEN)
+        top = validate.whole(largest, "largest", hi=validate.MAX_SEQ_LEN)
+        if min(top, N) // step > 64:
+            raise FlashsimError(f"largest / multiple: {top} / {step} gives more than 64 "
+                                "candidate sizes per side (4,096 tiles); use a larger "
+                                "multiple or a smaller largest")
+        return sorted({min(B, N) for B in range(step, top + 1, step)})
 
     ranked = []
     for Br in sizes(block_rows, "block_rows"):
         for Bc in sizes(block_cols, "block_cols"):
             eff = efficiency(Br, Bc)
-            if not eff:
-                continue
+            if eff is None or eff is False or (
+                    isinstance(eff, numbers.Real) and not isinstance(eff, bool) and eff == 0):
+                continue                                  # the kernel cannot run these
+            eff = validate.fraction(eff, f"efficiency({Br}, {Bc})")
             p = plan(algorithm, N, d, dtype=dtype, causal=causal, block_rows=Br,
                      block_cols=Bc, sram=module.working_set_bytes(Br, Bc, d, b))
             read, write, flops = module.closed_form(p)
@@ -393,12 +460,17 @@ def _execute(nest: _nest.Nest, hbm: dict, sram: int, registers: int | None) -> _
 def _check_inputs(n: int, d: int, **named) -> dict:
     arrays = {}
     for name, x in named.items():
-        a = np.asarray(x)
+        try:
+            a = np.asarray(x)
+        except (ValueError, TypeError) as e:          # ragged nested lists, say
+            raise FlashsimError(f"{name} is not an array of shape (..., {n}, {d}): "
+                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                                ) from None
         if a.dtype.kind not in "fiu":
             raise FlashsimError(f"{name} must hold real numbers, got dtype {a.dtype}")
-        a = a.astype(np.float64)
         if a.ndim < 2 or a.shape[-2:] != (n, d):
             raise FlashsimError(f"{name} has shape {a.shape}; expected (..., {n}, {d})")
+        a = a.astype(np.float64)
         if not np.isfinite(a).all():
             raise FlashsimError(f"{name} contains NaN or Inf")
         arrays[name] = a

@@ -244,6 +244,16 @@ def format_compare(reports) -> str:
     if all(r.predicted_dram_time_s is not None for r in reports):
         lines.append(row("roofline, DRAM", [f"{r.predicted_dram_time_s * 1e3:.4f} ms"
                                             for r in reports]))
+    if all(getattr(r, "l2", None) is not None for r in reports):
+        x = reports[0].l2
+        lines += ["-" * width,
+                  f"three levels: L2 of {x.l2_bytes:,} B, {x.sms} SMs (flashsim/hardware/l2.py)",
+                  row("blocks per SM", [str(r.l2.blocks_per_sm) for r in reports]),
+                  row("L2 requests read", [f"{r.l2.l2_read_bytes:,}" for r in reports]),
+                  row("L2 requests write", [f"{r.l2.l2_write_bytes:,}" for r in reports]),
+                  row("DRAM read", [f"{r.l2.dram_read_bytes:,}" for r in reports]),
+                  row("DRAM write", [f"{r.l2.dram_write_bytes:,}" for r in reports]),
+                  row("dirty in L2 at end", [f"{r.l2.dirty_at_end_bytes:,}" for r in reports])]
     if all(r.max_abs_errors is not None for r in reports):
         for name in reports[0].max_abs_errors:
             lines.append(row(f"max |{name} - {name}_ref|",

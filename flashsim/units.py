@@ -7,44 +7,18 @@ every report prints the byte count, so the reading is never ambiguous.
 
 from __future__ import annotations
 
-import math
-import numbers
-import re
-
-from .errors import FlashsimError
+from . import validate
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 # Softmax statistics (m, l and the logsumexp L) stay fp32 whatever the data type, as in
 # every FlashAttention kernel.
 STAT_BYTES = 4
 
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30,
-    "k": 2**10, "m": 2**20,  # bare K / M: the binary reading, as in "48K of shared memory"
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
-
-def parse_size(text: str | int) -> int:
-    """Bytes in ``text``: ``100KiB`` -> 102400, ``228KB`` -> 228000, ``1MiB``, ``65536``."""
-    if isinstance(text, bool):
-        raise FlashsimError(f"size must be a number of bytes, got {text!r}")
-    if isinstance(text, int):
-        value = text
-    else:
-        match = _SIZE.match(str(text))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise FlashsimError(
-                f"cannot read size {text!r}: use forms like 65536, 100KiB, 228KB, 1MiB")
-        number = float(match.group(1)) * _UNITS[match.group(2).lower()]
-        if number != math.floor(number):
-            raise FlashsimError(f"size {text!r} is not a whole number of bytes")
-        value = int(number)
-    if value <= 0:
-        raise FlashsimError(f"size must be positive, got {text!r}")
-    return value
+def parse_size(text: str | int, name: str = "size") -> int:
+    """Bytes in ``text``: ``100KiB`` -> 102400, ``228KB`` -> 228000, ``1.5MiB``, ``65536``;
+    exact (see :func:`flashsim.validate.size`)."""
+    return validate.size(text, name)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -54,17 +28,14 @@ def cdiv(a: int, b: int) -> int:
 
 def positive_int(value, name: str) -> int:
     """``value`` as an int > 0, or a FlashsimError naming ``name`` (floats are refused)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise FlashsimError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+    return validate.whole(value, name)
 
 
 def dtype_bytes(dtype: str) -> int:
-    try:
+    """Bytes per element of ``dtype`` (case-insensitive)."""
+    if dtype in DTYPE_BYTES:                # the common case, checked first: it is hot
         return DTYPE_BYTES[dtype]
-    except (KeyError, TypeError):
-        raise FlashsimError(
-            f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}") from None
+    return DTYPE_BYTES[validate.choice(dtype, list(DTYPE_BYTES), "dtype")]
 
 
 def format_bytes(n: float) -> str:

@@ -56,13 +56,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 REDRAW_MEDIAN_MS = 150
 RUN_ALL_TIMEOUT_MS = 300_000
 MOVE_TIMEOUT_MS = 10_000
-KNOWN_SNAPS = {
-    # Issue 12 (the hierarchy helper's branch) makes every value a cell sets lie on its
-    # slider's grid; until that lands, this notebook's cells set 227 KiB and 48 KiB on a
-    # 2^(1/8)-step log slider, which the browser snaps. strict: passing fails, so the mark
-    # is removed when the fix arrives.
-    "04_flash_attention_tiles.ipynb": "cells set SRAM sizes off the log slider's grid (issue 12)",
-}
 
 
 def _missing(reason: str):
@@ -352,9 +345,7 @@ def test_every_widget_rendered_with_its_picture(run):
     assert shown == expected, f"{run['name']}: widget views per code cell {expected}, rendered {shown}"
 
 
-def test_browser_sent_back_no_value_a_cell_set(run, request):
-    if run["name"] in KNOWN_SNAPS:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN_SNAPS[run["name"]], strict=True))
+def test_browser_sent_back_no_value_a_cell_set(run):
     assert run["snaps"] == [], (
         f"{run['name']}: after Run All the browser changed these sliders' values (a value off "
         f"the slider's grid, snapped), so the printed text and picture disagree with the "

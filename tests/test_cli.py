@@ -66,9 +66,9 @@ def test_compare_json_and_gpus(capsys):
 @pytest.mark.parametrize("argv,words", [
     (["io", "-a", "flash2", "-N", "0", "-d", "64"], "positive"),
     (["io", "-a", "flash2", "-N", "1.5", "-d", "64"], "whole number"),
-    (["io", "-a", "flash9", "-N", "64", "-d", "64"], "invalid choice"),
-    (["io", "-a", "flash2", "-N", "64", "-d", "64", "--dtype", "fp64"], "invalid choice"),
-    (["io", "-a", "flash2", "-N", "64", "-d", "64", "--gpu", "v100"], "invalid choice"),
+    (["io", "-a", "flash9", "-N", "64", "-d", "64"], "choose one of standard, flash1"),
+    (["io", "-a", "flash2", "-N", "64", "-d", "64", "--dtype", "fp64"], "choose one of fp32"),
+    (["io", "-a", "flash2", "-N", "64", "-d", "64", "--gpu", "v100"], "choose one of a100"),
     (["io", "-a", "flash2", "-N", "64", "-d", "64", "--sram", "lots"], "size"),
     (["io", "-a", "flash2", "-N", "1024", "-d", "64", "--sram", "8KiB",
       "--block-rows", "64", "--block-cols", "64"], "SRAM"),

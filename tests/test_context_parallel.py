@@ -289,7 +289,7 @@ def test_cli_adds_link_and_per_device_bytes(capsys):
 @pytest.mark.parametrize("argv,match", [
     (["--cp-schedule", "ring"], "--devices"),
     (["--devices", "0"], "positive"),
-    (["--devices", "2", "--cp-schedule", "tree"], "invalid choice"),
+    (["--devices", "2", "--cp-schedule", "tree"], "choose one of ring"),
     (["--devices", "100"], "N >= 100"),
 ])
 def test_cli_errors_are_one_line(capsys, argv, match):

@@ -112,3 +112,92 @@ def test_standard_streams_S_and_P_through_dram():
     nn = 8 * 2048 * 2048 * 4
     assert rep.dram_write_bytes + rep.dirty_at_end_bytes >= 2 * nn
     assert rep.dram_read_bytes >= 2 * nn
+
+
+# -- the fast engine (l2_lockstep) against the stepping one ------------------------------
+FIELDS = ("label", "blocks", "l2_read_bytes", "l2_write_bytes", "dram_read_bytes",
+          "dram_write_bytes", "dirty_at_end_bytes", "steps")
+
+
+def _both(p, **kw):
+    fast = l2.simulate(p, **kw)
+    steps = l2.simulate(p, method="steps", **kw)
+    assert [[getattr(x, f) for f in FIELDS] for x in fast.launches] == \
+        [[getattr(x, f) for f in FIELDS] for x in steps.launches]
+    return fast
+
+
+# (N, d, B_r, B_c, dtype, batch, heads, sms, blocks per SM): several waves per head, several
+# heads per wave, ragged N, fp16 rows that straddle 32-byte sectors (d = 3: 6-byte rows).
+GRID = [
+    (200, 8, 16, 16, "fp32", 1, 2, 2, 1),
+    (203, 3, 12, 20, "fp16", 2, 3, 1, 3),
+    (96, 16, 32, 16, "fp16", 3, 5, 2, 2),
+    (257, 5, 7, 9, "fp32", 1, 1, 1, 2),
+    (48, 8, 8, 8, "fp32", 1, 5, 3, 1),          # waves of 3 tile each head's 6 blocks
+]
+
+
+@pytest.mark.parametrize("alg", ["standard", "flash1", "flash2"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", GRID)
+@pytest.mark.parametrize("cap", [100, 6000, 10**7])
+def test_folded_simulation_equals_the_stepping_one(alg, pass_, causal, shape, cap):
+    N, d, Br, Bc, dtype, batch, heads, sms, bps = shape
+    p = flashsim.plan(alg, N, d, block_rows=Br, block_cols=Bc, dtype=dtype, batch=batch,
+                      heads=heads, causal=causal, pass_=pass_, sram="1MiB")
+    _both(p, l2_bytes=cap, sms=sms, blocks_per_sm=bps)
+
+
+def test_folding_happens_and_keeps_every_byte(monkeypatch):
+    """A long loop and many waves per head and many heads: the engine folds periods (the
+    skip path runs) and still equals the stepping engine field for field."""
+    from flashsim.hardware import l2_lockstep
+    skips = []
+    real = l2_lockstep._Engine.skip
+    monkeypatch.setattr(l2_lockstep._Engine, "skip",
+                        lambda self, m, *a: (skips.append(m), real(self, m, *a))[1])
+    for alg, heads in (("flash2", 6), ("standard", 2), ("flash1", 9)):
+        p = flashsim.plan(alg, 1000, 8, block_rows=8, block_cols=8, heads=heads,
+                          sram="1MiB")
+        _both(p, l2_bytes=3000, sms=2, blocks_per_sm=2)
+    assert len(skips) >= 3 and max(skips) >= 10
+
+
+def test_a_million_tokens_answers_fast_and_small():
+    """flash2 at N = 2^20 on an H200: DRAM reads are Q once plus K and V once per wave of
+    132 blocks, since one head's K and V (1 GiB) stream through an L2 of 60 MiB and every
+    wave starts over from K_0: no re-read can hit."""
+    p = flashsim.plan("flash2", 2**20, 128, gpu="h200")
+    rep = l2.simulate(p)
+    T = -(-2**20 // p.block_rows)
+    waves = -(-T // 132)
+    kv = 2**20 * 128 * 4
+    assert rep.l2_read_bytes == p.count().hbm_read_bytes
+    assert rep.dram_read_bytes == kv * (1 + 2 * waves)
+    assert rep.dram_write_bytes + rep.dirty_at_end_bytes == p.count().hbm_write_bytes
+
+
+def test_sector_bytes_equal_the_row_by_row_definition():
+    def rows(r, c, w, b):
+        (r0, r1), (c0, c1) = r, c
+        if c0 == 0 and c1 == w:
+            return l2._sector_bytes(r, c, w, b)
+        return sum(((r_ * w + c0) * b + (c1 - c0) * b - 1) // 32 - (r_ * w + c0) * b // 32 + 1
+                   for r_ in range(r0, r1)) * 32
+    for w in (1, 3, 5, 8, 24, 33):
+        for b in (2, 4):
+            for r0 in range(0, 40, 7):
+                for n in (1, 5, 16, 17, 40):
+                    for c0, c1 in ((0, 1), (1, w), (w // 2, w)):
+                        if c0 < c1:
+                            got = l2._sector_bytes((r0, r0 + n), (c0, c1), w, b)
+                            assert got == rows((r0, r0 + n), (c0, c1), w, b)
+
+
+def test_work_limit_is_one_clear_error():
+    p = flashsim.plan("flash2", 4096, 8, block_rows=8, block_cols=8, causal=True,
+                      sram="1MiB")
+    with pytest.raises(flashsim.FlashsimError, match="L2 model"):
+        l2.simulate(p, l2_bytes=4096, sms=2, blocks_per_sm=1, work_limit=10_000)

@@ -91,9 +91,22 @@ def test_presets_and_roofline():
 
 
 @pytest.mark.parametrize("text,value", [("100KiB", 102400), ("228KB", 228000), ("1MiB", 2**20),
-                                        ("65536", 65536), ("48K", 49152), ("1.5KiB", 1536)])
+                                        ("65536", 65536), ("48K", 49152), ("1.5KiB", 1536),
+                                        ("0.5KiB", 512), ("1TiB", 2**40), ("1.000001MB", 1000001),
+                                        ("64 KiB", 65536), (2**40, 2**40)])
 def test_parse_size(text, value):
     assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text,words", [
+    ("1" * 300, "too large"), ("1" * 30 + "KiB", "more than the limit"), ("1.0000001MB", "whole"),
+    ("１KiB", "cannot read"), ("1_000", "cannot read"), ("1e5", "cannot read"), (True, "not a size"),
+    (1.5, "not a size"), ("0KiB", "positive"), (-5, "positive"), (2**40 + 1, "limit")])
+def test_sizes_are_read_exactly_or_refused(text, words):
+    """No float on the way: a 30-digit size is compared exactly with the limit, 1.0000001 MB
+    is 1000000.1 bytes (not whole), and only ASCII digits count."""
+    with pytest.raises(FlashsimError, match=words):
+        parse_size(text)
 
 
 @pytest.mark.parametrize("kwargs,words", [

@@ -1,4 +1,4 @@
-"""benchmarks/ring_attention.py, the program the two-GPU check runs, exercised on the CPU:
+"""benchmarks/ring_attention.py (``python -m benchmarks.ring_attention``), the program the two-GPU check runs, exercised on the CPU:
 two processes, gloo, tiny shapes in float64. PyTorch is not a flashsim dependency: without
 it this test is skipped."""
 
@@ -16,7 +16,7 @@ def test_ring_program_on_cpu_with_gloo(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "ring.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ring_attention.py"), "--backend", "gloo",
+        [sys.executable, "-m", "benchmarks.ring_attention", "--backend", "gloo",
          "--device", "cpu", "--nproc", "2", "--smoke", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -47,11 +47,12 @@ SMs.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..errors import FlashsimError
-from ..nest import Ctx, Load, Loop, Store, blocks, launches, loop_range, span
+from ..nest import Ctx, Load, Loop, Store, blocks, count_scope, launches, loop_range, span
 from .presets import DEFAULT_GPU, gpu as _gpu
 
 SECTOR = 32
@@ -116,11 +117,19 @@ def _sector_bytes(rows: tuple[int, int], cols: tuple[int, int], width: int, b: i
     (r0, r1), (c0, c1) = rows, cols
     if c0 == 0 and c1 == width:                      # whole rows: one contiguous range
         return (((r1 * width) * b - 1) // SECTOR - (r0 * width * b) // SECTOR + 1) * SECTOR
-    total = 0
-    for r in range(r0, r1):
+    # Row r starts at byte (r width + c0) b; its sectors depend on that start mod 32, which
+    # repeats every q rows: sum one period of rows, times the whole periods, plus the rest.
+    q = SECTOR // math.gcd(width * b, SECTOR)
+    length = (c1 - c0) * b
+
+    def row(r: int) -> int:
         start = (r * width + c0) * b
-        total += ((start + (c1 - c0) * b - 1) // SECTOR - start // SECTOR + 1) * SECTOR
-    return total
+        return (start + length - 1) // SECTOR - start // SECTOR + 1
+
+    n = r1 - r0
+    period = sum(row(r) for r in range(r0, r0 + min(q, n)))
+    rest = sum(row(r) for r in range(r0, r0 + n % q)) if n > q else 0
+    return ((n // q) * period + rest) * SECTOR if n > q else period * SECTOR
 
 
 def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, sizes: dict,
@@ -141,7 +150,10 @@ def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, si
             shared = intern.setdefault(shared, shared)
             rb = sum(nb for _, nb, w in cur_s + cur_p if not w)
             wb = sum(nb for _, nb, w in cur_s + cur_p if w)
-            steps.append((shared, tuple(cur_p), rb, wb))
+            step = (shared, tuple(cur_p), rb, wb)
+            if not cur_p:               # the same for every block: kept once
+                step = intern.setdefault(("step",) + step, step)
+            steps.append(step)
             cur_s, cur_p = [], []
 
     def visit(body: tuple):
@@ -281,20 +293,35 @@ def _simulate(label: str, programs: list, heads: int, slots: int, capacity: int)
     return t
 
 
+# The most work one call may do: cache accesses (after folding, see l2_lockstep) plus
+# state comparisons by the line. One costs 2-5 us of CPU here: at most about 15 s.
+WORK_LIMIT = 3_000_000
+
+
 def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
-             blocks_per_sm: int | dict | None = None) -> L2Report:
+             blocks_per_sm: int | dict | None = None, method: str = "auto",
+             work_limit: int | None = WORK_LIMIT, budget=None) -> L2Report:
     """Predict L2 request bytes and DRAM bytes for ``plan`` on its GPU preset.
 
     ``l2_bytes`` and ``sms`` default to the plan's GPU preset. ``blocks_per_sm`` (resident
     blocks per SM, an int or ``{launch label: int}``) defaults to what the plan's SRAM
     working set allows in the SM's shared memory (and, when the plan places buffers in
     registers, what its register part allows in the SM's register file), at most 32.
+
+    ``method="steps"`` steps through every block's program (the definition, kept as the
+    oracle); ``"auto"`` gives the same numbers, folding repeated waves and iterations of
+    lockstep launches (:mod:`flashsim.hardware.l2_lockstep`). Either stops with a
+    FlashsimError, before returning anything, past ``work_limit`` cache accesses (None:
+    no limit; or the limit of ``budget``, an ``l2_lockstep.Budget`` several calls share).
     """
+    from . import l2_lockstep
     g = plan.gpu or _gpu(DEFAULT_GPU)
     cap = g.l2_bytes if l2_bytes is None else l2_bytes
     n_sms = g.sms if sms is None else sms
     if cap <= 0 or n_sms <= 0:
         raise FlashsimError("L2 size and SM count must be positive")
+    if method not in ("auto", "steps"):
+        raise FlashsimError(f"unknown method {method!r}: choose auto or steps")
     nest = plan.nest()
     heads = plan.batch * plan.heads
     if blocks_per_sm is None:
@@ -303,13 +330,26 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
         default_bps = max(1, min(32, g.sram_per_sm // max(ws, 1),
                                  g.register_bytes_per_sm // max(regs, 1)))
     report = L2Report(cap, default_bps if blocks_per_sm is None else blocks_per_sm, n_sms)
-    sizes: dict = {}
+    sizes: dict = {}                    # tile -> sector bytes (l2_lockstep keys its own)
     intern: dict = {}
+    budget = budget if budget is not None else l2_lockstep.Budget(work_limit)
     for launch in launches(nest):
         if isinstance(blocks_per_sm, dict):
             bps = blocks_per_sm[launch.label]
         else:
             bps = default_bps if blocks_per_sm is None else blocks_per_sm
+        if method == "auto" and l2_lockstep.applies(launch):
+            report.launches.append(l2_lockstep.simulate_launch(
+                launch, nest.tensors, heads, n_sms * bps, cap, sizes, budget))
+            continue
+        # Blocks out of lockstep (a causal mask): every block's program is built and
+        # stepped, request by request. Refuse up front what would run past the limit, from
+        # the tile loads and stores counted without values (nest.count_scope).
+        scope = (launch.loop,) if launch.loop is not None else launch.ops
+        why = ("method='steps'" if method == "steps" else
+               "a causal mask keeps its blocks out of lockstep, so nothing folds")
+        budget.reserve(heads * count_scope(scope, nest.tensors, Ctx()).transfers,
+                       launch.label, why)
         programs = [block_steps(launch.ops, nest.tensors, ctx, launch.var, sizes, intern)
                     for ctx in blocks(launch)]
         report.launches.append(_simulate(launch.label, programs, heads, n_sms * bps, cap))

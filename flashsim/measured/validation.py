@@ -13,15 +13,20 @@ reference point (no mask, default tiles, N = 4096, or the largest N measured bel
 and used for every other point of that kernel and d: the other N, the causal runs, and the
 block-size experiment's other tiles.
 
-Predictions for the committed dataset take a few minutes to compute (the L2 model steps
-through every wave), so ``python -m flashsim.measured.validation`` stores them beside the data in
-``ncu_h200_predictions.json``; a test recomputes them and requires equality, and the
-notebook reads the stored copy.
+Predictions for the committed dataset take a couple of minutes to compute (the causal
+points' blocks do not run in lockstep, so the L2 model steps through every one), so
+``python -m flashsim.measured.validation`` stores them beside the data in
+``ncu_h200_predictions.json``, with the SHA-256 of what they are a pure function of: the
+dataset and every source file of the flashsim package (:func:`inputs_sha256`). A test
+recomputes them all and requires equality whenever that hash changed, and a sample of
+points on every run; the notebook reads the stored copy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pathlib
 
 import numpy as np
 
@@ -129,7 +134,7 @@ def predicted(pt: dict, efficiency: float = 1.0) -> dict:
     else:   # extra launches (a fill kernel): the main kernel's for all
         main = max(pt["launches"], key=lambda x: x["gpu__time_duration.sum"])
         bps, wpb = blocks_per_sm(main), int(main["launch__block_size"]) // 32
-    rep = _l2.simulate(p, blocks_per_sm=bps)
+    rep = _l2.simulate(p, blocks_per_sm=bps, work_limit=None)   # a fixed, known dataset
     t = timing.predict(p, timing.Efficiency.for_dtype(p.dtype, efficiency), l2=rep,
                        warps_per_block=wpb)
     return {
@@ -166,6 +171,17 @@ def compare(data: dict | None = None) -> list[dict]:
         rows.append({"point": pt, "efficiency": e, "measured": measured(pt),
                      "predicted": predicted(pt, e)})
     return rows
+
+
+def inputs_sha256() -> str:
+    """SHA-256 of everything the stored predictions are a pure function of: the dataset's
+    bytes and every ``.py`` file of the flashsim package (path and bytes, in path order)."""
+    h = hashlib.sha256(DATASET.read_bytes())
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def stored_rows() -> list[dict]:
@@ -255,6 +271,7 @@ def main() -> None:
     rows = compare()
     out = {"note": "Computed by `python -m flashsim.measured.validation` from ncu_h200.json's "
                    "configurations; model output, not measurements.",
+           "inputs_sha256": inputs_sha256(),
            "summary": summary(rows),
            "rows": [{"efficiency": r["efficiency"], "predicted": r["predicted"]} for r in rows]}
     PREDICTIONS.write_text(json.dumps(out, indent=1) + "\n")
