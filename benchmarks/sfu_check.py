@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import io
 import json
 import os
@@ -35,6 +34,9 @@ import re
 import shutil
 import subprocess
 import sys
+
+from gpu_kernels.cupy import flash2_tc as tc
+from gpu_kernels.cupy.common import KERNEL_DIR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,40 +58,31 @@ KERNEL = "flash2_tc_fwd"
 PER_OPCODE = "sass__inst_executed_per_opcode"
 
 
-def tc_module():
-    """The tensor-core kernel's loader, wherever the package keeps it."""
-    for name in ("gpu_kernels.cupy.flash2_tc", "gpu_kernels.cupy_flash2_tc"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError("no flash2_tc loader in gpu_kernels (cupy/flash2_tc.py or cupy_flash2_tc.py)")
-
-
 def points(quick: bool = False) -> list[dict]:
     """Shapes that are whole multiples of the tiles (the kernel computes full tiles, the
     model real rows), each at the default configuration, and v1 at two of them: the
     count must not depend on the version."""
-    tc = tc_module()
     out = []
     for d in (64, 128):
         for N in ((1024,) if quick else (1024, 4096)):
             for causal in (False, True):
                 c = tc.CONFIGS[d]
                 out.append(dict(N=N, d=d, batch=1, heads=4, causal=causal,
-                                block_rows=c["BLOCK_M"], block_cols=c["BLOCK_N"],
+                                block_rows=c["BLOCK_R"], block_cols=c["BLOCK_C"],
                                 version=c["VERSION"]))
         if not quick:
             c = tc.CONFIGS[d]
             out.append(dict(N=4096, d=d, batch=1, heads=4, causal=False,
-                            block_rows=c["BLOCK_M"], block_cols=c["BLOCK_N"], version=1))
+                            block_rows=c["BLOCK_R"], block_cols=c["BLOCK_C"], version=1))
     return out
 
 
 def _launch(p, Q, K, V):
-    tc = tc_module()
-    return tc.flash2_tc_attention(Q, K, V, p["causal"], version=p["version"],
-                                  block_m=p["block_rows"], block_n=p["block_cols"])
+    """(O, L) of one launch of the tensor-core kernel at point ``p``."""
+    launch = tc.configure(p["batch"], p["heads"], p["N"], p["d"], dtype="fp16",
+                          causal=p["causal"], block_rows=p["block_rows"],
+                          block_cols=p["block_cols"], version=p["version"])
+    return launch.run(Q, K, V)
 
 
 def _inputs(p):
@@ -152,19 +145,16 @@ def static_sass(pts: list[dict], out_dir: str) -> dict:
     nvcc, cuobjdump = _tool("nvcc"), _tool("cuobjdump")
     if not (nvcc and cuobjdump):
         return {"error": "nvcc or cuobjdump not found"}
-    tc = tc_module()
-    src = os.path.join(os.path.dirname(tc.__file__), "cuda", tc.CU_FILE)
-    if not os.path.exists(src):
-        src = os.path.join(os.path.dirname(os.path.dirname(tc.__file__)), "cuda", tc.CU_FILE)
+    src = os.path.join(KERNEL_DIR, tc.CU_FILE)
     out = {}
     for p in pts:
-        D = tc.defines(p["d"], "float16", version=p["version"], block_m=p["block_rows"],
-                       block_n=p["block_cols"])
+        D = tc.defines(p["d"], "fp16", version=p["version"], block_rows=p["block_rows"],
+                       block_cols=p["block_cols"])
         label = " ".join(f"{k}={v}" for k, v in D.items())
         if label in out:
             continue
         cubin = os.path.join(out_dir, f"flash2_tc_{len(out)}.cubin")
-        cmd = [nvcc, "-cubin", "-arch=sm_90", "-std=c++17", "-o", cubin, src] + \
+        cmd = [nvcc, "-cubin", "-arch=sm_90", "-std=c++17", "-I", KERNEL_DIR, "-o", cubin, src] + \
             [f"-D{k}={v}" for k, v in D.items()]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:

@@ -209,7 +209,8 @@ class Plan:
 def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
          dtype: str = "fp32", sram: int | str | None = None, gpu: str | None = None,
          block_rows: int | None = None, block_cols: int | None = None, causal: bool = False,
-         extra_passes=(), pass_: str = "fwd", placement: str | None = None) -> Plan:
+         extra_passes=(), pass_: str = "fwd", placement: str | None = None,
+         warps: int | None = None) -> Plan:
     """Validate a configuration and choose block sizes.
 
     ``pass_`` is ``"fwd"`` (the forward), ``"bwd"`` (the backward alone: the forward's saved
@@ -233,6 +234,9 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     N is capped at N, and a plan that overflows either level raises SramOverflowError with
     the breakdown.
 
+    ``warps`` (warps per block, 1 to 32) sets the register budget of a kernel whose blocks
+    are larger than the preset's ``warps_per_block`` (4, as FlashAttention-2's forward).
+
     Names (algorithm, dtype, gpu, pass, extra passes, placement) are case-insensitive;
     every argument is checked, with the limits in :mod:`flashsim.validate`, before anything
     is built.
@@ -252,6 +256,11 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     if placement == "registers" and preset is None:
         raise FlashsimError("placement 'registers' needs a GPU preset for its register "
                             "file: pass gpu=... (flashsim gpus lists them)")
+    if warps is not None:
+        warps = validate.whole(warps, "warps", hi=32)
+        if preset is None:
+            raise FlashsimError("warps sets the register budget: it needs a GPU preset")
+        preset = replace(preset, warps_per_block=warps)
     R = preset.register_bytes_per_block if placement == "registers" else None
     causal = validate.flag(causal, "causal")
     passes = validate.names(extra_passes, standard.PASSES, "extra_passes")

@@ -331,6 +331,9 @@ class Launch:
         return self.main_launch().grid
 
     MAIN = None     # the main kernel's name (None: the only kernel)
+    # Warps whose registers the plan may count on (None: the preset's 4). A kernel that
+    # keeps S_ij and O_i in registers across more warps sets it (launch -> warps).
+    PLAN_WARPS = None
 
     def main_launch(self) -> KernelLaunch:
         """The first launch of the main kernel (``MAIN``)."""
@@ -350,7 +353,8 @@ class Launch:
         time (``count().predicted_time_s``) on ``gpu``."""
         return planned(self.algorithm, self.N, self.d, batch=self.batch, heads=self.heads,
                        dtype=self.dtype, sram=self.sram, gpu=gpu, causal=self.causal,
-                       block_rows=self.block_rows, block_cols=self.block_cols, pass_=self.pass_)
+                       block_rows=self.block_rows, block_cols=self.block_cols, pass_=self.pass_,
+                       **({"warps": self.PLAN_WARPS(self)} if self.PLAN_WARPS else {}))
 
     def predicted_traffic(self, gpu: str = DEFAULT_GPU):
         """flashsim's Report for exactly this launch (``plan(gpu).count()``)."""

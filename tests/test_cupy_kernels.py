@@ -147,6 +147,19 @@ def test_tc_smem_formula_matches_the_kernel():
     assert cupy_flash2_tc.smem_bytes(64, 64, 64, 1) == (64 + 2 * 64) * 72 * 2
 
 
+@pytest.mark.parametrize("d", cupy_flash2_tc.HEAD_DIMS)
+def test_tc_tuning_configs_are_launches_flashsim_accepts(d):
+    """Each swept variant configures without a GPU: its plan counts on the registers of all
+    the kernel's warps (B_r = 256 holds O_i of 256 rows in 8 warps, twice the preset's 4)."""
+    for c in cupy_flash2_tc.tuning_configs(d):
+        launch = cupy_flash2_tc.configure(2, 2, 333, d, block_rows=c["BLOCK_R"],
+                                          block_cols=c["BLOCK_C"], version=c["VERSION"],
+                                          min_blocks=c["MIN_BLOCKS"])
+        p = launch.plan()
+        assert p.register_budget == min(launch.threads * 255, 65536) * 4
+        assert sum(size for _, size in p.register_set()) <= p.register_budget
+
+
 def test_host_arrays_are_refused_before_launch():
     """A launch's ``run`` takes GPU arrays only (``gpu_kernels.attention`` copies NumPy
     inputs first)."""

@@ -63,6 +63,7 @@ def defines(d: int, dtype: str, **config) -> dict[str, int]:
 @dataclass
 class TcLaunch(CupyLaunch):
     CU_FILE = CU_FILE
+    PLAN_WARPS = staticmethod(lambda launch: launch.threads // 32)   # S, P, O in registers
     version: int = 0
     min_blocks: int = 1
 
