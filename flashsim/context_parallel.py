@@ -349,7 +349,6 @@ class CPPlan:
         """Exact traffic: every kernel's nest counted by ``nest.count``, every transfer
         read from the sender's HBM and written into the receiver's."""
         devs = [DeviceCounts() for _ in range(self.devices)]
-        link = 0
         for pass_ in self.passes:
             for p, dev in enumerate(devs):
                 for k in self.kernels(p, pass_):
@@ -358,6 +357,13 @@ class CPPlan:
                         dev.add(k.names.get(name, name), self.heads * c.read.get(name, 0),
                                 self.heads * c.write.get(name, 0))
                     dev.flops += self.heads * c.flops
+        return CPReport(self, devs, self._add_transfers(devs))
+
+    def _add_transfers(self, devs: list) -> int:
+        """Every transfer's bytes on its sender and receiver (and tensors a device never
+        touched dropped from its table); returns the bytes over all links."""
+        link = 0
+        for pass_ in self.passes:
             for t in self.transfers(pass_):
                 devs[t.src].send_bytes += self.heads * t.nbytes
                 devs[t.dst].recv_bytes += self.heads * t.nbytes
@@ -365,7 +371,7 @@ class CPPlan:
         for dev in devs:
             dev.per_tensor = {k: v for k, v in dev.per_tensor.items()
                               if v["read_bytes"] or v["write_bytes"]}
-        return CPReport(self, devs, link)
+        return link
 
     def step_forms(self, p: int, pass_: str):
         """Device p's traffic from formulas, kernel group by kernel group, per head:
@@ -455,16 +461,7 @@ class CPPlan:
         self._run_forward(hbm, devs if fwd_counted else None)
         if backward:
             self._run_backward(hbm, devs)
-        link = 0
-        for pass_ in self.passes:
-            for t in self.transfers(pass_):
-                devs[t.src].send_bytes += self.heads * t.nbytes
-                devs[t.dst].recv_bytes += self.heads * t.nbytes
-                link += self.heads * t.nbytes
-        for dev in devs:
-            dev.per_tensor = {k: v for k, v in dev.per_tensor.items()
-                              if v["read_bytes"] or v["write_bytes"]}
-        report = CPReport(self, devs, link)
+        report = CPReport(self, devs, self._add_transfers(devs))
 
         def gather(name):
             out = np.empty(arrays["Q"].shape[:-1] + (hbm[0][name].shape[-1],))

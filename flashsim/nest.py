@@ -527,29 +527,14 @@ def _count_summed(ops: tuple, summed: dict, tensors: dict, ctx: Ctx, counts: Cou
 
 def _count_by_leaves(ops: tuple, tensors: dict, ctx: Ctx, counts: Counts,
                      resident: tuple) -> None:
-    """The oracle: outer loops stepped, innermost loops summed with NumPy."""
+    """The oracle: outer loops stepped, innermost loops summed with NumPy (the ops
+    outside loops counted one at a time, as the engine counts them)."""
     held = [0, 0]
     for op in ops:
-        if isinstance(op, (Load, Store)):
-            t = tensors[op.tensor]
-            rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
-            elems = (rows[1] - rows[0]) * (cols[1] - cols[0])
-            counts.transfers += 1
-            if isinstance(op, Load):
-                counts.read[op.tensor] += elems * t.elem_bytes
-                level, nb = _onchip(op, elems, tensors)
-                held[level] += nb
-                _note_peak(counts, resident, held)
-            else:
-                counts.write[op.tensor] += elems * t.elem_bytes
-        elif isinstance(op, Alloc):
-            cols = op.cols if isinstance(op.cols, int) else ctx.extent(op.cols)
-            level, nb = _onchip(op, ctx.extent(op.rows) * cols, tensors)
-            held[level] += nb
-            _note_peak(counts, resident, held)
-        elif isinstance(op, Compute):
-            counts.add_compute(op, ctx.extent)
-        elif isinstance(op, Loop):
+        if not isinstance(op, Loop):
+            h = _count((op,), tensors, ctx, counts, _plus(resident, held), 1)
+            held = [held[0] + h[0], held[1] + h[1]]
+        else:
             ctx.loops[op.var] = op
             blocks = loop_range(op, ctx)
             inner = _plus(resident, held)

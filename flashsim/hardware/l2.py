@@ -213,7 +213,7 @@ class _LRU:
         return sum(nb for nb, dirty in self.lines.values() if dirty)
 
 
-def _note(step_keys: dict, k, nb: int, write: bool) -> None:
+def note_request(step_keys: dict, k, nb: int, write: bool) -> None:
     """Merge one request into this step's: a tile read and written in one step (flash1's
     O_i) is read from DRAM first if it misses, then made dirty."""
     seen = step_keys.get(k)
@@ -273,9 +273,9 @@ def _simulate(label: str, programs: list, heads: int, slots: int, capacity: int)
                 if shared and (h, id(shared)) not in merged:
                     merged.add((h, id(shared)))
                     for key, nb, w in shared:
-                        _note(step_keys, (h,) + key, nb, w)
+                        note_request(step_keys, (h,) + key, nb, w)
                 for key, nb, w in private:
-                    _note(step_keys, (h,) + key, nb, w)
+                    note_request(step_keys, (h,) + key, nb, w)
                 if len(m) > pos + 1:
                     still.append(m)
             free += len(members) - len(still)

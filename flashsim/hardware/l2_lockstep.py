@@ -45,6 +45,7 @@ from math import gcd
 
 from ..errors import FlashsimError
 from ..nest import Ctx, Load, Loop, Store, full_blocks, has_bounds, loop_range, span
+from .l2 import note_request
 
 SECTOR = 32
 
@@ -275,18 +276,10 @@ class _Engine:
         # This step's requests: key -> [bytes, read, written]; the first request of a key
         # fixes its place (a block's shared tiles, then its own, block after block).
         reqs: dict = {}
-        get = reqs.get
         rd = wr = 0
         for h, members, owns in groups:
             for tensor, r0, c0, nb, write in shared:
-                key = (h, tensor, r0, c0)
-                seen = get(key)
-                if seen is None:
-                    reqs[key] = [nb, not write, write]
-                elif write:
-                    seen[2] = True
-                else:
-                    seen[1] = True
+                note_request(reqs, (h, tensor, r0, c0), nb, write)
             rd += len(members) * srb
             wr += len(members) * swb
             if not private:
@@ -300,14 +293,7 @@ class _Engine:
                     nb = sizes.get(size_key)
                     if nb is None:
                         nb = sizes[size_key] = sector_bytes(rows, cols, width, b)
-                    key = (h, tensor, rows[0], cols[0])
-                    seen = get(key)
-                    if seen is None:
-                        reqs[key] = [nb, not write, write]
-                    elif write:
-                        seen[2] = True
-                    else:
-                        seen[1] = True
+                    note_request(reqs, (h, tensor, rows[0], cols[0]), nb, write)
                     if write:
                         wr += nb
                     else:
@@ -320,32 +306,24 @@ class _Engine:
         lines, cap, used = lru.lines, lru.capacity, lru.used
         dram_r = dram_w = 0
         for key, (nb, r, w) in reqs.items():
-            if r:                           # a step loads before it stores
+            # a step loads before it stores; write-back, write-allocate: no DRAM read
+            for wanted, dirty in ((r, False), (w, True)):
+                if not wanted:
+                    continue
                 line = lines.get(key)
                 if line is not None:
                     lines.move_to_end(key)
-                else:
+                    line[1] = line[1] or dirty
+                    continue
+                if not dirty:
                     dram_r += nb
-                    lines[key] = [nb, False]
-                    used += nb
-                    while used > cap and lines:
-                        _, (old, dirty) = lines.popitem(last=False)
-                        used -= old
-                        if dirty:
-                            dram_w += old
-            if w:                           # write-back, write-allocate: no DRAM read
-                line = lines.get(key)
-                if line is not None:
-                    lines.move_to_end(key)
-                    line[1] = True
-                else:
-                    lines[key] = [nb, True]
-                    used += nb
-                    while used > cap and lines:
-                        _, (old, dirty) = lines.popitem(last=False)
-                        used -= old
-                        if dirty:
-                            dram_w += old
+                lines[key] = [nb, dirty]
+                used += nb
+                while used > cap and lines:
+                    _, (old, was_dirty) = lines.popitem(last=False)
+                    used -= old
+                    if was_dirty:
+                        dram_w += old
         lru.used = used
         self.t.dram_read_bytes += dram_r
         self.t.dram_write_bytes += dram_w

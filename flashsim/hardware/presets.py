@@ -28,7 +28,7 @@ Four levels, from the SM outwards (sizes per SM unless a name says otherwise):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import FlashsimError
 
@@ -111,59 +111,47 @@ class GPU:
         return rates
 
 
+_A100 = GPU(
+    "NVIDIA A100 40GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
+    hbm_bandwidth=1555e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
+    sram_per_sm=164 * KiB,
+    hbm_capacity=40e9, hbm_kind="HBM2", boost_clock_hz=1.41e9,
+    tensor_flops_per_clk_sm=2048, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=64,
+    unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.0: 64 fp32 and 16 "
+                "special-function results per clock per SM); A100 whitepaper (1024 dense "
+                "fp16 FMA per clock per SM)",
+    l1_shared_per_sm=192 * KiB,
+    source="NVIDIA A100 datasheet (2021); A100 architecture whitepaper (192 KB L1 + "
+           "shared per SM); CUDA Programming Guide, cc 8.0")
+_H100 = GPU(
+    "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MiB,
+    hbm_bandwidth=3.35e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
+    sram_per_sm=228 * KiB,
+    hbm_capacity=80e9, hbm_kind="HBM3", boost_clock_hz=1.98e9,
+    tensor_flops_per_clk_sm=4096, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=128,
+    tensor_fp8_flops_per_clk_sm=8192,
+    unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 9.0: 128 fp32 and 16 "
+                "special-function results per clock per SM); H100 whitepaper (dense fp16 "
+                "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
+                "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
+                "132 x 1.83 GHz x 16)",
+    l1_shared_per_sm=256 * KiB,
+    source="NVIDIA H100 datasheet (2023); H100 architecture whitepaper (256 KB L1 + "
+           "shared per SM); CUDA Programming Guide, cc 9.0")
+
 GPUS: dict[str, GPU] = {
-    "a100-40gb": GPU(
-        "NVIDIA A100 40GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
-        hbm_bandwidth=1555e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
-        sram_per_sm=164 * KiB,
-        hbm_capacity=40e9, hbm_kind="HBM2", boost_clock_hz=1.41e9,
-        tensor_flops_per_clk_sm=2048, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=64,
-        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.0: 64 fp32 and 16 "
-                    "special-function results per clock per SM); A100 whitepaper (1024 dense "
-                    "fp16 FMA per clock per SM)",
-        l1_shared_per_sm=192 * KiB,
+    "a100-40gb": _A100,
+    # the same chip and L2 with HBM2e: faster and larger memory
+    "a100-80gb": replace(
+        _A100, name="NVIDIA A100 80GB SXM", hbm_bandwidth=2039e9, hbm_capacity=80e9,
+        hbm_kind="HBM2e",
         source="NVIDIA A100 datasheet (2021); A100 architecture whitepaper (192 KB L1 + "
                "shared per SM); CUDA Programming Guide, cc 8.0"),
-    "a100-80gb": GPU(
-        "NVIDIA A100 80GB SXM", sms=108, sram_per_block=163 * KiB, l2_bytes=40 * MiB,
-        hbm_bandwidth=2039e9, peak_tensor_fp16=312e12, peak_fp32=19.5e12,
-        sram_per_sm=164 * KiB,
-        hbm_capacity=80e9, hbm_kind="HBM2e", boost_clock_hz=1.41e9,
-        tensor_flops_per_clk_sm=2048, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=64,
-        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 8.0: 64 fp32 and 16 "
-                    "special-function results per clock per SM); A100 whitepaper (1024 dense "
-                    "fp16 FMA per clock per SM)",
-        l1_shared_per_sm=192 * KiB,
-        source="NVIDIA A100 datasheet (2021); A100 architecture whitepaper (192 KB L1 + "
-               "shared per SM); CUDA Programming Guide, cc 8.0"),
-    "h100": GPU(
-        "NVIDIA H100 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=50 * MiB,
-        hbm_bandwidth=3.35e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
-        sram_per_sm=228 * KiB,
-        hbm_capacity=80e9, hbm_kind="HBM3", boost_clock_hz=1.98e9,
-        tensor_flops_per_clk_sm=4096, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=128,
-        tensor_fp8_flops_per_clk_sm=8192,
-        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 9.0: 128 fp32 and 16 "
-                    "special-function results per clock per SM); H100 whitepaper (dense fp16 "
-                    "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
-                    "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
-                    "132 x 1.83 GHz x 16)",
-        l1_shared_per_sm=256 * KiB,
-        source="NVIDIA H100 datasheet (2023); H100 architecture whitepaper (256 KB L1 + "
-               "shared per SM); CUDA Programming Guide, cc 9.0"),
-    "h200": GPU(
-        "NVIDIA H200 SXM", sms=132, sram_per_block=227 * KiB, l2_bytes=60 * MiB,
-        hbm_bandwidth=4.8e12, peak_tensor_fp16=989.4e12, peak_fp32=66.9e12,
-        sram_per_sm=228 * KiB,
-        hbm_capacity=141e9, hbm_kind="HBM3e", boost_clock_hz=1.98e9,
-        tensor_flops_per_clk_sm=4096, sfu_ops_per_clk_sm=16, fp32_ops_per_clk_sm=128,
-        tensor_fp8_flops_per_clk_sm=8192,
-        unit_source="CUDA C++ Programming Guide, Arithmetic Instructions (cc 9.0: 128 fp32 and 16 "
-                    "special-function results per clock per SM); H100 whitepaper (dense fp16 "
-                    "989.4 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP per clock, fp8 twice "
-                    "that; the FlashAttention-3 paper's 3.9 TFLOP/s of special functions is "
-                    "132 x 1.83 GHz x 16)",
-        l1_shared_per_sm=256 * KiB,
+    "h100": _H100,
+    # the H100's SM with a larger L2 and HBM3e
+    "h200": replace(
+        _H100, name="NVIDIA H200 SXM", l2_bytes=60 * MiB, hbm_bandwidth=4.8e12,
+        hbm_capacity=141e9, hbm_kind="HBM3e",
         source="NVIDIA H200 datasheet (2024); L2 (62,914,560 B) and SM count measured on "
                "the project's H200 (cudaGetDeviceProperties, benchmarks/results/ncu_h200.json); "
                "H100 architecture whitepaper (the same SM: 256 KB L1 + shared); "
@@ -219,25 +207,23 @@ class Link:
 # estimate rather than a measurement.
 NCCL_P2P_LATENCY_S = 10e-6
 
+_NVLINK3 = Link(
+    "NVLink 3 (12 links)", bandwidth=300e9, latency=NCCL_P2P_LATENCY_S,
+    source="NVIDIA A100 datasheet (2021): NVLink 600 GB/s, the sum of both directions "
+           "of 12 links of 50 GB/s; one direction to one peer through NVSwitch: 300 GB/s")
+_NVLINK4 = Link(
+    "NVLink 4 (18 links)", bandwidth=450e9, latency=NCCL_P2P_LATENCY_S,
+    source="NVIDIA H100 datasheet (2023): NVLink 900 GB/s, the sum of both directions "
+           "of 18 links of 50 GB/s; one direction to one peer through NVSwitch (HGX "
+           "H100): 450 GB/s")
+
 LINKS: dict[str, Link] = {
-    "a100-40gb": Link(
-        "NVLink 3 (12 links)", bandwidth=300e9, latency=NCCL_P2P_LATENCY_S,
-        source="NVIDIA A100 datasheet (2021): NVLink 600 GB/s, the sum of both directions "
-               "of 12 links of 50 GB/s; one direction to one peer through NVSwitch: 300 GB/s"),
-    "a100-80gb": Link(
-        "NVLink 3 (12 links)", bandwidth=300e9, latency=NCCL_P2P_LATENCY_S,
-        source="NVIDIA A100 datasheet (2021): NVLink 600 GB/s, the sum of both directions "
-               "of 12 links of 50 GB/s; one direction to one peer through NVSwitch: 300 GB/s"),
-    "h100": Link(
-        "NVLink 4 (18 links)", bandwidth=450e9, latency=NCCL_P2P_LATENCY_S,
-        source="NVIDIA H100 datasheet (2023): NVLink 900 GB/s, the sum of both directions "
-               "of 18 links of 50 GB/s; one direction to one peer through NVSwitch (HGX "
-               "H100): 450 GB/s"),
-    "h200": Link(
-        "NVLink 4 (18 links)", bandwidth=450e9, latency=NCCL_P2P_LATENCY_S,
-        source="NVIDIA H200 datasheet (2024): NVLink 900 GB/s, the sum of both directions "
-               "of 18 links of 50 GB/s; one direction to one peer through NVSwitch (HGX "
-               "H200): 450 GB/s"),
+    "a100-40gb": _NVLINK3,
+    "a100-80gb": _NVLINK3,
+    "h100": _NVLINK4,
+    "h200": replace(_NVLINK4, source=(
+        "NVIDIA H200 datasheet (2024): NVLink 900 GB/s, the sum of both directions of 18 "
+        "links of 50 GB/s; one direction to one peer through NVSwitch (HGX H200): 450 GB/s")),
     "rtx4090": Link(
         "PCIe 4.0 x16 (no NVLink)", bandwidth=32e9, latency=NCCL_P2P_LATENCY_S,
         source="Ada Lovelace has no NVLink; PCIe 4.0 x16: 64 GB/s both directions, 32 GB/s "
@@ -254,4 +240,4 @@ def link(name: str) -> Link:
 
 def preset_name(g: GPU) -> str:
     """The key of preset ``g`` in :data:`GPUS`."""
-    return next(k for k, v in GPUS.items() if v == g)
+    return next(k for k, v in GPUS.items() if v.name == g.name)   # g may have other warps
