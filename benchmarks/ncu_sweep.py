@@ -3,10 +3,13 @@
 On the GPU machine, from the repository root:
 
     python -m benchmarks.ncu_sweep run --out DIR
+    python -m benchmarks.ncu_sweep run --out DIR --heldout    # the held-out launches
 
 runs the sweep once under Nsight Compute (``ncu --clock-control none``, its default cache
 control: L2 flushed and invalidated before every profiled kernel) and writes
-``$OUT/ncu_h200.json``: for each point (kernel family, algorithm, N, d, batch, heads,
+``$OUT/ncu_h200.json`` (``--heldout``: ``ncu_h200_heldout.json``, the launches of
+``flashsim.measured.heldout``, calibration and held-out alike, each with its ``split``): for
+each point (kernel family, algorithm, N, d, batch, heads,
 causal, dtype, the tiles it used) the launches it made, each with the counters
 
     dram__bytes_read.sum, dram__bytes_write.sum        bytes that crossed DRAM
@@ -69,9 +72,15 @@ OPTIONAL_METRICS = [
 MARKER = "flashsim_point_marker"
 
 
-def sweep(quick: bool = False) -> list[dict]:
+def sweep(quick: bool = False, heldout: bool = False) -> list[dict]:
     """The points: (kernel, N, d, causal, tiles). Batch and heads as the FA2 paper: 16k
-    tokens in total, hidden size 2048. ``quick``: a handful, to try the harness."""
+    tokens in total, hidden size 2048. ``quick``: a handful, to try the harness.
+    ``heldout``: the launches drawn by ``flashsim.measured.heldout`` instead (``quick``: the
+    first of each kernel)."""
+    if heldout:
+        from flashsim.measured import heldout as drawn
+        pts = drawn.draw()
+        return [p for k, p in enumerate(pts) if not quick or k % drawn.PER_KERNEL == 0]
     if quick:
         return [dict(p) for p in sweep() if p["N"] == 1024 and p["d"] == 64
                 and "experiment" not in p and not p["causal"]]
@@ -136,13 +145,13 @@ class Runner:
         self.marker(self.scratch, self.scratch)
 
 
-def check_correctness(runner) -> list[dict]:
+def check_correctness(runner, heldout: bool = False) -> list[dict]:
     """Every kernel on small ragged inputs against the float64 reference, before profiling."""
     import numpy as np
 
     import flashsim
     out = []
-    for k in sorted({p["kernel"] for p in sweep()}):
+    for k in sorted({p["kernel"] for p in sweep(heldout=heldout)}):
         for causal in (False, True):
             p = dict(kernel=k, N=200, d=64, causal=causal, batch=2, heads=2)
             try:
@@ -164,16 +173,16 @@ def check_correctness(runner) -> list[dict]:
     return out
 
 
-def workload(manifest_path: str, quick: bool) -> None:
+def workload(manifest_path: str, quick: bool, heldout: bool = False) -> None:
     """One point at a time (inputs freed after each, so the largest fit): build, warm up
     outside the profiled range, then inside it a marker and exactly one run."""
     import cupy
 
     runner = Runner()
-    manifest = {"correctness": check_correctness(runner), "points": [], "skipped": []}
+    manifest = {"correctness": check_correctness(runner, heldout), "points": [], "skipped": []}
     bad = {c["kernel"] for c in manifest["correctness"] if c.get("ok") is False}
     pool = cupy.get_default_memory_pool()
-    for p in sweep(quick):
+    for p in sweep(quick, heldout):
         if p["kernel"] in bad:
             manifest["skipped"].append(dict(p, reason="failed its correctness check"))
             continue
@@ -257,9 +266,10 @@ def assign(rows: list[dict], points: list[dict]) -> list[dict]:
     return out
 
 
-def run(out_dir: str, quick: bool) -> None:
+def run(out_dir: str, quick: bool, heldout: bool = False) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    manifest = os.path.join(out_dir, "manifest.json")
+    name = "ncu_h200_heldout" if heldout else "ncu_h200"
+    manifest = os.path.join(out_dir, f"{name}_manifest.json")
     metrics = known_metrics(out_dir)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
@@ -271,7 +281,7 @@ def run(out_dir: str, quick: bool) -> None:
         cmd = ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "m/",
                "--metrics", ",".join(metrics), "--csv", "--page", "raw",
                sys.executable, "-m", "benchmarks.ncu_sweep", "workload", "--manifest", manifest]
-        return cmd + ["--quick"] if quick else cmd
+        return cmd + ["--quick"] * quick + ["--heldout"] * heldout
     cmd = command(metrics)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
     if proc.returncode != 0 and len(metrics) > len(METRICS):
@@ -280,9 +290,9 @@ def run(out_dir: str, quick: bool) -> None:
         metrics = METRICS
         cmd = command(metrics)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
-    with open(os.path.join(out_dir, "ncu_h200_raw.csv"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}_raw.csv"), "w") as f:
         f.write(proc.stdout)
-    with open(os.path.join(out_dir, "ncu_stderr.txt"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}_stderr.txt"), "w") as f:
         f.write(proc.stderr[-200000:])
     print(proc.stderr[-3000:])
     if proc.returncode != 0:
@@ -297,7 +307,7 @@ def run(out_dir: str, quick: bool) -> None:
         "ncu_command": " ".join(cmd)})
     data = {"provenance": prov, "metrics": metrics, "correctness": man["correctness"],
             "skipped": man.get("skipped", []), "points": points}
-    write_json(out_dir, "ncu_h200.json", data)
+    write_json(out_dir, f"{name}.json", data)
     print(f"{len(points)} points, {sum(len(p['launches']) for p in points)} launches")
 
 
@@ -307,14 +317,17 @@ def main() -> None:
     w = sub.add_parser("workload")
     w.add_argument("--manifest", required=True)
     w.add_argument("--quick", action="store_true")
+    w.add_argument("--heldout", action="store_true")
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
     r.add_argument("--quick", action="store_true", help="a handful of points")
+    r.add_argument("--heldout", action="store_true",
+                   help="the held-out launches of flashsim.measured.heldout")
     a = ap.parse_args()
     if a.cmd == "workload":
-        workload(a.manifest, a.quick)
+        workload(a.manifest, a.quick, a.heldout)
     else:
-        run(a.out, a.quick)
+        run(a.out, a.quick, a.heldout)
 
 
 if __name__ == "__main__":

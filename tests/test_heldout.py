@@ -28,3 +28,10 @@ def test_every_kernel_has_calibration_and_heldout_points_outside_the_107_point_r
 def test_adding_a_kernel_leaves_the_others_draws_alone():
     assert heldout.draw(["cupy_flash2"]) == [c for c in heldout.draw()
                                              if c["kernel"] == "cupy_flash2"]
+
+
+def test_the_ncu_sweep_profiles_exactly_the_drawn_launches():
+    from benchmarks import ncu_sweep
+    assert ncu_sweep.sweep(heldout=True) == heldout.draw()
+    quick = ncu_sweep.sweep(quick=True, heldout=True)
+    assert [c["kernel"] for c in quick] == list(heldout.KERNELS)
