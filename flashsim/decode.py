@@ -555,3 +555,146 @@ def _hbm_inputs(p: DecodePlan, Q, K, V, block_table):
             return h["O"].reshape(B, H, q, p.v_dim)
         return np.stack([h[f"O[{b}]"].reshape(H, q, p.v_dim) for b in range(B)])
     return hbm, unpack
+
+
+# -------------------------------------------------------------------------------- CLI
+
+_DECODE_OPTIONS = ("q_len", "kv_len", "kv_lens", "kv_heads", "splits", "page_size",
+                   "gqa_schedule", "no_causal")
+
+
+def add_cli_args(p) -> None:
+    """The decode options of ``flashsim io`` (read as the API reads them)."""
+    def reader(check):
+        def read(text):
+            import argparse
+            try:
+                return check(text)
+            except FlashsimError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        return read
+    whole = lambda name, hi: reader(lambda t: validate.whole(t, "", hi=hi))  # noqa: E731
+    p.add_argument("--q-len", type=whole("q_len", MAX_Q_LEN),
+                   help="decoding: new query rows per sequence (with --kv-len or --kv-lens "
+                        "in place of --seq-len)")
+    p.add_argument("--kv-len", type=whole("kv_len", validate.MAX_SEQ_LEN),
+                   help="decoding: cached keys per sequence")
+    p.add_argument("--kv-lens", type=reader(kv_lens_arg),
+                   help="decoding, a ragged batch: one KV length per sequence, e.g. 100,3000")
+    p.add_argument("--kv-heads", type=whole("kv_heads", validate.MAX_HEADS),
+                   help="decoding: KV heads (GQA; 1 = MQA; default --heads)")
+    p.add_argument("--splits", type=reader(
+        lambda t: "auto" if t.lower() == "auto" else validate.whole(t, "", hi=MAX_SPLITS)),
+        help="flashdecoding, paged, mla: split the KV length over S blocks, or auto "
+             "(FlashAttention-2's heuristic; the default)")
+    p.add_argument("--page-size", type=reader(
+        lambda t: validate.whole(t, "", hi=validate.MAX_SEQ_LEN)),
+        help=f"paged: tokens per page (default {DEFAULT_PAGE})")
+    p.add_argument("--gqa-schedule", type=reader(
+        lambda t: validate.choice(t, ["pack", "per-head"], "")),
+        help="decoding: pack (a KV head's query rows in one tile, the default) or per-head "
+             "(one block per query head: K/V read once per query head)")
+    p.add_argument("--no-causal", action="store_true",
+                   help="decoding: no causal mask (by default the new rows are the last "
+                        "positions and see the keys before them)")
+
+
+def is_decode_cli(args) -> bool:
+    """Whether ``flashsim io`` is asked a decode question; a decode option without one
+    is refused."""
+    if args.algorithm in ALGORITHMS[1:] or any(getattr(args, k) is not None
+                                               for k in ("q_len", "kv_len", "kv_lens")):
+        return True
+    given = [k for k in _DECODE_OPTIONS if getattr(args, k) not in (None, False)]
+    if given:
+        raise FlashsimError(f"--{given[0].replace('_', '-')} is a decode option: give "
+                            "--q-len and --kv-len (or --kv-lens)")
+    return False
+
+
+def cli_answer(args) -> str:
+    """The text ``flashsim io`` prints for a decode plan (or a FlashsimError)."""
+    import json
+    from .hardware import l2
+    from .hardware.l2_lockstep import Budget
+    refused = [("--seq-len", args.seq_len is not None), ("--sram", args.sram is not None),
+               ("--pass", args.pass_ != "fwd"), ("--extra-passes", bool(args.extra_passes)),
+               ("--devices", args.devices is not None), ("--schedule", args.schedule is not None),
+               ("--placement two-level", args.placement == "two-level"),
+               ("--causal", args.causal), ("--l2", args.l2 is not None)]
+    for option, bad in refused:
+        if bad:
+            raise FlashsimError(f"{option} is not for a decode plan (--q-len, --kv-len or "
+                                "--kv-lens; a GPU preset's shared memory and L2)")
+    p = plan(args.algorithm, q_len=1 if args.q_len is None else args.q_len,
+             kv_len=args.kv_len, kv_lens=args.kv_lens, head_dim=args.head_dim,
+             heads=args.heads, kv_heads=args.kv_heads,
+             batch=None if args.batch == 1 and args.kv_lens is not None else args.batch,
+             dtype=args.dtype, splits=args.splits, page_size=args.page_size,
+             block_rows=args.block_rows, block_cols=args.block_cols,
+             causal=not args.no_causal, gpu=args.gpu,
+             gqa_pack=args.gqa_schedule != "per-head")
+    if args.verify:
+        rep, err = verify(p, args.seed)
+        rep.max_abs_error = err
+    else:
+        rep = p.count()
+    notes = []
+    try:
+        rep.l2 = l2.simulate(p.engine_view(), blocks_per_sm=args.blocks_per_sm,
+                             budget=Budget(l2.WORK_LIMIT))
+    except FlashsimError as e:
+        notes.append(f"DRAM bytes left out (the L2 model would exceed its limit): {e}")
+    if args.json:
+        return json.dumps({**rep.to_dict(), **({"notes": notes} if notes else {})})
+    return "\n".join([format_decode(rep)] + notes)
+
+
+def random_inputs(p: DecodePlan, seed: int = 0):
+    """(Q, K, V, block_table) of random normal values; pages of a paged plan shuffled
+    through the pool (a pool of the pages needed plus a few unused)."""
+    rng = np.random.default_rng(seed)
+    B, kvh = p.batch, p.kv_heads
+    Q = rng.standard_normal((B, p.heads, p.q_len, p.head_dim))
+    if not p.page_size:
+        K = rng.standard_normal((B, kvh, p.kv_len, p.head_dim))
+        V = None if p.shared_kv else rng.standard_normal((B, kvh, p.kv_len, p.v_dim))
+        return Q, K, V, None
+    P = p.page_size
+    need = [-(-n // P) for n in p.kv_lens]
+    pool = sum(need) + 2
+    K = rng.standard_normal((pool, kvh, P, p.head_dim))
+    V = None if p.shared_kv else rng.standard_normal((pool, kvh, P, p.v_dim))
+    order = rng.permutation(pool)
+    table = np.zeros((B, max(need)), dtype=np.int32)
+    start = 0
+    for b, k in enumerate(need):
+        table[b, :k] = order[start:start + k]
+        start += k
+    return Q, K, V, table
+
+
+def verify(p: DecodePlan, seed: int = 0) -> tuple:
+    """(report, max |O - O_ref|) on random inputs, refused first past --verify's limits."""
+    counted = _nest.count(p.nest())
+    if counted.transfers > validate.VERIFY_MAX_TRANSFERS:
+        raise FlashsimError(f"--verify would step through {counted.transfers:,} tile loads "
+                            f"and stores with values, more than the limit of "
+                            f"{validate.VERIFY_MAX_TRANSFERS:,}; use larger blocks or a "
+                            "shorter cache, or leave out --verify")
+    flops = 2 * p.copies * counted.flops
+    if flops > validate.VERIFY_MAX_FLOPS:
+        raise FlashsimError(f"--verify would compute {flops:,} float64 FLOPs, more than the "
+                            f"limit of {validate.VERIFY_MAX_FLOPS:,}; leave out --verify")
+    cache = p.batch * p.kv_heads * p.kv_len * (p.head_dim + p.v_dim)
+    need = 8 * (3 * cache + 4 * p.batch * p.heads * p.q_len * (p.head_dim + p.v_dim)
+                + 2 * p.batch * p.heads * p.q_len * p.kv_len)
+    allowed = int(validate.VERIFY_MEMORY_SHARE * validate.memory_allowance())
+    if need > allowed:
+        raise FlashsimError(f"--verify needs about {need:,} B for its float64 arrays but "
+                            f"this process may use {allowed:,} B; leave out --verify")
+    Q, K, V, table = random_inputs(p, seed)
+    O, rep = p.run(Q, K, V, block_table=table)
+    err = float(np.max(np.abs(O - p.reference(Q, K, V, block_table=table))))
+    rep.hbm.clear()
+    return rep, err
