@@ -115,6 +115,30 @@ ISSUE = [
 ]
 
 
+# Decoding's bad inputs (issue 14): each one line, exit 2.
+DECODE = [
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64", "-d", "16", "--heads",
+     "32", "--kv-heads", "5"],
+    ["io", "-a", "flashdecoding", "--q-len", "9", "--kv-len", "8", "-d", "16"],
+    ["io", "-a", "paged", "--q-len", "1", "--kv-len", "64", "-d", "16", "--page-size", "0"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-lens", "10,20", "--batch", "3",
+     "-d", "16"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-lens", "10,,20", "-d", "16"],
+    ["io", "-a", "flash2", "--q-len", "1", "--kv-len", "64", "-d", "16", "--splits", "4"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64", "-d", "16", "-N", "64"],
+    ["io", "-a", "flash2", "-N", "64", "-d", "16", "--kv-heads", "2"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64"],
+    ["io", "-a", "mla", "--q-len", "1", "--kv-len", "64", "--kv-heads", "2"],
+]
+
+
+@pytest.mark.parametrize("args", DECODE)
+def test_decodings_bad_inputs_end_with_one_line(args):
+    code, out, err, seconds = call(args)
+    check(args, code, out, err)
+    assert code == 2 and seconds < IN_PROCESS_S
+
+
 @pytest.mark.parametrize("args", ISSUE)
 def test_the_issues_inputs_end_with_one_line(args):
     code, out, err, seconds = call(args)
