@@ -289,7 +289,9 @@ def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, h
     their count and must match it. ``kv_heads`` defaults to ``heads`` (MHA); it must divide
     ``heads``. ``causal`` (default True): the q_len rows are the last positions of each
     sequence, so q_len <= kv_len. ``splits``: flashdecoding, paged and mla take an int or
-    "auto" (the default; FlashAttention-2's heuristic), flash2 only 1. ``page_size``
+    "auto" (the default: FlashAttention-2's heuristic, flashdecoding.py; for mla
+    FlashMLA's one block per SM, S = SMs // (batch x Q tiles) at least 1), flash2 only 1.
+    ``page_size``
     (paged; default 16) must divide ``block_cols`` or be a multiple of it. ``gqa_pack``
     False: one block per query head (K/V read g times). B_r = q_len x the heads packed;
     B_c defaults to FlashAttention-2's split-KV rule (kvcache.default_block_cols).
@@ -384,7 +386,12 @@ def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, h
     if splits == "auto":
         tiles = -(-max(lens) // Bc)
         blocks = len(lens) * kvh * (g * q_len // Br)
-        S = num_splits_auto(blocks, preset, tiles) if algorithm != "flash2" else 1
+        if algorithm == "flash2":
+            S = 1
+        elif is_mla:                 # FlashMLA: one block per SM, the tiles shared out
+            S = max(1, min(tiles, preset.sms // blocks))
+        else:
+            S = num_splits_auto(blocks, preset, tiles)
     else:
         S = splits
     p = DecodePlan(algorithm, q_len, lens, d, dv, heads, kvh, dtype, Br, Bc, S, splits,

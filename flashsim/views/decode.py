@@ -1,0 +1,244 @@
+"""Decoding is memory-bound: notebook 08's logic (bytes per token, cache memory, SMs, time).
+
+Everything is read from ``flashsim.decode`` plans (their loop nests, counted exactly) and
+``flashsim.hardware.timing.predict_memory_bound``:
+
+    v = decode_view(kv_len=32768, batch=1, heads=32, kv_heads=8, page_size=0, splits=0)
+    v["bytes_per_token"], v["cache_bytes_per_seq"], v["time_s"], v["sm_blocks"]
+    panel = decode_panel()          # sliders: context, batch, heads, KV heads, page, splits
+
+Measured points (``flashsim/measured/data/decode_h200.json``, written by the decode
+benchmark) are drawn beside the prediction when that file exists; until then
+:func:`measurements` is empty and the view says so. An unmeasured point is absent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import decode
+from ..algorithms import mla, paged
+from ..errors import FlashsimError
+from ..hardware.presets import DEFAULT_GPU, gpu as _gpu
+from ..units import dtype_bytes, format_bytes
+
+KV_LENS = tuple(2**k for k in range(10, 18))          # 1k .. 128k tokens
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+HEADS = (8, 16, 32, 64, 128)
+# KV heads: 0 means "= heads" (MHA), -1 the MLA latent cache; the labels say which
+KV_HEADS = (("MHA", 0), ("16", 16), ("8", 8), ("4", 4), ("2", 2), ("1 (MQA)", 1),
+            ("MLA", -1))
+PAGE_SIZES = (("contiguous", 0), ("1", 1), ("16", 16), ("64", 64), ("256", 256))
+SPLITS = (("auto", 0), ("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32),
+          ("64", 64), ("128", 128))
+DATA = "decode_h200.json"
+MATCH = ("batch", "heads", "kv_heads", "kv_len", "q_len", "head_dim", "page_size", "dtype")
+
+
+def make_plan(kv_len: int = 32768, batch: int = 1, heads: int = 32, kv_heads: int = 8,
+              page_size: int = 0, splits: int = 0, q_len: int = 1, head_dim: int = 128,
+              dtype: str = "fp16", gpu: str = DEFAULT_GPU):
+    """The decode plan a setting of the sliders means (0: MHA / contiguous / auto)."""
+    s = "auto" if splits == 0 else splits
+    if kv_heads == -1:
+        return decode.plan("mla", q_len=q_len, kv_len=kv_len, heads=heads, batch=batch,
+                           dtype=dtype, splits=s, page_size=page_size or None, gpu=gpu)
+    kvh = heads if kv_heads == 0 else kv_heads
+    if kvh > heads:
+        raise FlashsimError(f"{kvh} KV heads is more than the {heads} query heads")
+    return decode.plan("paged" if page_size else "flashdecoding", q_len=q_len,
+                       kv_len=kv_len, head_dim=head_dim, heads=heads, kv_heads=kvh,
+                       batch=batch, dtype=dtype, splits=s, page_size=page_size or None,
+                       gpu=gpu)
+
+
+def cache_kind(kv_heads: int, heads: int) -> str:
+    return {0: "mha", -1: "mla", 1: "mqa"}.get(kv_heads, "mha" if kv_heads == heads else "gqa")
+
+
+def decode_view(kv_len: int = 32768, batch: int = 1, heads: int = 32, kv_heads: int = 8,
+                page_size: int = 0, splits: int = 0, q_len: int = 1, head_dim: int = 128,
+                dtype: str = "fp16", gpu: str = DEFAULT_GPU) -> dict:
+    """One decode step: bytes per generated token, KV-cache memory per sequence (one
+    layer), which SMs have work, predicted time per launch, and the same step without
+    splits; the measured points of the same shape when the data exist."""
+    p = make_plan(kv_len, batch, heads, kv_heads, page_size, splits, q_len, head_dim, dtype,
+                  gpu)
+    rep = p.count()
+    launches = p.predict()
+    time_s = sum(x.seconds for x in launches)
+    unsplit = decode.plan("flash2", q_len=q_len, kv_len=kv_len,
+                          head_dim=p.head_dim if not p.shared_kv else None,
+                          heads=heads, kv_heads=p.kv_heads, batch=batch, dtype=dtype,
+                          gpu=gpu) if not p.shared_kv else None
+    b = dtype_bytes(dtype)
+    kind = cache_kind(kv_heads, heads)
+    gqa_heads = p.kv_heads if kind == "gqa" else min(8, heads)   # GQA's bar: 8 KV heads
+    per_token = {k: mla.cache_bytes_per_token(k, heads, head_dim, gqa_heads, b)
+                 for k in ("mha", "gqa", "mqa", "mla")}
+    tokens = batch * q_len
+    groups: dict = {}
+    for name, t in rep.per_tensor.items():
+        base = name.split("[")[0]
+        key = ("K/V cache" if decode.kv_tensor(name) else "block table"
+               if base == "block_table" else "partials (fp32)" if base.endswith("_part")
+               else "Q, O, L")
+        groups[key] = groups.get(key, 0) + t["read_bytes"] + t["write_bytes"]
+    occupancy = p.occupancy()
+    row_bytes = per_token[kind]
+    memory = paged.fragmentation([kv_len] * batch, page_size or 1, row_bytes)
+    g = _gpu(gpu)
+    return {
+        "kv_len": kv_len, "batch": batch, "heads": heads, "kv_heads": p.kv_heads,
+        "kind": kind, "page_size": page_size, "splits": p.splits, "q_len": q_len,
+        "dtype": dtype, "algorithm": p.algorithm, "sms": g.sms,
+        "block_rows": p.block_rows, "block_cols": p.block_cols,
+        "requested_bytes": rep.requested_bytes, "kv_bytes": rep.kv_bytes,
+        "bytes_per_token": rep.requested_bytes / tokens, "bytes_by_kind": groups,
+        "cache_bytes_per_token": per_token, "cache_bytes_per_seq": kv_len * row_bytes,
+        "cache_memory": memory,
+        "launches": [{"label": x.label, "blocks": x.blocks, "seconds": x.seconds,
+                      "memory_s": x.dram_s} for x in launches],
+        "sm_blocks": [blocks for _, blocks, _ in occupancy],
+        "busy_sms": sum(n > 0 for n in occupancy[0][1]),
+        "time_s": time_s, "tbps": rep.kv_bytes / time_s / 1e12,
+        "unsplit_s": None if unsplit is None else unsplit.predict_seconds(),
+        "curve": time_curve(kv_heads, batch, heads, page_size, splits, q_len, head_dim,
+                            dtype, gpu),
+        "measured": matching(measurements(), p, page_size),
+        "measured_note": measured_note(),
+    }
+
+
+def time_curve(kv_heads, batch, heads, page_size, splits, q_len, head_dim, dtype, gpu):
+    """Predicted seconds against every context length of the slider, and flash2's."""
+    out = {"kv_len": list(KV_LENS), "time_s": [], "flash2_s": []}
+    for n in KV_LENS:
+        p = make_plan(n, batch, heads, kv_heads, page_size, splits, q_len, head_dim, dtype,
+                      gpu)
+        out["time_s"].append(p.predict_seconds())
+        if not p.shared_kv:
+            out["flash2_s"].append(decode.plan(
+                "flash2", q_len=q_len, kv_len=n, head_dim=head_dim, heads=heads,
+                kv_heads=p.kv_heads, batch=batch, dtype=dtype, gpu=gpu).predict_seconds())
+    return out
+
+
+def measurements() -> list[dict]:
+    """The committed decode points (``benchmarks/decode_h200.py``), or [] when the file
+    does not exist yet: an unmeasured point is absent, not estimated."""
+    from .. import measured
+    try:
+        return list(measured.load(DATA)["points"])
+    except FileNotFoundError:
+        return []
+
+
+def measured_note() -> str:
+    n = len(measurements())
+    return (f"{n} measured points from {DATA}" if n else
+            f"not measured yet: {DATA} is not committed, so no measured points are drawn")
+
+
+def matching(points: list[dict], p, page_size: int) -> list[dict]:
+    """The measured points with this plan's shape at any context length."""
+    want = {"batch": p.batch, "heads": p.heads, "kv_heads": p.kv_heads, "q_len": p.q_len,
+            "head_dim": p.head_dim, "page_size": page_size or None, "dtype": p.dtype}
+    out = []
+    for pt in points:
+        if all(pt.get(k) == v or (k == "page_size" and not pt.get(k) and not v)
+               for k, v in want.items()):
+            out.append(pt)
+    return out
+
+
+def describe(v: dict) -> str:
+    """One line from a view (the notebook prints it from the widget's state)."""
+    by = ", ".join(f"{k} {format_bytes(b)}" for k, b in v["bytes_by_kind"].items())
+    un = "" if v["unsplit_s"] is None else \
+        f"; without splits (flash2) {v['unsplit_s'] * 1e6:.1f} us"
+    return (f"{v['algorithm']}: {v['kind'].upper()} cache, {v['kv_heads']} KV heads, "
+            f"kv_len {v['kv_len']:,}, batch {v['batch']}, {v['splits']} splits: "
+            f"{format_bytes(v['bytes_per_token'])} per generated token ({by}); cache "
+            f"{format_bytes(v['cache_bytes_per_seq'])} per sequence per layer; "
+            f"{v['busy_sms']} of {v['sms']} SMs busy; predicted {v['time_s'] * 1e6:.1f} us "
+            f"({v['tbps']:.2f} TB/s of K/V){un}. {v['measured_note']}")
+
+
+class DecodePicture:
+    """Four panes: bytes per token by kind; cache bytes per token, MHA/GQA/MQA/MLA; which
+    SMs have work in the split launch; predicted time against context length, with the
+    measured points of the same shape when they exist."""
+
+    def __init__(self, fig):
+        self.ax = fig.subplots(2, 2).ravel()
+        fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.1, hspace=0.55,
+                            wspace=0.3)
+        self.sup = fig.suptitle("", fontsize=10)
+
+    def update(self, v: dict) -> None:
+        a, c, s, t = self.ax
+        for ax in self.ax:
+            ax.clear()
+        kinds = list(v["bytes_by_kind"])
+        a.barh(kinds, [v["bytes_by_kind"][k] / v["batch"] / 2**20 for k in kinds],
+               color="#1f77b4")
+        a.set_xlabel("MiB per generated token (one layer)")
+        a.set_title("bytes moved per token", fontsize=9)
+        names = ["mha", "gqa", "mqa", "mla"]
+        c.bar([n.upper() for n in names], [v["cache_bytes_per_token"][n] for n in names],
+              color=["#d62728" if n == v["kind"] else "#bbbbbb" for n in names])
+        c.set_yscale("log")
+        c.set_ylabel("cache bytes / token / layer")
+        c.set_title(f"KV cache: {format_bytes(v['cache_bytes_per_seq'])} per sequence",
+                    fontsize=9)
+        grid = np.zeros(v["sms"])
+        grid[:len(v["sm_blocks"][0])] = v["sm_blocks"][0]
+        cols = 12
+        s.imshow(np.pad(grid, (0, -len(grid) % cols)).reshape(-1, cols), cmap="Greens",
+                 vmin=0, vmax=max(1, grid.max()), aspect="auto", interpolation="nearest")
+        s.set_xticks([])
+        s.set_yticks([])
+        s.set_title(f"blocks per SM: {v['busy_sms']} of {v['sms']} SMs busy", fontsize=9)
+        cv = v["curve"]
+        t.loglog(cv["kv_len"], np.array(cv["time_s"]) * 1e6, "o-", label=v["algorithm"])
+        if cv["flash2_s"]:
+            t.loglog(cv["kv_len"], np.array(cv["flash2_s"]) * 1e6, "s--", label="flash2 (no split)")
+        if v["measured"]:
+            for impl in sorted({m["impl"] for m in v["measured"]}):
+                pts = [m for m in v["measured"] if m["impl"] == impl]
+                t.loglog([m["kv_len"] for m in pts], [m["time_s"] * 1e6 for m in pts], "x",
+                         label=f"measured {impl}")
+        else:
+            t.text(0.02, 0.04, "measured: not yet", transform=t.transAxes, fontsize=8)
+        t.axvline(v["kv_len"], color="#999999", lw=0.8)
+        t.set_xlabel("kv_len")
+        t.set_ylabel("us")
+        t.legend(fontsize=7)
+        t.set_title(f"predicted {v['time_s'] * 1e6:.1f} us, {v['tbps']:.2f} TB/s", fontsize=9)
+        self.sup.set_text(f"{v['kind'].upper()}, {v['heads']} heads / {v['kv_heads']} KV "
+                          f"heads, batch {v['batch']}, kv_len {v['kv_len']:,}, "
+                          f"{v['splits']} splits"
+                          + (f", pages of {v['page_size']}" if v["page_size"] else ""))
+
+
+def decode_panel(kv_len: int = 32768, batch: int = 1, heads: int = 32, kv_heads: int = 8,
+                 page_size: int = 0, splits: int = 0):
+    """Notebook 08: sliders on context length, batch, query heads, KV heads (MHA, GQA,
+    MQA, MLA), page size and splits."""
+    import ipywidgets as W
+
+    from .widgets import Panel, _style
+
+    def sel(options, value, description):
+        return W.SelectionSlider(options=list(options), value=value, description=description,
+                                 style=_style(), continuous_update=False)
+
+    return Panel(decode_view, DecodePicture, {
+        "kv_len": sel(KV_LENS, kv_len, "context kv_len"),
+        "batch": sel(BATCHES, batch, "batch"),
+        "heads": sel(HEADS, heads, "query heads"),
+        "kv_heads": sel(KV_HEADS, kv_heads, "KV heads"),
+        "page_size": sel(PAGE_SIZES, page_size, "page size"),
+        "splits": sel(SPLITS, splits, "splits"),
+    }, figsize=(10.0, 6.4))
