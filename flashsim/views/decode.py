@@ -242,3 +242,111 @@ def decode_panel(kv_len: int = 32768, batch: int = 1, heads: int = 32, kv_heads:
         "page_size": sel(PAGE_SIZES, page_size, "page size"),
         "splits": sel(SPLITS, splits, "splits"),
     }, figsize=(10.0, 6.4))
+
+
+# ------------------------------------------------------------- tables the notebook prints
+
+def intensity_table(kv_len: int = 32768, heads: int = 128, head_dim: int = 128,
+                    dtype: str = "bf16", gpu: str = DEFAULT_GPU) -> list[dict]:
+    """MHA, GQA (8 KV heads), MQA and MLA of one model width at q_len 1, batch 1: cache
+    bytes per token, requested bytes, FLOPs per byte and predicted time."""
+    rows = []
+    for kind, kvh in (("MHA", 0), ("GQA-8", 8), ("MQA", 1), ("MLA", -1)):
+        p = make_plan(kv_len, 1, heads, kvh, 0, 0, 1, head_dim, dtype, gpu)
+        rep = p.count()
+        rows.append({"kind": kind, "kv_heads": p.kv_heads, "qk_dim": p.head_dim,
+                     "cache_bytes_per_token": rep.kv_bytes // kv_len // max(
+                         1, p.group_rows // p.block_rows),
+                     "requested_bytes": rep.requested_bytes,
+                     "flops_per_byte": rep.flops / rep.requested_bytes,
+                     "time_s": p.predict_seconds()})
+    return rows
+
+
+def format_intensity(rows: list[dict]) -> str:
+    head = (f"{'cache':<7}{'KV heads':>9}{'QK dims':>8}{'cache B/token':>14}"
+            f"{'bytes moved':>14}{'FLOP/B':>8}{'predicted':>12}")
+    return "\n".join([head, "-" * len(head)] + [
+        f"{r['kind']:<7}{r['kv_heads']:>9}{r['qk_dim']:>8}{r['cache_bytes_per_token']:>14,}"
+        f"{format_bytes(r['requested_bytes']):>14}{r['flops_per_byte']:>8.1f}"
+        f"{r['time_s'] * 1e6:>10.1f}us" for r in rows])
+
+
+def gqa_table(kv_len: int = 32768, heads: int = 32, kv_heads: int = 8, batch: int = 8,
+              head_dim: int = 128, dtype: str = "fp16", gpu: str = DEFAULT_GPU) -> list[dict]:
+    """flash2 over the cache with one block per query head against pack-GQA: K/V bytes
+    requested, what the L2 model lets through to DRAM, and the predicted time."""
+    from ..hardware import l2
+    rows = []
+    for pack in (False, True):
+        p = decode.plan("flash2", q_len=1, kv_len=kv_len, head_dim=head_dim, heads=heads,
+                        kv_heads=kv_heads, batch=batch, dtype=dtype, gpu=gpu, gqa_pack=pack)
+        rep = p.count()
+        rep.l2 = l2.simulate(p.engine_view())
+        rows.append({"schedule": "pack-GQA" if pack else "per query head",
+                     "blocks": p.predict()[0].blocks, "kv_bytes": rep.kv_bytes,
+                     "dram_bytes": rep.dram_bytes, "time_s": rep.predicted_time_s})
+    return rows
+
+
+def format_gqa(rows: list[dict]) -> str:
+    head = f"{'schedule':<16}{'blocks':>7}{'K/V requested':>15}{'DRAM (L2 model)':>17}{'time':>11}"
+    return "\n".join([head, "-" * len(head)] + [
+        f"{r['schedule']:<16}{r['blocks']:>7}{format_bytes(r['kv_bytes']):>15}"
+        f"{format_bytes(r['dram_bytes']):>17}{r['time_s'] * 1e6:>9.1f}us" for r in rows])
+
+
+def fragmentation_table(kv_lens=(100, 3000, 517, 12000, 40), page_sizes=(1, 16, 64, 256),
+                        heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
+                        dtype: str = "fp16", capacity: int = 32768) -> list[dict]:
+    """KV-cache memory of a ragged batch (one layer): a contiguous cache reserving
+    ``capacity`` tokens per sequence against pages of each size; and the block table's
+    bytes per decode step."""
+    row = mla.cache_bytes_per_token("gqa", heads, head_dim, kv_heads, dtype_bytes(dtype))
+    out = []
+    for P in page_sizes:
+        f = paged.fragmentation(kv_lens, P, row, capacity)
+        p = decode.plan("paged", q_len=1, kv_lens=list(kv_lens), head_dim=head_dim,
+                        heads=heads, kv_heads=kv_heads, dtype=dtype, page_size=P)
+        table = sum(t["read_bytes"] for n, t in p.count().per_tensor.items()
+                    if n.startswith("block_table"))
+        out.append({"page_size": P, **f, "table_bytes": table})
+    return out
+
+
+def format_fragmentation(rows: list[dict]) -> str:
+    r0 = rows[0]
+    lines = [f"tokens' bytes {format_bytes(r0['used'])}; contiguous cache "
+             f"{format_bytes(r0['contiguous'])} (waste {format_bytes(r0['contiguous_waste'])})",
+             f"{'page':>6}{'paged memory':>14}{'waste':>12}{'table read/step':>17}"]
+    lines += [f"{r['page_size']:>6}{format_bytes(r['paged']):>14}"
+              f"{format_bytes(r['paged_waste']):>12}{r['table_bytes']:>15,} B" for r in rows]
+    return "\n".join(lines)
+
+
+def measured_table(gpu: str = DEFAULT_GPU) -> list[dict]:
+    """Each committed measured point beside flashsim's prediction for the same shape
+    (empty until the data exist)."""
+    out = []
+    for pt in measurements():
+        try:
+            p = decode.plan("paged" if pt.get("page_size") else "flashdecoding",
+                            q_len=pt["q_len"], kv_len=pt["kv_len"], head_dim=pt["head_dim"],
+                            heads=pt["heads"], kv_heads=pt["kv_heads"], batch=pt["batch"],
+                            dtype=pt["dtype"], page_size=pt.get("page_size") or None, gpu=gpu)
+        except FlashsimError:
+            continue
+        out.append({**pt, "predicted_s": p.predict_seconds()})
+    return out
+
+
+def format_measured(rows: list[dict]) -> str:
+    if not rows:
+        return measured_note()
+    head = (f"{'impl':<14}{'B':>4}{'kvh':>5}{'kv_len':>8}{'q':>3}{'page':>5}"
+            f"{'measured':>11}{'TB/s':>6}{'predicted':>11}{'check':>7}")
+    return "\n".join([head, "-" * len(head)] + [
+        f"{r['impl']:<14}{r['batch']:>4}{r['kv_heads']:>5}{r['kv_len']:>8}{r['q_len']:>3}"
+        f"{r.get('page_size') or '-':>5}{r['time_s'] * 1e6:>9.1f}us{r['tbps']:>6.2f}"
+        f"{r['predicted_s'] * 1e6:>9.1f}us{'ok' if r['check_ok'] else 'FAIL':>7}"
+        for r in rows])
