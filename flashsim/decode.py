@@ -145,6 +145,15 @@ class DecodePlan:
     def predict(self, efficiency: timing.Efficiency | None = None, l2=None) -> list:
         """Seconds per launch (``timing.predict_memory_bound``), on the preset (h200 if
         none); ``l2``: an L2 report whose DRAM bytes replace the requested bytes."""
+        if efficiency is None and l2 is None:
+            return list(self._predicted)
+        return self._predict(efficiency, l2)
+
+    @cached_property
+    def _predicted(self) -> tuple:                 # the default prediction, kept
+        return tuple(self._predict(None, None))
+
+    def _predict(self, efficiency, l2) -> list:
         g = self.gpu or _gpu(DEFAULT_GPU)
         eff = efficiency or timing.Efficiency.for_dtype(self.dtype)
         return timing.predict_memory_bound(self.nest(), self.copies, g, self.dtype, eff, l2)
@@ -154,8 +163,11 @@ class DecodePlan:
 
     def occupancy(self) -> list:
         """Thread blocks of each launch on each SM (``timing.sm_loads``): which SMs work."""
-        g = self.gpu or _gpu(DEFAULT_GPU)
-        return timing.sm_loads(self.nest(), self.copies, g)
+        return list(self._occupancy)
+
+    @cached_property
+    def _occupancy(self) -> tuple:
+        return tuple(timing.sm_loads(self.nest(), self.copies, self.gpu or _gpu(DEFAULT_GPU)))
 
     def run(self, Q, K, V=None, block_table=None):
         """Values: O (B, H, q_len, d_v) float64 and the report (see the module docstring)."""

@@ -66,8 +66,9 @@ def test_with_data_the_matching_points_are_drawn(monkeypatch):
     fig = pictures.figure((10, 6), 60)
     pic = dv.DecodePicture(fig)
     pic.update(v)
-    labels = [t.get_text() for t in pic.ax[3].get_legend().get_texts()]
-    assert "measured ours" in labels
+    xs, ys = pic.points.get_data()
+    assert list(xs) == [4096] and list(ys) == [pytest.approx(20.0)]
+    assert pic.note.get_text() == "1 measured points"
 
 
 def test_panel_caption_and_view_follow_the_controls():

@@ -14,6 +14,8 @@ benchmark) are drawn beside the prediction when that file exists; until then
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .. import decode
@@ -35,6 +37,7 @@ DATA = "decode_h200.json"
 MATCH = ("batch", "heads", "kv_heads", "kv_len", "q_len", "head_dim", "page_size", "dtype")
 
 
+@lru_cache(maxsize=512)           # plans are frozen; their nests and predictions are kept
 def make_plan(kv_len: int = 32768, batch: int = 1, heads: int = 32, kv_heads: int = 8,
               page_size: int = 0, splits: int = 0, q_len: int = 1, head_dim: int = 128,
               dtype: str = "fp16", gpu: str = DEFAULT_GPU):
@@ -67,10 +70,8 @@ def decode_view(kv_len: int = 32768, batch: int = 1, heads: int = 32, kv_heads: 
     rep = p.count()
     launches = p.predict()
     time_s = sum(x.seconds for x in launches)
-    unsplit = decode.plan("flash2", q_len=q_len, kv_len=kv_len,
-                          head_dim=p.head_dim if not p.shared_kv else None,
-                          heads=heads, kv_heads=p.kv_heads, batch=batch, dtype=dtype,
-                          gpu=gpu) if not p.shared_kv else None
+    unsplit = None if p.shared_kv else _flash2(kv_len, batch, heads, p.kv_heads, q_len,
+                                                head_dim, dtype, gpu)
     b = dtype_bytes(dtype)
     kind = cache_kind(kv_heads, heads)
     gqa_heads = p.kv_heads if kind == "gqa" else min(8, heads)   # GQA's bar: 8 KV heads
@@ -110,6 +111,7 @@ def decode_view(kv_len: int = 32768, batch: int = 1, heads: int = 32, kv_heads: 
     }
 
 
+@lru_cache(maxsize=256)
 def time_curve(kv_heads, batch, heads, page_size, splits, q_len, head_dim, dtype, gpu):
     """Predicted seconds against every context length of the slider, and flash2's."""
     out = {"kv_len": list(KV_LENS), "time_s": [], "flash2_s": []}
@@ -118,10 +120,16 @@ def time_curve(kv_heads, batch, heads, page_size, splits, q_len, head_dim, dtype
                       gpu)
         out["time_s"].append(p.predict_seconds())
         if not p.shared_kv:
-            out["flash2_s"].append(decode.plan(
-                "flash2", q_len=q_len, kv_len=n, head_dim=head_dim, heads=heads,
-                kv_heads=p.kv_heads, batch=batch, dtype=dtype, gpu=gpu).predict_seconds())
+            out["flash2_s"].append(_flash2(n, batch, heads, p.kv_heads, q_len, head_dim,
+                                           dtype, gpu).predict_seconds())
     return out
+
+
+@lru_cache(maxsize=512)
+def _flash2(kv_len, batch, heads, kv_heads, q_len, head_dim, dtype, gpu):
+    """FlashAttention-2 over the same cache without splits (pack-GQA)."""
+    return decode.plan("flash2", q_len=q_len, kv_len=kv_len, head_dim=head_dim, heads=heads,
+                       kv_heads=kv_heads, batch=batch, dtype=dtype, gpu=gpu)
 
 
 def measurements() -> list[dict]:
@@ -165,57 +173,85 @@ def describe(v: dict) -> str:
             f"({v['tbps']:.2f} TB/s of K/V){un}. {v['measured_note']}")
 
 
+BYTE_KINDS = ("K/V cache", "Q, O, L", "partials (fp32)", "block table")
+CACHE_KINDS = ("mha", "gqa", "mqa", "mla")
+
+
 class DecodePicture:
-    """Four panes: bytes per token by kind; cache bytes per token, MHA/GQA/MQA/MLA; which
-    SMs have work in the split launch; predicted time against context length, with the
-    measured points of the same shape when they exist."""
+    """Four panes: the bytes one token moves, by kind (shares); cache bytes per token for
+    MHA/GQA/MQA/MLA; which SMs have work in the split launch; predicted time against
+    context length, flash2 without splits beside it, and the measured points of the same
+    shape when they exist. Axes and ticks are drawn once; only the data layer changes."""
 
     def __init__(self, fig):
-        self.ax = fig.subplots(2, 2).ravel()
-        fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.1, hspace=0.55,
-                            wspace=0.3)
+        a, c, s, t = self.ax = fig.subplots(2, 2).ravel()
+        fig.subplots_adjust(left=0.12, right=0.98, top=0.88, bottom=0.1, hspace=0.6,
+                            wspace=0.35)
         self.sup = fig.suptitle("", fontsize=10)
-
-    def update(self, v: dict) -> None:
-        a, c, s, t = self.ax
-        for ax in self.ax:
-            ax.clear()
-        kinds = list(v["bytes_by_kind"])
-        a.barh(kinds, [v["bytes_by_kind"][k] / v["batch"] / 2**20 for k in kinds],
-               color="#1f77b4")
-        a.set_xlabel("MiB per generated token (one layer)")
-        a.set_title("bytes moved per token", fontsize=9)
-        names = ["mha", "gqa", "mqa", "mla"]
-        c.bar([n.upper() for n in names], [v["cache_bytes_per_token"][n] for n in names],
-              color=["#d62728" if n == v["kind"] else "#bbbbbb" for n in names])
+        self.share = a.barh(list(BYTE_KINDS), [0] * len(BYTE_KINDS), color="#1f77b4")
+        a.set_xlim(0, 100)
+        a.set_xlabel("% of the bytes one step moves")
+        self.share_title = a.set_title("", fontsize=9)
+        self.cache = c.bar([k.upper() for k in CACHE_KINDS], [1] * 4, color="#bbbbbb")
         c.set_yscale("log")
+        c.set_ylim(100, 2**20)
+        c.minorticks_off()
         c.set_ylabel("cache bytes / token / layer")
-        c.set_title(f"KV cache: {format_bytes(v['cache_bytes_per_seq'])} per sequence",
-                    fontsize=9)
-        grid = np.zeros(v["sms"])
-        grid[:len(v["sm_blocks"][0])] = v["sm_blocks"][0]
-        cols = 12
-        s.imshow(np.pad(grid, (0, -len(grid) % cols)).reshape(-1, cols), cmap="Greens",
-                 vmin=0, vmax=max(1, grid.max()), aspect="auto", interpolation="nearest")
+        self.cache_title = c.set_title("", fontsize=9)
+        self.cols = 12
+        self.sm_image = s.imshow(np.zeros((11, self.cols)), cmap="Greens", vmin=0, vmax=1,
+                                 aspect="auto", interpolation="nearest")
         s.set_xticks([])
         s.set_yticks([])
-        s.set_title(f"blocks per SM: {v['busy_sms']} of {v['sms']} SMs busy", fontsize=9)
-        cv = v["curve"]
-        t.loglog(cv["kv_len"], np.array(cv["time_s"]) * 1e6, "o-", label=v["algorithm"])
-        if cv["flash2_s"]:
-            t.loglog(cv["kv_len"], np.array(cv["flash2_s"]) * 1e6, "s--", label="flash2 (no split)")
-        if v["measured"]:
-            for impl in sorted({m["impl"] for m in v["measured"]}):
-                pts = [m for m in v["measured"] if m["impl"] == impl]
-                t.loglog([m["kv_len"] for m in pts], [m["time_s"] * 1e6 for m in pts], "x",
-                         label=f"measured {impl}")
-        else:
-            t.text(0.02, 0.04, "measured: not yet", transform=t.transAxes, fontsize=8)
-        t.axvline(v["kv_len"], color="#999999", lw=0.8)
+        self.sm_title = s.set_title("", fontsize=9)
+        (self.curve,) = t.plot(KV_LENS, np.ones(len(KV_LENS)), "o-", label="predicted")
+        (self.flash2,) = t.plot(KV_LENS, np.ones(len(KV_LENS)), "s--",
+                                label="flash2, no splits")
+        (self.points,) = t.plot([], [], "x", color="#d62728", ms=8, label="measured")
+        self.here = t.axvline(KV_LENS[0], color="#999999", lw=0.8)
+        t.set_xscale("log")
+        t.set_yscale("log")
+        t.set_xlim(KV_LENS[0] / 1.3, KV_LENS[-1] * 1.3)
+        t.set_ylim(3, 1e5)
+        t.minorticks_off()
         t.set_xlabel("kv_len")
         t.set_ylabel("us")
-        t.legend(fontsize=7)
-        t.set_title(f"predicted {v['time_s'] * 1e6:.1f} us, {v['tbps']:.2f} TB/s", fontsize=9)
+        t.legend(fontsize=7, loc="upper left")
+        self.note = t.text(0.98, 0.04, "", transform=t.transAxes, fontsize=7, ha="right")
+        self.time_title = t.set_title("", fontsize=9)
+
+    def layers(self, v: dict) -> list:
+        return [(None, [*self.share, self.share_title, *self.cache, self.cache_title,
+                        self.sm_image, self.sm_title, self.curve, self.flash2, self.points,
+                        self.here, self.note, self.time_title, self.sup])]
+
+    def update(self, v: dict) -> None:
+        total = sum(v["bytes_by_kind"].values())
+        for bar, kind in zip(self.share, BYTE_KINDS):
+            bar.set_width(100 * v["bytes_by_kind"].get(kind, 0) / total)
+        self.share_title.set_text(f"{format_bytes(v['bytes_per_token'])} per generated "
+                                  "token (one layer)")
+        for bar, kind in zip(self.cache, CACHE_KINDS):
+            bar.set_height(v["cache_bytes_per_token"][kind])
+            bar.set_color("#d62728" if kind == v["kind"] else "#bbbbbb")
+        self.cache_title.set_text(f"cache: {format_bytes(v['cache_bytes_per_seq'])} per "
+                                  "sequence per layer")
+        grid = np.zeros(-(-v["sms"] // self.cols) * self.cols)
+        grid[:len(v["sm_blocks"][0])] = v["sm_blocks"][0]
+        self.sm_image.set_data(grid.reshape(-1, self.cols))
+        self.sm_image.set_clim(0, max(1, grid.max()))
+        self.sm_title.set_text(f"blocks per SM: {v['busy_sms']} of {v['sms']} SMs busy")
+        cv = v["curve"]
+        self.curve.set_data(cv["kv_len"], np.array(cv["time_s"]) * 1e6)
+        self.curve.set_label(v["algorithm"])
+        f2 = cv["flash2_s"]
+        self.flash2.set_data(cv["kv_len"] if f2 else [], np.array(f2) * 1e6 if f2 else [])
+        pts = v["measured"]
+        self.points.set_data([m["kv_len"] for m in pts], [m["time_s"] * 1e6 for m in pts])
+        self.note.set_text(f"{len(pts)} measured points" if pts else "measured: not yet")
+        self.here.set_xdata([v["kv_len"], v["kv_len"]])
+        self.time_title.set_text(f"predicted {v['time_s'] * 1e6:.1f} us, "
+                                 f"{v['tbps']:.2f} TB/s of K/V")
         self.sup.set_text(f"{v['kind'].upper()}, {v['heads']} heads / {v['kv_heads']} KV "
                           f"heads, batch {v['batch']}, kv_len {v['kv_len']:,}, "
                           f"{v['splits']} splits"
