@@ -40,7 +40,7 @@ from .units import DTYPE_BYTES, STAT_BYTES, dtype_bytes
 ALGORITHMS = ("flash2", "flashdecoding", "paged", "mla")
 DEFAULT_PAGE = 16                 # vLLM's default block size
 MAX_SPLITS = flashdecoding.MAX_SPLITS
-MAX_Q_LEN = 4096
+MAX_Q_LEN = validate.MAX_Q_LEN
 
 
 @dataclass(frozen=True)
@@ -427,8 +427,9 @@ def kv_lens_arg(value) -> tuple:
         parts = list(value)
     else:
         raise FlashsimError(f"kv_lens must be a list of KV lengths, got {validate.show(value)}")
-    if not parts or len(parts) > 4096:
-        raise FlashsimError("kv_lens: give 1 to 4,096 KV lengths, one per sequence")
+    if not parts or len(parts) > validate.MAX_SEQUENCES:
+        raise FlashsimError(f"kv_lens: give 1 to {validate.MAX_SEQUENCES:,} KV lengths, one "
+                            "per sequence")
     return tuple(validate.whole(x.item() if isinstance(x, np.generic) else x, "kv_lens",
                                 hi=validate.MAX_SEQ_LEN, what="tokens") for x in parts)
 

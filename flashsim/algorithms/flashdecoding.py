@@ -40,6 +40,9 @@ from ._common import ACC_BYTES, exp_diff
 from .kvcache import split_geometry, suffix
 
 MAX_SPLITS = 128                 # flash_api.cpp: num_splits_heuristic(..., 128)
+# The combine's buffers in registers (the split launch places as kvcache.REGISTERS): the
+# fp32 accumulator and the running statistics; L_s, O_s land in shared memory.
+REGISTERS = {"O_c": ACC_BYTES, "M_c": STAT_BYTES, "l_c": STAT_BYTES, "L_c": STAT_BYTES}
 BLOCKS_PER_SM = 2                # flash_api.cpp passes multiProcessorCount * 2
 
 

@@ -45,8 +45,12 @@ import numpy as np
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
 from ._common import ACC_BYTES, apply_position_mask, exp_diff, registers
-from .flash2 import REGISTERS
+from .flash2 import REGISTERS as FLASH2_REGISTERS
 
+# Placed as FlashAttention-2 places its forward (flash2.REGISTERS): Q_i, K_j, V_j (and a
+# paged tile's table entries) in shared memory; S_ij, the fp32 O_i, m_i, l_i, L_i in
+# registers. The combine adds flashdecoding.REGISTERS.
+REGISTERS = dict(FLASH2_REGISTERS)
 PACK_ROWS = 64          # FlashAttention-2's kBlockM for split-KV decode (all head dims)
 
 
@@ -190,7 +194,8 @@ def build(dp) -> Nest:
         combine, more = flashdecoding.combine_launch(dp)
         body.append(combine)
         tensors.update(more)
-    return Nest(tensors, place(tuple(body), registers(dp, REGISTERS)))
+    table = {**REGISTERS, **flashdecoding.REGISTERS}
+    return Nest(tensors, place(tuple(body), registers(dp, table)))
 
 
 def closed_form(dp) -> tuple[dict, dict, int, int, int]:
