@@ -641,11 +641,13 @@ def cli_answer(args) -> str:
                ("--pass", args.pass_ != "fwd"), ("--extra-passes", bool(args.extra_passes)),
                ("--devices", args.devices is not None), ("--schedule", args.schedule is not None),
                ("--placement two-level", args.placement == "two-level"),
-               ("--causal", args.causal), ("--l2", args.l2 is not None)]
+               ("--l2", args.l2 is not None)]          # --causal: already the default
     for option, bad in refused:
         if bad:
             raise FlashsimError(f"{option} is not for a decode plan (--q-len, --kv-len or "
                                 "--kv-lens; a GPU preset's shared memory and L2)")
+    if args.causal and args.no_causal:
+        raise FlashsimError("--causal and --no-causal contradict each other")
     p = plan(args.algorithm, q_len=1 if args.q_len is None else args.q_len,
              kv_len=args.kv_len, kv_lens=args.kv_lens, head_dim=args.head_dim,
              heads=args.heads, kv_heads=args.kv_heads,

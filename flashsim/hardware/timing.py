@@ -147,22 +147,27 @@ def _block_costs(nest, launch) -> list[tuple[int, int]]:
     return out
 
 
+def _hand_out(costs: list, copies: int, sms: int) -> list[tuple[int, int, int]]:
+    """Per SM ``(bytes, FLOPs, blocks)``: every copy's blocks (the copies are the leading
+    dimensions, blocks fastest) handed in launch order to the SM with the fewest bytes so
+    far, as the hardware hands a free SM the next block."""
+    heap = [(0, 0, k, 0) for k in range(min(sms, len(costs) * copies))]
+    for _ in range(copies):
+        for nb, f in costs:
+            load, fl, k, n = heapq.heappop(heap)
+            heapq.heappush(heap, (load + nb, fl + f, k, n + 1))
+    per_sm = [(0, 0, 0)] * sms
+    for load, fl, k, n in heap:
+        per_sm[k] = (load, fl, n)
+    return per_sm
+
+
 def sm_loads(nest, copies: int, g) -> list[tuple[str, list[int], list[int]]]:
-    """``[(launch label, blocks per SM, bytes per SM)]``: every copy's blocks (the copies
-    are the leading dimensions, blocks fastest) handed in launch order to the SM with the
-    fewest bytes so far, as the hardware hands a free SM the next block."""
+    """``[(launch label, blocks per SM, bytes per SM)]`` (:func:`_hand_out`)."""
     out = []
     for launch in launches(nest):
-        costs = _block_costs(nest, launch)
-        heap = [(0, k, 0) for k in range(min(g.sms, len(costs) * copies))]
-        for _ in range(copies):
-            for nb, _f in costs:
-                load, k, n = heapq.heappop(heap)
-                heapq.heappush(heap, (load + nb, k, n + 1))
-        per_sm_blocks, per_sm_bytes = [0] * g.sms, [0] * g.sms
-        for load, k, n in heap:
-            per_sm_blocks[k], per_sm_bytes[k] = n, load
-        out.append((launch.label, per_sm_blocks, per_sm_bytes))
+        per_sm = _hand_out(_block_costs(nest, launch), copies, g.sms)
+        out.append((launch.label, [n for _, _, n in per_sm], [b for b, _, _ in per_sm]))
     return out
 
 
@@ -180,7 +185,7 @@ def predict_memory_bound(nest, copies: int, g, dtype: str,
     so a launch of fewer blocks than SMs runs at the bandwidth its busy SMs can pull (why
     split-KV exists), and every launch (the combine too) pays the launch latency. ``bytes``
     are the requested bytes, or the L2 model's DRAM bytes when ``l2`` is given. Blocks go
-    to SMs as :func:`sm_loads` hands them out."""
+    to SMs as :func:`_hand_out` hands them out."""
     peak_sm = g.peak_flops(dtype) / g.sms * efficiency.compute
     out = []
     for i, launch in enumerate(launches(nest)):
@@ -190,13 +195,9 @@ def predict_memory_bound(nest, copies: int, g, dtype: str,
         if l2 is not None:
             t = l2.launches[i]
             total = t.dram_read_bytes + t.dram_write_bytes + t.dirty_at_end_bytes
-        heap = [(0, 0)] * min(g.sms, len(costs) * copies)
-        for _ in range(copies):
-            for nb, f in costs:
-                load, fl = heapq.heappop(heap)
-                heapq.heappush(heap, (load + nb, fl + f))
-        busiest_bytes = max(b for b, _ in heap)
-        busiest_flops = max(f for _, f in heap)
+        per_sm = _hand_out(costs, copies, g.sms)
+        busiest_bytes = max(b for b, _, _ in per_sm)
+        busiest_flops = max(f for _, f, _ in per_sm)
         memory = max(total / (g.hbm_bandwidth * efficiency.memory),
                      busiest_bytes / efficiency.sm_bandwidth)
         out.append(LaunchTime(launch.label, len(costs) * copies, busiest_flops / peak_sm,
