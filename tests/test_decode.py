@@ -256,3 +256,28 @@ def test_nan_or_inf_in_the_cache_is_refused(bad):
     K[table[0, 0], 0, 1, 0] = bad
     with pytest.raises(flashsim.FlashsimError, match="NaN or Inf"):
         pp.run(Q, K, V, block_table=table)
+
+
+MLA_GRID = [((100,), 1, 8), ((37, 200), 3, 16), ((64,), 16, 4)]
+
+
+@pytest.mark.parametrize("lens,q,heads", MLA_GRID)
+def test_mla_count_equals_closed_form(lens, q, heads):
+    p = flashsim.plan("mla", q_len=q, kv_lens=list(lens), heads=heads, latent_dim=32,
+                      rope_dim=8, splits=3, block_cols=16)
+    c = assert_counts_match(p)
+    assert c.per_tensor["KV" if len(set(lens)) == 1 else "KV[0]"]["read_bytes"] > 0
+
+
+@pytest.mark.parametrize("case", GRID[::7])
+def test_the_engines_agree_on_decode_nests(case):
+    """The fast count against its oracle, and the L2 model's folding against stepping."""
+    from flashsim import nest
+    from flashsim.hardware import l2
+    p = _plan(*case)
+    fast, oracle = nest.count(p.nest()), nest.count_leaves(p.nest())
+    assert (fast.read, fast.write, fast.flops, fast.transfers) == \
+        (oracle.read, oracle.write, oracle.flops, oracle.transfers)
+    auto = l2.simulate(p.engine_view()).to_dict()
+    steps = l2.simulate(p.engine_view(), method="steps").to_dict()
+    assert auto == steps
