@@ -47,7 +47,8 @@ MAX_Q_LEN = validate.MAX_Q_LEN
 class DecodePlan:
     algorithm: str
     q_len: int
-    kv_lens: tuple
+    lens: tuple                   # KV lengths: one when every sequence has it, else each's
+    batch: int
     head_dim: int                 # QK dimensions (576 for mla)
     v_dim: int                    # PV dimensions (512 for mla)
     heads: int
@@ -71,12 +72,13 @@ class DecodePlan:
 
     # --- shapes -------------------------------------------------------------------------
     @property
-    def batch(self) -> int:
-        return len(self.kv_lens)
+    def kv_lens(self) -> tuple:
+        """One KV length per sequence (built on demand: the batch may be large)."""
+        return self.lens if len(self.lens) == self.batch else self.lens * self.batch
 
     @property
     def kv_len(self) -> int:
-        return max(self.kv_lens)
+        return max(self.lens)
 
     @property
     def seq_len(self) -> int:      # what Report.to_dict calls N: the longest cache
@@ -94,12 +96,12 @@ class DecodePlan:
 
     @property
     def uniform(self) -> bool:
-        return len(set(self.kv_lens)) == 1
+        return len(set(self.lens)) == 1
 
     @property
     def seqs(self) -> tuple:
         """KV lengths of the sequences the nest holds: one when the batch shares a length."""
-        return (self.kv_lens[0],) if self.uniform else self.kv_lens
+        return (self.lens[0],) if self.uniform else self.lens
 
     @property
     def copies(self) -> int:
@@ -254,7 +256,7 @@ class DecodeReport(Report):
     def to_dict(self) -> dict:
         p = self.plan
         d = super().to_dict()
-        d.update({"q_len": p.q_len, "kv_len": p.kv_len, "kv_lens": list(p.kv_lens),
+        d.update({"q_len": p.q_len, "kv_len": p.kv_len, "kv_lens": list(p.seqs),
                   "kv_heads": p.kv_heads, "v_dim": p.v_dim, "gqa_pack": p.gqa_pack,
                   "splits": p.splits, "splits_requested": p.splits_requested,
                   "page_size": p.page_size, "kv_bytes": self.kv_bytes})
@@ -320,14 +322,15 @@ def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, h
     if kv_lens is None:
         n = validate.whole(kv_len, "kv_len", hi=validate.MAX_SEQ_LEN, what="tokens")
         B = 1 if batch is None else validate.whole(batch, "batch", hi=validate.MAX_BATCH)
-        lens = (n,) * B
+        lens = (n,)
     else:
         lens = kv_lens_arg(kv_lens)
-        if batch is not None:
-            B = validate.whole(batch, "batch", hi=validate.MAX_BATCH)
-            if B != len(lens):
-                raise FlashsimError(f"kv_lens gives {len(lens)} sequences but batch is {B}; "
-                                    "give one KV length per sequence")
+        B = len(lens)
+        if batch is not None and validate.whole(batch, "batch", hi=validate.MAX_BATCH) != B:
+            raise FlashsimError(f"kv_lens gives {B} sequences but batch is {batch}; give one "
+                                "KV length per sequence")
+        if len(set(lens)) == 1:                   # every sequence alike: one nest for all
+            lens = lens[:1]
     heads = validate.whole(heads, "heads", hi=validate.MAX_HEADS)
     dtype = validate.choice(dtype, list(DTYPE_BYTES), "dtype")
     causal = validate.flag(causal, "causal")
@@ -397,7 +400,7 @@ def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, h
                             f"{validate.MAX_TILES:,} tiles")
     if splits == "auto":
         tiles = -(-max(lens) // Bc)
-        blocks = len(lens) * kvh * (g * q_len // Br)
+        blocks = B * kvh * (g * q_len // Br)
         if algorithm == "flash2":
             S = 1
         elif is_mla:                 # FlashMLA: one block per SM, the tiles shared out
@@ -406,7 +409,15 @@ def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, h
             S = num_splits_auto(blocks, preset, tiles)
     else:
         S = splits
-    p = DecodePlan(algorithm, q_len, lens, d, dv, heads, kvh, dtype, Br, Bc, S, splits,
+    per_kv_head = sum((g * q_len // Br) * kvcache.split_geometry(n, Bc, S)[2]
+                      for n in lens)
+    if per_kv_head > validate.MAX_DECODE_BLOCKS:
+        raise FlashsimError(
+            f"the launch would have {per_kv_head:,} thread blocks per KV head (sequences x "
+            f"splits x Q tiles of {Br} rows), more than the {validate.MAX_DECODE_BLOCKS:,} "
+            "the model steps through; use fewer query heads per KV head, a shorter q_len "
+            "or fewer splits")
+    p = DecodePlan(algorithm, q_len, lens, B, d, dv, heads, kvh, dtype, Br, Bc, S, splits,
                    page_size, causal, preset, gqa_pack,
                    is_mla, scale, preset.sram_per_block)
     _check_fits(p)
