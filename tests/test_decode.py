@@ -281,3 +281,40 @@ def test_the_engines_agree_on_decode_nests(case):
     auto = l2.simulate(p.engine_view()).to_dict()
     steps = l2.simulate(p.engine_view(), method="steps").to_dict()
     assert auto == steps
+
+
+@st.composite
+def decode_argv(draw):
+    """A decode command with each option present or not, values mostly in range."""
+    args = ["io", "-a", draw(st.sampled_from(["flash2", "flashdecoding", "paged", "mla",
+                                              "PAGED"]))]
+    small = st.integers(-1, 70).map(str) | st.sampled_from(["auto", "x", "", "1e3", "0"])
+    for opt in ("--q-len", "--kv-len", "--kv-heads", "--heads", "--splits", "--page-size",
+                "--batch", "-d", "--block-cols"):
+        if draw(st.booleans()):
+            args += [opt, draw(small)]
+    if draw(st.booleans()):
+        args += ["--kv-lens", draw(st.sampled_from(["10,20", "5", "0,3", "a,b", "40,,2",
+                                                    "64,64,64"]))]
+    for flag in ("--no-causal", "--causal", "--verify", "--json"):
+        if draw(st.booleans()):
+            args.append(flag)
+    if draw(st.booleans()):
+        args += ["--gqa-schedule", draw(st.sampled_from(["pack", "per-head", "PACK", "?"]))]
+    return args
+
+
+@settings(max_examples=60, deadline=20_000)
+@given(args=decode_argv())
+def test_decode_commands_answer_or_end_with_one_line(args):
+    import contextlib
+    import io
+    from flashsim.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(args)
+    assert code in (0, 2) and "Traceback" not in err.getvalue()
+    if code == 2:
+        assert out.getvalue() == "" and len(err.getvalue().splitlines()) == 1
+    elif "--json" in args:
+        json.loads(out.getvalue())
