@@ -34,7 +34,8 @@ SIZES = ["1", "100", "3KiB", "20KiB", "1.5KiB", "0.5", "100KB", "60MiB", "1MiB",
 OPTIONS = ["-a", "--algorithm", "-N", "--seq-len", "-d", "--head-dim", "--batch", "--heads",
            "--dtype", "--gpu", "--sram", "--l2", "--block-rows", "--block-cols", "--causal",
            "--pass", "--verify", "--seed", "--extra-passes", "--blocks-per-sm", "--json",
-           "--help", "--seq", "-x"]
+           "--help", "--seq", "-x", "--q-len", "--kv-len", "--kv-lens", "--kv-heads",
+           "--splits", "--page-size", "--gqa-schedule", "--no-causal"]
 
 token = st.one_of(
     st.sampled_from(OPTIONS), st.sampled_from(NAMES), st.sampled_from(NUMBERS),
@@ -55,12 +56,13 @@ def argv(draw):
         args += ["-d", draw(st.integers(1, 64).map(str) | st.sampled_from(NUMBERS))]
     for opt in draw(st.lists(st.sampled_from(OPTIONS[6:]), max_size=4)):
         args.append(opt)
-        if opt in ("--causal", "--verify", "--json", "--help"):
+        if opt in ("--causal", "--verify", "--json", "--help", "--no-causal"):
             continue
         if opt in ("--sram", "--l2"):
             args.append(draw(st.sampled_from(SIZES)))
         elif opt in ("--batch", "--heads", "--block-rows", "--block-cols", "--seed",
-                     "--blocks-per-sm"):
+                     "--blocks-per-sm", "--q-len", "--kv-len", "--kv-heads", "--splits",
+                     "--page-size"):
             args.append(draw(st.integers(-2, 40).map(str) | st.sampled_from(NUMBERS)))
         else:
             args.append(draw(st.sampled_from(NAMES) | st.text(max_size=8)))
@@ -113,6 +115,30 @@ ISSUE = [
     ["io", "-a", "flash2", "-N", "64\n", "-d", "8"],
     ["io", "-a", "flash2\nflash1", "-N", "64", "-d", "8"],
 ]
+
+
+# Decoding's bad inputs (issue 14): each one line, exit 2.
+DECODE = [
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64", "-d", "16", "--heads",
+     "32", "--kv-heads", "5"],
+    ["io", "-a", "flashdecoding", "--q-len", "9", "--kv-len", "8", "-d", "16"],
+    ["io", "-a", "paged", "--q-len", "1", "--kv-len", "64", "-d", "16", "--page-size", "0"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-lens", "10,20", "--batch", "3",
+     "-d", "16"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-lens", "10,,20", "-d", "16"],
+    ["io", "-a", "flash2", "--q-len", "1", "--kv-len", "64", "-d", "16", "--splits", "4"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64", "-d", "16", "-N", "64"],
+    ["io", "-a", "flash2", "-N", "64", "-d", "16", "--kv-heads", "2"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64"],
+    ["io", "-a", "mla", "--q-len", "1", "--kv-len", "64", "--kv-heads", "2"],
+]
+
+
+@pytest.mark.parametrize("args", DECODE)
+def test_decodings_bad_inputs_end_with_one_line(args):
+    code, out, err, seconds = call(args)
+    check(args, code, out, err)
+    assert code == 2 and seconds < IN_PROCESS_S
 
 
 @pytest.mark.parametrize("args", ISSUE)
