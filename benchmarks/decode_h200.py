@@ -1,0 +1,434 @@
+"""One decode step on one GPU, side by side: our decode kernel against PyTorch and a plain read.
+
+    python -m benchmarks.decode_h200 --out DIR            # DIR/decode_h200.json, ~4 minutes
+    python -m benchmarks.decode_h200 --out DIR --quick    # the issue's reference points only
+    python -m benchmarks.decode_h200 --sanitize           # tiny launches of every variant, no timing:
+        compute-sanitizer --tool memcheck python -m benchmarks.decode_h200 --sanitize
+        compute-sanitizer --tool racecheck python -m benchmarks.decode_h200 --sanitize
+    python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,0   # B,kv_heads,kv_len,q_len,page
+        ncu --nvtx --nvtx-include "decode/" --metrics dram__bytes_read.sum,gpu__time_duration.sum \\
+            python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,16
+
+Points: batch in {1, 8, 64}, kv_len in {4k, 32k, 128k}, H = 32 query heads with kv_heads in
+{32, 8, 1}, d = 128, q_len in {1, 4}, fp16 (a combination whose K/V cache exceeds 40 GB is
+skipped). Implementations per point, all on the same K/V values:
+  cupy_decode        ours, contiguous cache (B, kv_len, kv_heads, d), splits by the heuristic
+  cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
+  torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
+                     kv_len, d) K/V (q_len > 1: causal_lower_right; a backend that refuses it
+                     runs without the mask and is checked against the unmasked reference)
+  torch_efficient    tried; it refuses enable_gqa (recorded in "skipped")
+  torch_flex         flex_attention, compiled once per shape, at a few points (compile time)
+  flashinfer         if importable (it is not on the H200 image: noted)
+  plain_read         a kernel that reads every byte of the same K and V once: the limit
+Bandwidth = the K and V bytes a step must read (2 B kv_len kv_heads d 2) / time.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import traceback
+
+import numpy as np
+
+from benchmarks.common import Recorder, parser
+from gpu_kernels import Result, harness
+from gpu_kernels.cupy import decode
+
+H, D = 32, 128
+BATCHES, KV_LENS, KV_HEADS, Q_LENS, PAGES = (1, 8, 64), (4096, 32768, 131072), (32, 8, 1), (1, 4), (1, 16, 64)
+MAX_CACHE_BYTES = 40e9
+# The issue's reference figures (B, kv_heads, kv_len, q_len) first: the deadline cuts the rest.
+REFERENCE_POINTS = [(8, 8, 32768, 1), (1, 8, 32768, 1), (64, 8, 4096, 1), (1, 8, 131072, 1),
+                    (8, 8, 32768, 4), (8, 1, 32768, 1), (8, 32, 32768, 1), (64, 8, 32768, 1)]
+FLEX_POINTS = {(8, 8, 32768, 1), (8, 8, 32768, 4)}
+MATH_MAX_BYTES = 2e9          # the math backend repeats K/V per query head: small points only
+
+METHOD = ("Every implementation is checked on the very inputs it is timed on before it is timed: "
+          "the float64 reference of the last (sequence, KV head) (and the first, below kv_len 32k) "
+          "for every query row, flash-attention's rule (max error <= 2 x a plain same-dtype "
+          "NumPy implementation's, harness.plain_attention), L within 1e-3 + 1e-5|L|; a point "
+          "whose check fails is still timed and recorded with check_ok false. Then the harness "
+          "(gpu_kernels.harness: warm-up, CUDA events around each call, a 2 x L2 flush before "
+          "every repeat, the median).")
+
+PLAIN_READ = r"""
+extern "C" __global__ void plain_read(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                      unsigned long long n, unsigned int* out) {
+    unsigned int acc = 0;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {      // four 16-byte loads of each in flight
+        uint4 x0 = a[i], x1 = a[i + stride], x2 = a[i + 2 * stride], x3 = a[i + 3 * stride];
+        uint4 y0 = b[i], y1 = b[i + stride], y2 = b[i + 2 * stride], y3 = b[i + 3 * stride];
+        acc ^= x0.x ^ x0.y ^ x0.z ^ x0.w ^ x1.x ^ x1.y ^ x1.z ^ x1.w ^ x2.x ^ x2.y ^ x2.z ^ x2.w
+             ^ x3.x ^ x3.y ^ x3.z ^ x3.w ^ y0.x ^ y0.y ^ y0.z ^ y0.w ^ y1.x ^ y1.y ^ y1.z ^ y1.w
+             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 x = a[i], y = b[i];
+        acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
+    }
+    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true
+}
+"""
+
+
+def cache_bytes(B, kvh, n) -> int:
+    return 2 * B * n * kvh * D * 2
+
+
+def grid_points(quick: bool) -> list[tuple]:
+    pts = list(REFERENCE_POINTS)
+    if not quick:
+        pts += [(B, kvh, n, ql) for B in BATCHES for n in KV_LENS for kvh in KV_HEADS for ql in Q_LENS]
+    return [p for p in dict.fromkeys(pts) if cache_bytes(*p[:3]) <= MAX_CACHE_BYTES]
+
+
+def paged_copy(torch, k, v, page_size: int, seed: int):
+    """The rows of contiguous k, v (B, n, kvh, d) in pages of ``page_size`` tokens, the pages
+    in a random order: (k_pages, v_pages (num_pages, P, kvh, d), block_table (B, pages) int32
+    on the host)."""
+    B, n, kvh, d = k.shape
+    per = math.ceil(n / page_size)
+    perm = np.random.default_rng(seed).permutation(B * per).astype(np.int32)
+    bt = perm.reshape(B, per)
+    idx = torch.as_tensor(bt.reshape(-1), device="cuda", dtype=torch.long)
+    out = []
+    for x in (k, v):
+        pages = torch.empty((B * per, page_size, kvh, d), dtype=x.dtype, device="cuda")
+        src = torch.zeros((B, per * page_size, kvh, d), dtype=x.dtype, device="cuda") \
+            if per * page_size != n else x
+        if src is not x:
+            src[:, :n] = x
+        pages[idx] = src.view(B * per, page_size, kvh, d)
+        del src
+        out.append(pages)
+    return out[0], out[1], bt
+
+
+class Bench(Recorder):
+    def __init__(self, args):
+        import cupy
+        import torch
+
+        self.torch, self.cupy = torch, cupy
+        self.harness = harness.Harness("cupy", target_s=0.1, max_repeats=20)
+        super().__init__(args, "decode_h200.json", METHOD, timing=self.harness.method(),
+                         notes={}, plain_read_source=PLAIN_READ.strip())
+        self._plain = cupy.RawKernel(PLAIN_READ, "plain_read")
+        self._flag = cupy.zeros(1, cupy.uint32)
+        self.failures = 0
+        try:
+            import flashinfer  # noqa: F401
+            self.results["notes"]["flashinfer"] = "importable, but not wired into this benchmark yet"
+        except ImportError as exc:
+            self.results["notes"]["flashinfer"] = f"not installed here ({exc}): no FlashInfer points"
+
+    # ------------------------------------------------------------------ recording
+    def record(self, what: dict, fn, check, repeats=None) -> None:
+        """Check fn's output, then time fn (even if the check failed: check_ok false)."""
+        try:
+            res = fn()
+            self.torch.cuda.synchronize()
+            verdict = check(res) if check is not None else {"ok": True, "note": "no output"}
+            del res
+            t = self.harness.time(fn, repeats=repeats)
+        except Exception as exc:  # OOM, a backend that refuses: skipped, with the reason
+            self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            self.torch.cuda.empty_cache()
+            return
+        tb = what["kv_bytes"] / t.median_s / 1e12
+        ok = bool(verdict["ok"])
+        if not ok:
+            self.failures += 1
+        self.results["points"].append({**what, "time_s": t.median_s, "tbps": tb, "check_ok": ok,
+                                       "repeats": len(t.times_s), "min_s": min(t.times_s),
+                                       "check": verdict})
+        print(f"{what['impl']:>18} B={what['batch']:>2} kvh={what['kv_heads']:>2} n={what['kv_len']:>6} "
+              f"q={what['q_len']} P={what['page_size']}: {t.median_s * 1e6:9.1f} us {tb:5.2f} TB/s"
+              f"{'' if ok else '  CHECK FAILED'}", flush=True)
+
+    # ------------------------------------------------------------------ one point
+    def point(self, B, kvh, n, ql):
+        torch = self.torch
+        base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
+        g = torch.Generator(device="cuda").manual_seed(B * 7 + kvh * 3 + n + ql)
+        q = torch.randn((B, ql, H, D), device="cuda", dtype=torch.float16, generator=g)
+        k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16, generator=g)
+        v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16, generator=g)
+        launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
+        pairs = [(B - 1, kvh - 1)] if n >= 32768 else [(0, 0), (B - 1, kvh - 1)]
+        qh = q.float().cpu().numpy()
+        rows = {b: k[b].float().cpu().numpy() for b, _ in pairs}, {b: v[b].float().cpu().numpy() for b, _ in pairs}
+        refs = {True: decode.reference_rows(launch, qh, *rows, pairs)}
+        if ql > 1:
+            refs[False] = decode.reference_rows(launch, qh, *rows, pairs, causal=False)
+        del rows
+
+        def ours_check(res):
+            return decode.check_rows(launch, refs[True], res.O.float().cpu().numpy(),
+                                     res.L.cpu().numpy())
+
+        O = torch.empty_like(q)
+        L = torch.empty((B, H, ql), device="cuda", dtype=torch.float32)
+
+        def run_ours(lch, kk, vv):
+            def fn():
+                lch.run(q, kk, vv, out=O, lse=L)
+                return Result(O, L)
+            return fn
+
+        self.record({"impl": "cupy_decode", **base, "page_size": 0, "splits": launch.splits},
+                    run_ours(launch, k, v), ours_check)
+        for P in PAGES:
+            kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
+            lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
+                                  block_table=bt, num_pages=kp.shape[0])
+            self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "splits": lp.splits},
+                        run_ours(lp, kp, vp), ours_check)
+            del kp, vp
+            torch.cuda.empty_cache()
+
+        # the plain read of the same bytes (the physical limit)
+        nvec = k.numel() * 2 // 16
+        kc, vc = (self.cupy.from_dlpack(x.view(torch.int16)) for x in (k, v))
+
+        def plain():
+            self._plain((132 * 16,), (256,), (kc, vc, self.cupy.uint64(nvec), self._flag))
+        self.record({"impl": "plain_read", **base, "page_size": 0}, plain, None)
+
+        # PyTorch's layouts: (B, H, q_len, d) and (B, kv_heads, kv_len, d)
+        qt = q.transpose(1, 2).contiguous()
+        kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        del kc, vc, k, v
+        torch.cuda.empty_cache()
+        for name, backend in (("torch_flash", "FLASH_ATTENTION"), ("torch_cudnn", "CUDNN_ATTENTION"),
+                              ("torch_efficient", "EFFICIENT_ATTENTION"), ("torch_math", "MATH")):
+            what = {"impl": name, **base, "page_size": 0}
+            if name == "torch_math" and base["kv_bytes"] > MATH_MAX_BYTES:
+                self.skip(what, f"math backend run only up to {MATH_MAX_BYTES / 1e9:.0f} GB of K/V "
+                                "(it materialises repeated K/V and S)")
+                continue
+            fn, masked = self.sdpa(backend, qt, kt, vt, ql, n)
+            if fn is None:
+                self.skip(what, masked)
+                continue
+            what["mask"] = masked
+            causal = masked != "none"
+            self.record(what, fn, lambda o, c=causal: decode.check_rows(
+                launch, refs[c or ql == 1], o.transpose(1, 2).float().cpu().numpy()),
+                repeats=3 if name == "torch_math" else None)
+        if (B, kvh, n, ql) in FLEX_POINTS and not self.args.no_flex:
+            self.flex(base, qt, kt, vt, launch, refs)
+        del qt, kt, vt
+        torch.cuda.empty_cache()
+        self.save()
+
+    def sdpa(self, backend, q, k, v, ql, n):
+        """(fn, mask used) for one SDPA backend, or (None, why) if it refuses every variant."""
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention.bias import causal_lower_right
+
+        b = getattr(SDPBackend, backend)
+        variants = [("none", None)] if ql == 1 else [("causal_lower_right", causal_lower_right(ql, n)),
+                                                    ("none", None)]
+        errors = []
+        for label, mask in variants:
+            def fn(mask=mask):
+                with sdpa_kernel(b):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            try:
+                fn()
+                self.torch.cuda.synchronize()
+                return fn, label
+            except Exception as exc:  # a backend that refuses the shape, the mask or GQA
+                errors.append(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        return None, "; ".join(errors)
+
+    def flex(self, base, q, k, v, launch, refs):
+        what = {"impl": "torch_flex", **base, "page_size": 0}
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            ql, n = base["q_len"], base["kv_len"]
+            shift = n - ql
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return kv_idx <= q_idx + shift
+            bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=ql, KV_LEN=n, device="cuda")
+            compiled = self.torch.compile(flex_attention)
+
+            def fn():
+                return compiled(q, k, v, block_mask=bm, enable_gqa=True)
+            fn()
+        except Exception as exc:  # compile failures, shapes flex refuses
+            self.skip(what, f"flex_attention failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            return
+        what["mask"] = "causal (bottom-right)"
+        self.record(what, fn, lambda o: decode.check_rows(launch, refs[True],
+                                                          o.transpose(1, 2).float().cpu().numpy()))
+
+    def summary(self):
+        pts = self.results["points"]
+        key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
+        rows = []
+        for k in dict.fromkeys(key(p) for p in pts):
+            here = [p for p in pts if key(p) == k]
+
+            def best(pred):
+                c = [p["tbps"] for p in here if pred(p) and p["check_ok"]]
+                return max(c) if c else None
+            ours = best(lambda p: p["impl"] == "cupy_decode")
+            paged = best(lambda p: p["impl"] == "cupy_decode_paged")
+            peer = best(lambda p: p["impl"].startswith("torch"))
+            read = best(lambda p: p["impl"] == "plain_read")
+            rows.append({"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
+                         "ours_tbps": ours, "ours_paged_best_tbps": paged, "best_torch_tbps": peer,
+                         "plain_read_tbps": read,
+                         "ours_over_best_torch": ours / peer if ours and peer else None,
+                         "ours_over_plain_read": ours / read if ours and read else None})
+        for r in rows:
+            q1 = next((x for x in rows if (x["batch"], x["kv_heads"], x["kv_len"], x["q_len"]) ==
+                       (r["batch"], r["kv_heads"], r["kv_len"], 1)), None)
+            r["ours_over_q1"] = r["ours_tbps"] / q1["ours_tbps"] if r["q_len"] > 1 and q1 and \
+                q1["ours_tbps"] and r["ours_tbps"] else None
+        self.results["summary"] = rows
+        f = lambda x: "   -" if x is None else f"{x:4.2f}"  # noqa: E731
+        print(f"\n{'B':>3} {'kvh':>3} {'kv_len':>6} {'q':>2} | {'ours':>4} {'paged':>5} {'torch':>5} "
+              f"{'read':>4} | ours/torch ours/read ours/q1 (TB/s)")
+        for r in rows:
+            print(f"{r['batch']:>3} {r['kv_heads']:>3} {r['kv_len']:>6} {r['q_len']:>2} | "
+                  f"{f(r['ours_tbps'])} {f(r['ours_paged_best_tbps']):>5} {f(r['best_torch_tbps']):>5} "
+                  f"{f(r['plain_read_tbps'])} | {f(r['ours_over_best_torch']):>10} "
+                  f"{f(r['ours_over_plain_read']):>9} {f(r['ours_over_q1']):>7}")
+
+
+# ---------------------------------------------------------------------- sanitizer and ncu modes
+
+def tiny_cases():
+    """(label, configure kwargs, q/cache shapes): every variant in a few small blocks."""
+    cases = []
+    for P in (0, 1, 16, 64):
+        for ql, splits in ((1, 1), (4, 3)):
+            cases.append(dict(B=2, H=4, kvh=2, d=128, lens=[37, 130], ql=ql, P=P, splits=splits, dtype="float16"))
+    cases += [dict(B=2, H=32, kvh=1, d=128, lens=[70, 9], ql=1, P=16, splits=2, dtype="float16"),    # 32 rows
+              dict(B=1, H=32, kvh=1, d=128, lens=[100], ql=4, P=0, splits=2, dtype="float16"),       # 2 chunks
+              dict(B=2, H=8, kvh=2, d=128, lens=[65, 200], ql=16, P=16, splits=None, dtype="bfloat16"),
+              dict(B=3, H=8, kvh=8, d=64, lens=[1, 64, 129], ql=1, P=1, splits=2, dtype="float16")]
+    return cases
+
+
+def run_tiny(case, torch):
+    """Run one tiny case and check it against the float64 reference: (ok, verdict)."""
+    B, Hh, kvh, d, lens, ql, P = (case[k] for k in ("B", "H", "kvh", "d", "lens", "ql", "P"))
+    dt = getattr(torch, case["dtype"])
+    g = torch.Generator(device="cuda").manual_seed(sum(lens) + ql)
+    cap = max(lens)
+    q = torch.randn((B, ql, Hh, d), device="cuda", dtype=dt, generator=g)
+    k = torch.randn((B, cap, kvh, d), device="cuda", dtype=dt, generator=g)
+    v = torch.randn((B, cap, kvh, d), device="cuda", dtype=dt, generator=g)
+    kw = dict(kv_lens=lens, q_len=ql, dtype=case["dtype"], splits=case["splits"])
+    if P:
+        k, v, bt = paged_copy(torch, k, v, P, seed=P)
+        kw.update(page_size=P, block_table=bt, num_pages=k.shape[0])
+    launch = decode.configure(B, Hh, kvh, d, **kw)
+    O, L = launch.run(q, k, v)
+    torch.cuda.synchronize()
+    f32 = lambda x: x.float().cpu().numpy()  # noqa: E731
+    ks, vs = ([f32(r) for r in launch.used_rows(x)] for x in (k, v))
+    refs = decode.reference_rows(launch, f32(q), ks, vs)
+    Ot = torch.from_dlpack(O)
+    Ot = Ot.view(torch.bfloat16) if case["dtype"] == "bfloat16" else Ot
+    verdict = decode.check_rows(launch, refs, f32(Ot), torch.from_dlpack(L).cpu().numpy())
+    return verdict["ok"], {**verdict, "splits": launch.splits, "launches": len(launch.launches())}
+
+
+def sanitize(torch) -> int:
+    bad = 0
+    for case in tiny_cases():
+        try:
+            ok, verdict = run_tiny(case, torch)
+        except Exception:  # keep going: the sanitizer reports every case
+            traceback.print_exc()
+            ok, verdict = False, {}
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {case} splits={verdict.get('splits')} "
+              f"err={verdict.get('max_abs_error', float('nan')):.2e} <= {verdict.get('bound', float('nan')):.2e}",
+              flush=True)
+    print(f"{len(tiny_cases()) - bad} of {len(tiny_cases())} tiny launches match the reference")
+    return 1 if bad else 0
+
+
+def profile_point(spec: str, torch) -> int:
+    """One launch of our kernel inside the NVTX range "decode" (after one warm-up outside it)."""
+    import cupy
+
+    B, kvh, n, ql, P = (int(x) for x in spec.split(","))
+    q = torch.randn((B, ql, H, D), device="cuda", dtype=torch.float16)
+    k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
+    v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
+    kw = {}
+    if P:
+        k, v, bt = paged_copy(torch, k, v, P, seed=P)
+        kw = dict(page_size=P, block_table=bt, num_pages=k.shape[0])
+    launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw)
+    launch.run(q, k, v)
+    torch.cuda.synchronize()
+    cupy.cuda.nvtx.RangePush("decode")
+    launch.run(q, k, v)
+    torch.cuda.synchronize()
+    cupy.cuda.nvtx.RangePop()
+    print(f"profiled {launch.kernel} B={B} kv_heads={kvh} kv_len={n} q_len={ql} page={P}: "
+          f"splits={launch.splits}, K/V bytes {cache_bytes(B, kvh, n)}, launches "
+          f"{[(x.kernel, x.grid) for x in launch.launches()]}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__, deadline_s=200.0)
+    ap.add_argument("--quick", action="store_true", help="the reference points only")
+    ap.add_argument("--sanitize", action="store_true", help="tiny launches of every variant, no timing")
+    ap.add_argument("--profile-point", help="B,kv_heads,kv_len,q_len,page: one NVTX-marked launch")
+    ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile time)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if args.sanitize:
+        return sanitize(torch)
+    if args.profile_point:
+        return profile_point(args.profile_point, torch)
+    bench = Bench(args)
+    bench.results["provenance"] = harness.provenance(
+        extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
+    bench.results["configs"] = {"heads": H, "head_dim": D, "batches": list(BATCHES), "kv_lens": list(KV_LENS),
+                                "kv_heads": list(KV_HEADS), "q_lens": list(Q_LENS), "pages": list(PAGES),
+                                "max_cache_bytes": MAX_CACHE_BYTES}
+    try:
+        for B, kvh, n, ql in grid_points(args.quick):
+            what = {"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql}
+            if not bench.due(what):
+                continue
+            try:
+                bench.point(B, kvh, n, ql)
+            except Exception as exc:  # one point's failure (OOM, ...) does not stop the rest
+                traceback.print_exc()
+                bench.skip(what, f"{type(exc).__name__}: {str(exc)[:300]}")
+                bench.failures += 1
+                torch.cuda.empty_cache()
+    except Exception:
+        traceback.print_exc()
+        bench.results["error"] = traceback.format_exc()
+    bench.summary()
+    bench.results["failed_checks"] = bench.failures
+    bench.results["elapsed_s"] = bench.deadline.elapsed()
+    print(f"wrote {bench.save()} in {bench.results['elapsed_s']:.0f} s; {bench.failures} failed checks")
+    return 1 if bench.failures or "error" in bench.results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
