@@ -266,7 +266,10 @@ class DecodeLaunch(CupyLaunch):
         q, k, v = self._checked(q, k_cache, v_cache)
         if check_finite:
             self.check_finite(q, k, v)
-        O = output(out, "out", tuple(q.shape), dtype_name(self.dtype), like=q)
+        dt = dtype_name(self.dtype)
+        if out is not None and dt == "bfloat16" and as_cupy(out, "out")[1] == "int16":
+            dt = "int16"                      # a CuPy buffer of bf16 bits
+        O = output(out, "out", tuple(q.shape), dt, like=q)
         L = output(lse, "lse", (self.batch, self.heads, self.q_len), "float32")
         kv_lens, bt = self._device_layout()
         O_part, L_part = self._partials() if self.splits > 1 else (O, L)   # unused when 1 split
