@@ -325,55 +325,32 @@ class Bench(Recorder):
 # ---------------------------------------------------------------------- sanitizer and ncu modes
 
 def tiny_cases():
-    """(label, configure kwargs, q/cache shapes): every variant in a few small blocks."""
-    cases = []
-    for P in (0, 1, 16, 64):
-        for ql, splits in ((1, 1), (4, 3)):
-            cases.append(dict(B=2, H=4, kvh=2, d=128, lens=[37, 130], ql=ql, P=P, splits=splits, dtype="float16"))
-    cases += [dict(B=2, H=32, kvh=1, d=128, lens=[70, 9], ql=1, P=16, splits=2, dtype="float16"),    # 32 rows
-              dict(B=1, H=32, kvh=1, d=128, lens=[100], ql=4, P=0, splits=2, dtype="float16"),       # 2 chunks
-              dict(B=2, H=8, kvh=2, d=128, lens=[65, 200], ql=16, P=16, splits=None, dtype="bfloat16"),
-              dict(B=3, H=8, kvh=8, d=64, lens=[1, 64, 129], ql=1, P=1, splits=2, dtype="float16")]
-    return cases
+    """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits): every variant in a few small
+    blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4, 16, ragged,
+    1, 2 and 4 row warps, 2 row chunks, bf16, d = 64."""
+    cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits)
+             for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
+    return cases + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2),         # 32 rows: 2 row warps
+                    (32, 1, 128, [100], 4, 0, "fp16", 2),            # 128 rows: 2 chunks
+                    (8, 2, 128, [65, 200], 16, 16, "bf16", None),
+                    (8, 8, 64, [1, 64, 129], 1, 1, "fp16", 2)]
 
 
-def run_tiny(case, torch):
-    """Run one tiny case and check it against the float64 reference: (ok, verdict)."""
-    B, Hh, kvh, d, lens, ql, P = (case[k] for k in ("B", "H", "kvh", "d", "lens", "ql", "P"))
-    dt = getattr(torch, case["dtype"])
-    g = torch.Generator(device="cuda").manual_seed(sum(lens) + ql)
-    cap = max(lens)
-    q = torch.randn((B, ql, Hh, d), device="cuda", dtype=dt, generator=g)
-    k = torch.randn((B, cap, kvh, d), device="cuda", dtype=dt, generator=g)
-    v = torch.randn((B, cap, kvh, d), device="cuda", dtype=dt, generator=g)
-    kw = dict(kv_lens=lens, q_len=ql, dtype=case["dtype"], splits=case["splits"])
-    if P:
-        k, v, bt = paged_copy(torch, k, v, P, seed=P)
-        kw.update(page_size=P, block_table=bt, num_pages=k.shape[0])
-    launch = decode.configure(B, Hh, kvh, d, **kw)
-    O, L = launch.run(q, k, v)
-    torch.cuda.synchronize()
-    f32 = lambda x: x.float().cpu().numpy()  # noqa: E731
-    ks, vs = ([f32(r) for r in launch.used_rows(x)] for x in (k, v))
-    refs = decode.reference_rows(launch, f32(q), ks, vs)
-    Ot = torch.from_dlpack(O)
-    Ot = Ot.view(torch.bfloat16) if case["dtype"] == "bfloat16" else Ot
-    verdict = decode.check_rows(launch, refs, f32(Ot), torch.from_dlpack(L).cpu().numpy())
-    return verdict["ok"], {**verdict, "splits": launch.splits, "launches": len(launch.launches())}
-
-
-def sanitize(torch) -> int:
+def sanitize() -> int:
+    """Run every tiny case once (no timing, no PyTorch) and check it: for compute-sanitizer."""
     bad = 0
-    for case in tiny_cases():
+    for i, (Hh, kvh, d, lens, ql, P, dtype, splits) in enumerate(tiny_cases()):
+        label = f"H={Hh} kv_heads={kvh} d={d} kv_lens={lens} q_len={ql} page={P} {dtype} splits={splits}"
         try:
-            ok, verdict = run_tiny(case, torch)
+            case = decode.random_case(np.random.default_rng(i), len(lens), Hh, kvh, d, lens, ql, P, dtype)
+            launch, verdict = decode.run_case(case, Hh, kvh, splits)
+            ok = verdict["ok"]
+            label += f" -> {launch.splits} splits, error {verdict['max_abs_error']:.2e} <= {verdict['bound']:.2e}"
         except Exception:  # keep going: the sanitizer reports every case
             traceback.print_exc()
-            ok, verdict = False, {}
+            ok = False
         bad += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {case} splits={verdict.get('splits')} "
-              f"err={verdict.get('max_abs_error', float('nan')):.2e} <= {verdict.get('bound', float('nan')):.2e}",
-              flush=True)
+        print(f"{'ok  ' if ok else 'FAIL'} {label}", flush=True)
     print(f"{len(tiny_cases()) - bad} of {len(tiny_cases())} tiny launches match the reference")
     return 1 if bad else 0
 
@@ -411,10 +388,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile time)")
     args = ap.parse_args(argv)
 
+    if args.sanitize:
+        return sanitize()
+
     import torch
 
-    if args.sanitize:
-        return sanitize(torch)
     if args.profile_point:
         return profile_point(args.profile_point, torch)
     bench = Bench(args)

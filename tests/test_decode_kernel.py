@@ -269,6 +269,22 @@ def test_correctness_rule_fails_a_wrong_output():
     assert not decode.check_rows(launch, unmasked, O)["ok"]   # the mask matters at q_len 4
 
 
+@pytest.mark.parametrize("page", [0, 1, 16, 48])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_the_cases_hold_each_sequences_rows_where_the_kernel_reads_them(page, dtype):
+    """random_case (the GPU tests' and the sanitizer's inputs): the rows the launch reads
+    through its block table (used_rows) are each sequence's rows, and every slot the kernel
+    must not read holds NaN, which check_finite does not see."""
+    lens = [1, 47, 130]
+    case = decode.random_case(np.random.default_rng(page), 3, 8, 2, 64, lens, 1, page, dtype)
+    launch = decode.configure(3, 8, 2, 64, **case["configure"])
+    for cache, rows in ((case["k_cache"], case["rows_k"]), (case["v_cache"], case["rows_v"])):
+        got = [decode.to_float32(r) for r in launch.used_rows(cache)]
+        assert all(np.array_equal(a, b) for a, b in zip(got, rows))
+        assert np.isnan(decode.to_float32(cache)).sum() == cache.size - sum(lens) * 2 * 64
+    launch.check_finite(case["q"], case["k_cache"], case["v_cache"])
+
+
 # ------------------------------------------------------------------ on the GPU
 
 def _cupy_or_skip():
@@ -283,69 +299,9 @@ def _cupy_or_skip():
     return cupy
 
 
-def _bits(x, dtype):
-    """float values -> the array the kernel reads: fp16, or bf16 bits as int16."""
-    if dtype == "fp16":
-        return x.astype(np.float16)
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).view(np.int16)
-
-
-def _case(rng, B, H, kvh, d, lens, q_len, page, dtype, spike=True):
-    """Host inputs: q (B, q_len, H, d), the cache (contiguous or paged, pages shuffled), the
-    rows each sequence holds (float32 values) and the configure arguments. Late keys align with
-    the queries (large logits) so the running maximum changes between tiles and splits."""
-    cap = max(lens)
-    q = rng.standard_normal((B, q_len, H, d))
-    k = rng.standard_normal((B, cap, kvh, d))
-    v = rng.standard_normal((B, cap, kvh, d))
-    if spike:
-        g = H // kvh
-        for b, n in enumerate(lens):
-            for p in rng.choice(n, size=max(1, n // 40), replace=False):
-                k[b, p] = 3.0 * q[b, -1, ::g]
-    q, k, v = (round_to(x, dtype) for x in (q, k, v))
-    rows_k = [k[b, :n] for b, n in enumerate(lens)]
-    rows_v = [v[b, :n] for b, n in enumerate(lens)]
-    kw = {}
-    if page:
-        per = [math.ceil(n / page) for n in lens]
-        perm = rng.permutation(sum(per) + 3)                 # 3 pages nobody uses
-        width = max(per) + 1
-        bt = np.full((B, width), -1, np.int32)
-        pages_k = np.full((len(perm), page, kvh, d), np.nan)  # unused rows: NaN, never read
-        pages_v = np.full((len(perm), page, kvh, d), np.nan)
-        i = 0
-        for b, n in enumerate(lens):
-            for j in range(per[b]):
-                pid = perm[i]
-                i += 1
-                bt[b, j] = pid
-                m = min(page, n - j * page)
-                pages_k[pid, :m] = k[b, j * page:j * page + m]
-                pages_v[pid, :m] = v[b, j * page:j * page + m]
-        k, v = pages_k, pages_v
-        kw = dict(page_size=page, block_table=bt, num_pages=len(perm))
-    else:
-        for b, n in enumerate(lens):                         # past kv_len: NaN, never read
-            k[b, n:] = np.nan
-            v[b, n:] = np.nan
-    return q, k, v, rows_k, rows_v, kw
-
-
 def _run_and_check(cupy, B, H, kvh, d, lens, q_len, page, dtype, splits=None, seed=0):
-    rng = np.random.default_rng(seed)
-    q, k, v, rows_k, rows_v, kw = _case(rng, B, H, kvh, d, lens, q_len, page, dtype)
-    launch = decode.configure(B, H, kvh, d, kv_lens=lens, q_len=q_len, dtype=dtype, splits=splits, **kw)
-    dq, dk, dv = (cupy.asarray(_bits(x, dtype)) for x in (q, k, v))
-    out = cupy.full(dq.shape, np.nan if dtype == "fp16" else 0x7FC0, dq.dtype)   # NaN (bf16: bits)
-    lse = cupy.full((B, H, q_len), np.nan, cupy.float32)
-    O, L = launch.run(dq, dk, dv, out=out, lse=lse)
-    assert O is out and L is lse
-    Oh = O.get()
-    Oh = (Oh.view(np.uint16).astype(np.uint32) << 16).view(np.float32) if dtype == "bf16" else Oh.astype(np.float32)
-    assert np.isfinite(Oh).all() and np.isfinite(L.get()).all()       # every row written
-    verdict = decode.check_rows(launch, decode.reference_rows(launch, q, rows_k, rows_v), Oh, L.get())
+    case = decode.random_case(np.random.default_rng(seed), B, H, kvh, d, lens, q_len, page, dtype)
+    launch, verdict = decode.run_case(case, H, kvh, splits)
     assert verdict["ok"], verdict
     return launch
 

@@ -473,6 +473,83 @@ def check_rows(launch: DecodeLaunch, refs: list, O, L=None) -> dict:
     return verdict
 
 
+def storage(x, dtype: str) -> np.ndarray:
+    """float values -> what the kernel reads: fp16, or bf16 as its int16 bits (round to
+    nearest even)."""
+    if dtype == "fp16":
+        return np.asarray(x).astype(np.float16)
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).view(np.int16)
+
+
+def random_case(rng, batch: int, heads: int, kv_heads: int, d: int, kv_lens, q_len: int,
+                page_size: int, dtype: str = "fp16", spike: bool = True) -> dict:
+    """Host inputs of one decode step for tests and the sanitizer: standard normal q, K, V
+    rounded to ``dtype``; the cache contiguous (page_size 0) or in pages shuffled in memory,
+    three pages nobody uses, and NaN in every slot past a sequence's kv_len (the kernel must
+    never read them). With ``spike`` a few keys per sequence align with the last query rows
+    (large logits), so the running maximum changes between tiles and splits.
+
+    Returns q (B, q_len, H, d), k_cache, v_cache (storage: fp16 or bf16 bits), rows_k, rows_v
+    (per sequence its (kv_len, kv_heads, d) float32 values) and ``configure`` keywords."""
+    from ..harness import round_to
+
+    B, H, g = batch, heads, heads // kv_heads
+    cap = max(kv_lens)
+    q = rng.standard_normal((B, q_len, H, d))
+    k = rng.standard_normal((B, cap, kv_heads, d))
+    v = rng.standard_normal((B, cap, kv_heads, d))
+    if spike:
+        for b, n in enumerate(kv_lens):
+            for p in rng.choice(n, size=max(1, n // 40), replace=False):
+                k[b, p] = 3.0 * q[b, -1, ::g]
+    q, k, v = (round_to(x, dtype) for x in (q, k, v))
+    rows_k = [k[b, :n] for b, n in enumerate(kv_lens)]
+    rows_v = [v[b, :n] for b, n in enumerate(kv_lens)]
+    kw = dict(kv_lens=list(kv_lens), q_len=q_len, dtype=dtype)
+    if page_size:
+        per = [cdiv(n, page_size) for n in kv_lens]
+        perm = rng.permutation(sum(per) + 3)
+        bt = np.full((B, max(per) + 1), -1, np.int32)        # -1: past the used columns
+        caches = [np.full((len(perm), page_size, kv_heads, d), np.nan, np.float32) for _ in "kv"]
+        i = 0
+        for b, n in enumerate(kv_lens):
+            for j in range(per[b]):
+                bt[b, j] = perm[i]
+                i += 1
+                m = min(page_size, n - j * page_size)
+                for cache, x in zip(caches, (k, v)):
+                    cache[bt[b, j], :m] = x[b, j * page_size:j * page_size + m]
+        k, v = caches
+        kw.update(page_size=page_size, block_table=bt, num_pages=len(perm))
+    else:
+        for b, n in enumerate(kv_lens):
+            k[b, n:] = np.nan
+            v[b, n:] = np.nan
+    return dict(q=storage(q, dtype), k_cache=storage(k, dtype), v_cache=storage(v, dtype),
+                q_values=q, rows_k=rows_k, rows_v=rows_v, configure=kw)
+
+
+def run_case(case: dict, heads: int, kv_heads: int, splits=None) -> tuple[DecodeLaunch, dict]:
+    """Configure and run ``random_case`` on the GPU (CuPy), outputs poisoned with NaN first;
+    returns the launch and the verdict of ``check_rows`` (with "all_written": every O and L
+    entry finite)."""
+    import cupy
+
+    B, q_len, _, d = case["q"].shape
+    launch = configure(B, heads, kv_heads, d, splits=splits, **case["configure"])
+    dq, dk, dv = (cupy.asarray(case[n]) for n in ("q", "k_cache", "v_cache"))
+    out = cupy.full(dq.shape, np.nan if launch.dtype == "fp16" else 0x7FC0, dq.dtype)
+    lse = cupy.full((B, heads, q_len), np.nan, cupy.float32)
+    O, L = launch.run(dq, dk, dv, out=out, lse=lse)
+    Oh, Lh = to_float32(O), L.get()
+    refs = reference_rows(launch, case["q_values"], case["rows_k"], case["rows_v"])
+    verdict = check_rows(launch, refs, Oh, Lh)
+    verdict["all_written"] = bool(np.isfinite(Oh).all() and np.isfinite(Lh).all())
+    verdict["ok"] = bool(verdict["ok"] and verdict["all_written"] and O is out and L is lse)
+    return launch, verdict
+
+
 def to_float32(x) -> np.ndarray:
     """A host or device fp16/bf16 (bf16 as int16 bits) array as float32 NumPy values."""
     a = x.get() if hasattr(x, "get") else np.asarray(x)
