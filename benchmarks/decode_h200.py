@@ -44,6 +44,7 @@ MAX_CACHE_BYTES = 40e9
 REFERENCE_POINTS = [(8, 8, 32768, 1), (1, 8, 32768, 1), (64, 8, 4096, 1), (1, 8, 131072, 1),
                     (8, 8, 32768, 4), (8, 1, 32768, 1), (8, 32, 32768, 1), (64, 8, 32768, 1)]
 FLEX_POINTS = {(8, 8, 32768, 1), (8, 8, 32768, 4)}
+TUNING_POINTS = [(8, 8, 32768, 1), (64, 8, 4096, 1), (1, 8, 32768, 1)]
 MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: small points only
 
 METHOD = ("Every implementation is checked on the very inputs it is timed on before it is timed: "
@@ -129,7 +130,8 @@ class Bench(Recorder):
         self.torch, self.cupy = torch, cupy
         self.harness = harness.Harness("cupy", target_s=0.1, max_repeats=20)
         super().__init__(args, "decode_h200.json", METHOD, timing=self.harness.method(),
-                         notes={}, plain_read_source=PLAIN_READ.strip())
+                         notes={}, tuning=[], config={}, plain_read_source=PLAIN_READ.strip())
+        self.tile = dict(block_cols=decode.BLOCK_C, stages=decode.STAGES[D])   # until tune()
         self._plain = cupy.RawKernel(PLAIN_READ, "plain_read")
         self._flag = cupy.zeros(1, cupy.uint32)
         self.failures = 0
@@ -140,8 +142,9 @@ class Bench(Recorder):
             self.results["notes"]["flashinfer"] = f"not installed here ({exc}): no FlashInfer points"
 
     # ------------------------------------------------------------------ recording
-    def record(self, what: dict, fn, check, repeats=None) -> None:
-        """Check fn's output, then time fn (even if the check failed: check_ok false)."""
+    def record(self, what: dict, fn, check, repeats=None, into: str = "points") -> dict | None:
+        """Check fn's output, then time fn (even if the check failed: check_ok false); the
+        row goes to results[into] and is returned (None: it raised, recorded as skipped)."""
         try:
             res = fn()
             self.torch.cuda.synchronize()
@@ -153,28 +156,30 @@ class Bench(Recorder):
             if what["impl"].startswith("cupy"):     # ours must run: that is a failure
                 self.failures += 1
             self.torch.cuda.empty_cache()
-            return
+            return None
         tb = what["kv_bytes"] / t.median_s / 1e12
         ok = bool(verdict["ok"])
         if not ok:
             self.failures += 1
-        self.results["points"].append({**what, "time_s": t.median_s, "tbps": tb, "check_ok": ok,
-                                       "repeats": len(t.times_s), "min_s": min(t.times_s),
-                                       "check": verdict})
+        row = {**what, "time_s": t.median_s, "tbps": tb, "check_ok": ok,
+               "repeats": len(t.times_s), "min_s": min(t.times_s), "check": verdict}
+        self.results[into].append(row)
         print(f"{what['impl']:>18} B={what['batch']:>2} kvh={what['kv_heads']:>2} n={what['kv_len']:>6} "
               f"q={what['q_len']} P={what['page_size']}: {t.median_s * 1e6:9.1f} us {tb:5.2f} TB/s"
               f"{'' if ok else '  CHECK FAILED'}", flush=True)
+        return row
 
     # ------------------------------------------------------------------ one point
-    def point(self, B, kvh, n, ql):
+    def inputs(self, B, kvh, n, ql):
+        """q, k, v (contiguous cache) of one point, the launch of our kernel, the float64
+        references of its checked rows (causal, and unmasked for q_len > 1), the check of our
+        output and ``run_ours(launch, k, v)`` -> a timed call writing into fixed O, L."""
         torch = self.torch
-        base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
-                "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
         g = torch.Generator(device="cuda").manual_seed(B * 7 + kvh * 3 + n + ql)
         q = torch.randn((B, ql, H, D), device="cuda", dtype=torch.float16, generator=g)
         k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16, generator=g)
         v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16, generator=g)
-        launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
+        launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tile)
         pairs = [(B - 1, kvh - 1)] if n >= 32768 else [(0, 0), (B - 1, kvh - 1)]
         qh = q.float().cpu().numpy()
         rows = {b: HeadRows(k[b]) for b, _ in pairs}, {b: HeadRows(v[b]) for b, _ in pairs}
@@ -195,13 +200,47 @@ class Bench(Recorder):
                 lch.run(q, kk, vv, out=O, lse=L)
                 return Result(O, L)
             return fn
+        return q, k, v, launch, refs, ours_check, run_ours
+
+    def tune(self):
+        """Time every (B_c, STAGES) of decode.TUNING on the contiguous cache at TUNING_POINTS;
+        the fastest correct one (geometric mean) runs the whole table."""
+        times = {c: [] for c in decode.TUNING}
+        for B, kvh, n, ql in TUNING_POINTS:
+            q, k, v, launch, refs, check, run_ours = self.inputs(B, kvh, n, ql)
+            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
+            for Bc, st in decode.TUNING:
+                lt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, block_cols=Bc, stages=st)
+                row = self.record({"impl": "cupy_decode", **base, "block_cols": Bc, "stages": st,
+                                   "splits": lt.splits}, run_ours(lt, k, v), check, into="tuning")
+                if row is not None and row["check_ok"] and (Bc, st) in times:
+                    times[(Bc, st)].append(row["time_s"])
+                else:
+                    times.pop((Bc, st), None)           # failed or did not run: not chosen
+            del q, k, v
+            self.torch.cuda.empty_cache()
+        full = {c: t for c, t in times.items() if len(t) == len(TUNING_POINTS)}
+        if full:
+            best = min(full, key=lambda c: sum(map(math.log, full[c])))
+            self.tile = dict(block_cols=best[0], stages=best[1])
+        self.results["config"] = {**self.tile, "chosen_from": [list(c) for c in decode.TUNING],
+                                  "points": [list(p) for p in TUNING_POINTS]}
+        print(f"tiles for the table: {self.tile}", flush=True)
+        self.save()
+
+    def point(self, B, kvh, n, ql):
+        torch = self.torch
+        base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
+        q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
 
         self.record({"impl": "cupy_decode", **base, "page_size": 0, "splits": launch.splits},
                     run_ours(launch, k, v), ours_check)
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
             lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
-                                  block_table=bt, num_pages=kp.shape[0])
+                                  block_table=bt, num_pages=kp.shape[0], **self.tile)
             self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "splits": lp.splits},
                         run_ours(lp, kp, vp), ours_check)
             del kp, vp
@@ -328,22 +367,25 @@ def tiny_cases():
     """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits): every variant in a few small
     blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4, 16, ragged,
     1, 2 and 4 row warps, 2 row chunks, bf16, d = 64."""
-    cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits)
+    cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
-    return cases + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2),         # 32 rows: 2 row warps
-                    (32, 1, 128, [100], 4, 0, "fp16", 2),            # 128 rows: 2 chunks
-                    (8, 2, 128, [65, 200], 16, 16, "bf16", None),
-                    (8, 8, 64, [1, 64, 129], 1, 1, "fp16", 2)]
+    tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
+             for Bc, st in decode.TUNING[1:]]                       # the tuning step's tiles
+    return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, {}),   # 32 rows: 2 row warps
+                            (32, 1, 128, [100], 4, 0, "fp16", 2, {}),      # 128 rows: 2 chunks
+                            (8, 2, 128, [65, 200], 16, 16, "bf16", None, {}),
+                            (8, 8, 64, [1, 64, 129], 1, 1, "fp16", 2, {})]
 
 
 def sanitize() -> int:
     """Run every tiny case once (no timing, no PyTorch) and check it: for compute-sanitizer."""
     bad = 0
-    for i, (Hh, kvh, d, lens, ql, P, dtype, splits) in enumerate(tiny_cases()):
-        label = f"H={Hh} kv_heads={kvh} d={d} kv_lens={lens} q_len={ql} page={P} {dtype} splits={splits}"
+    for i, (Hh, kvh, d, lens, ql, P, dtype, splits, tiles) in enumerate(tiny_cases()):
+        label = (f"H={Hh} kv_heads={kvh} d={d} kv_lens={lens} q_len={ql} page={P} {dtype} "
+                 f"splits={splits} {tiles or ''}")
         try:
             case = decode.random_case(np.random.default_rng(i), len(lens), Hh, kvh, d, lens, ql, P, dtype)
-            launch, verdict = decode.run_case(case, Hh, kvh, splits)
+            launch, verdict = decode.run_case(case, Hh, kvh, splits, **tiles)
             ok = verdict["ok"]
             label += f" -> {launch.splits} splits, error {verdict['max_abs_error']:.2e} <= {verdict['bound']:.2e}"
         except Exception:  # keep going: the sanitizer reports every case
@@ -386,6 +428,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sanitize", action="store_true", help="tiny launches of every variant, no timing")
     ap.add_argument("--profile-point", help="B,kv_heads,kv_len,q_len,page: one NVTX-marked launch")
     ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile time)")
+    ap.add_argument("--no-tune", action="store_true", help="the default tiles, no tuning step")
     args = ap.parse_args(argv)
 
     if args.sanitize:
@@ -402,6 +445,8 @@ def main(argv=None) -> int:
                                 "kv_heads": list(KV_HEADS), "q_lens": list(Q_LENS), "pages": list(PAGES),
                                 "max_cache_bytes": MAX_CACHE_BYTES}
     try:
+        if not args.no_tune:
+            bench.tune()
         for B, kvh, n, ql in grid_points(args.quick):
             what = {"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql}
             if not bench.due(what):

@@ -63,14 +63,18 @@ def test_no_spills_and_shared_memory_within_limits(resources):
         assert r.static_smem == 0 and r.smem <= SMEM_LIMIT_OPTIN, r
 
 
-def test_two_blocks_fit_an_sm_at_d128(resources):
-    """The split heuristic counts blocks_per_sm resident blocks: shared memory and registers
-    (128 threads each) must both allow them."""
+def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
+    """The split heuristic counts blocks_per_sm resident blocks: the registers ptxas gave
+    (8 per thread, 256 per warp granules; 4 warps a block) must allow that many, and two fit
+    an SM in the default configuration at d = 128."""
     for r in resources:
-        if r.kernel == "decode_split" and "HEAD_DIM=128" in r.variant:
-            smem = r.dynamic_smem
-            assert decode.blocks_per_sm(smem) == 2, r
-            assert 2 * 128 * r.registers <= 65536, r
+        if r.kernel != "decode_split":
+            continue
+        d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
+        warp_regs = math.ceil(math.ceil(r.registers / 8) * 8 * 32 / 256) * 256
+        assert decode.blocks_per_sm(r.dynamic_smem, d) <= 65536 // (4 * warp_regs), r
+        if d == 128 and f"BLOCK_C={decode.BLOCK_C} STAGES={decode.STAGES[128]}" in r.variant:
+            assert decode.blocks_per_sm(r.dynamic_smem, d) == 2, r
 
 
 def test_smem_formula_is_the_kernels():
@@ -330,6 +334,17 @@ def test_kernel_matches_float64_reference(B, H, kvh, d, lens, q_len, page, dtype
     launch = _run_and_check(cupy, B, H, kvh, d, lens, q_len, page, dtype, splits)
     if splits is not None:
         assert launch.splits == splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", decode.TUNING[1:], ids=str)
+def test_tuning_tiles(tiles):
+    """The tiles the benchmark's tuning step may choose for the whole table."""
+    _cupy_or_skip()
+    for lens, q_len, page in (([37, 300], 4, 0), ([1000, 64], 1, 16), ([129, 700], 16, 1)):
+        case = decode.random_case(np.random.default_rng(q_len), 2, 32, 8, 128, lens, q_len, page, "fp16")
+        _, verdict = decode.run_case(case, 32, 8, 3, block_cols=tiles[0], stages=tiles[1])
+        assert verdict["ok"], (lens, q_len, page, verdict)
 
 
 @pytest.mark.gpu

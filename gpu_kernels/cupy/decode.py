@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..common import KernelInputError, KernelLaunch, Result, cdiv, describe, dtype_name, flashsim_dtype
+from ..common import (SHARED_OPTIN, KernelInputError, KernelLaunch, Result, cdiv, describe, dtype_name,
+                      flashsim_dtype)
 from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 
 CU_FILE = "decode.cu"
@@ -66,9 +67,15 @@ def smem_bytes(d: int, rw: int, block_cols: int = BLOCK_C, stages: int | None = 
     return (16 * rw * d + 2 * stages * block_cols * d) * 2
 
 
-def blocks_per_sm(smem: int) -> int:
-    """Resident decode_split blocks per SM as its shared memory allows (at most 4)."""
-    return max(1, min(4, SM_SHARED // (smem + 1024)))
+# Resident blocks per SM that the registers allow (ptxas: up to 234 per thread at d = 128, 170
+# at d = 64, 128 threads a block; tests/test_decode_kernel.py holds it).
+REGISTER_BLOCKS = {64: 3, 128: 2}
+
+
+def blocks_per_sm(smem: int, d: int = 128) -> int:
+    """Resident decode_split blocks per SM: as its shared memory (1 KiB reserved per block)
+    and its registers (REGISTER_BLOCKS) allow."""
+    return max(1, min(REGISTER_BLOCKS[d], SM_SHARED // (smem + 1024)))
 
 
 def num_splits_heuristic(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX_SPLITS) -> int:
@@ -87,9 +94,14 @@ def num_splits_heuristic(blocks: int, slots: int, n_tiles: int, max_splits: int 
     return next(s for s, e in enumerate(eff, 1) if e >= 0.85 * best)
 
 
-def defines(d: int, dtype: str, page_size: int, rw: int) -> dict[str, int]:
+def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
+            stages: int | None = None) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
-            "ROW_WARPS": rw, "BLOCK_C": BLOCK_C, "STAGES": STAGES[d]}
+            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages}
+
+
+# What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
+TUNING = ((BLOCK_C, STAGES[128]), (64, 2), (64, 4))
 
 
 @dataclass
@@ -107,6 +119,7 @@ class DecodeLaunch(CupyLaunch):
     splits: int = 1
     chunks: int = 1                  # row chunks per KV head
     row_warps: int = 1
+    stages: int = 3                  # K/V tiles in flight
 
     @property
     def group(self) -> int:
@@ -128,7 +141,8 @@ class DecodeLaunch(CupyLaunch):
         return 2 * sum(self.kv_lens) * self.kv_heads * self.d * 2
 
     def defines(self) -> dict[str, int]:
-        return defines(self.d, self.dtype, self.page_size, self.row_warps)
+        return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
+                       self.stages)
 
     def launches(self) -> list[KernelLaunch]:
         out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
@@ -356,10 +370,13 @@ def check_layout(batch: int, kv_lens, q_len: int, causal: bool, page_size: int,
 
 def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, q_len: int = 1,
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
-              num_pages=None, splits=None, sm_count: int = 132) -> DecodeLaunch:
+              num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
+              stages=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
-    ``block_table`` and ``num_pages``. ``splits`` None: the heuristic for ``sm_count`` SMs."""
+    ``block_table`` and ``num_pages``. ``splits`` None: the heuristic for ``sm_count`` SMs.
+    ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
+    STAGES[d])."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -384,20 +401,29 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     rows = q_len * (heads // kv_heads)
     rw = row_warps(rows)
     chunks = cdiv(rows, 16 * rw)
-    smem = smem_bytes(head_dim, rw)
-    n_tiles = cdiv(max(lens), BLOCK_C)
+    Bc = BLOCK_C if block_cols is None else _int(block_cols, "block_cols")
+    stages = STAGES[head_dim] if stages is None else _int(stages, "stages")
+    if Bc % (16 * (4 // rw)) or not 2 <= stages <= 4:
+        raise KernelInputError(f"block_cols = {Bc} must be a multiple of {16 * (4 // rw)} (16 keys per "
+                               f"warp, {4 // rw} key warps) and stages = {stages} in 2..4")
+    smem = smem_bytes(head_dim, rw, Bc, stages)
+    if smem > SHARED_OPTIN:
+        raise KernelInputError(f"block_cols = {Bc}, stages = {stages} need {smem} bytes of shared "
+                               "memory; a block has at most 227 KiB")
+    n_tiles = cdiv(max(lens), Bc)
     if splits is None:
-        splits = num_splits_heuristic(batch * kv_heads * chunks, sm_count * blocks_per_sm(smem), n_tiles)
+        splits = num_splits_heuristic(batch * kv_heads * chunks, sm_count * blocks_per_sm(smem, head_dim),
+                                      n_tiles)
     else:
         splits = _int(splits, "splits")
         if splits > MAX_SPLITS:
             raise KernelInputError(f"splits = {splits}: at most {MAX_SPLITS}")
     name, algorithm = ("cupy_decode_paged", "paged") if page_size else ("cupy_decode", "flashdecoding")
     return DecodeLaunch(name, algorithm, batch, heads, max(lens), head_dim, dtype, causal,
-                        16 * rw, BLOCK_C, NUM_THREADS, 0, smem, None, kv_heads=kv_heads,
+                        16 * rw, Bc, NUM_THREADS, 0, smem, None, kv_heads=kv_heads,
                         q_len=q_len, kv_lens=lens, page_size=page_size or 0, block_table=bt,
                         num_pages=None if not page_size else int(num_pages), splits=splits,
-                        chunks=chunks, row_warps=rw)
+                        chunks=chunks, row_warps=rw, stages=stages)
 
 
 def compile_variants():
@@ -409,6 +435,9 @@ def compile_variants():
             for page in COMPILED_PAGE_SIZES:
                 for rw in (1, 2, 4):
                     out.append((CU_FILE, defines(d, dtype, page, rw), smem_bytes(d, rw), HOT))
+    for Bc, st in TUNING[1:]:                # the tuning candidates, as the benchmark runs them
+        for rw in (1, 2, 4):
+            out.append((CU_FILE, defines(128, "fp16", 0, rw, Bc, st), smem_bytes(128, rw, Bc, st), HOT))
     return out
 
 
@@ -530,14 +559,15 @@ def random_case(rng, batch: int, heads: int, kv_heads: int, d: int, kv_lens, q_l
                 q_values=q, rows_k=rows_k, rows_v=rows_v, configure=kw)
 
 
-def run_case(case: dict, heads: int, kv_heads: int, splits=None) -> tuple[DecodeLaunch, dict]:
-    """Configure and run ``random_case`` on the GPU (CuPy), outputs poisoned with NaN first;
+def run_case(case: dict, heads: int, kv_heads: int, splits=None, **tiles) -> tuple[DecodeLaunch, dict]:
+    """Configure (``tiles``: block_cols, stages) and run ``random_case`` on the GPU (CuPy),
+    outputs poisoned with NaN first;
     returns the launch and the verdict of ``check_rows`` (with "all_written": every O and L
     entry finite)."""
     import cupy
 
     B, q_len, _, d = case["q"].shape
-    launch = configure(B, heads, kv_heads, d, splits=splits, **case["configure"])
+    launch = configure(B, heads, kv_heads, d, splits=splits, **case["configure"], **tiles)
     dq, dk, dv = (cupy.asarray(case[n]) for n in ("q", "k_cache", "v_cache"))
     out = cupy.full(dq.shape, np.nan if launch.dtype == "fp16" else 0x7FC0, dq.dtype)
     lse = cupy.full((B, heads, q_len), np.nan, cupy.float32)
