@@ -5,7 +5,9 @@ its registers, shared memory and spills printed into the log; no spills, shared 
 the opt-in limit and equal to the loader's formula; the header lists the versions; the split
 heuristic is FlashAttention's rule; every launch covers its rows, keys and splits; bad input
 raises KernelInputError (one line) before anything touches a GPU; the correctness rule fails
-a wrong output.
+a wrong output; and both kernels, emulated statement for statement in NumPy on the launch's
+own argument tuples (grid, layouts, block table, split ranges, masks, merges, combine), match
+the float64 reference.
 
 On a GPU (``@pytest.mark.gpu``): ragged batches, contiguous and paged caches (page sizes
 1, 16, 64 and one that divides nothing), q_len 1 to 16 under the causal mask, GQA groups
@@ -287,6 +289,153 @@ def test_the_cases_hold_each_sequences_rows_where_the_kernel_reads_them(page, dt
         assert all(np.array_equal(a, b) for a, b in zip(got, rows))
         assert np.isnan(decode.to_float32(cache)).sum() == cache.size - sum(lens) * 2 * 64
     launch.check_finite(case["q"], case["k_cache"], case["v_cache"])
+
+
+# ------------------------------------------------------------------ the kernels' arithmetic, emulated
+
+def _values(x, bf16):
+    return decode.to_float32(x.view(np.int16) if bf16 else x).reshape(-1)
+
+
+def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
+    """decode.cu's decode_split, statement for statement at block and warp level in NumPy
+    (the mma fragments aside): the same grid, indices, tile split, masks, online softmax per
+    key warp (P rounded to the input dtype before P V, as pack2 does), merge and writes into
+    the flat arrays the kernel gets. Its output must pass the same reference check."""
+    d, bf16, P, rw, B_c = (D[k] for k in ("HEAD_DIM", "IS_BF16", "PAGE_SIZE", "ROW_WARPS", "BLOCK_C"))
+    (Q, K, V, O, L, O_part, L_part, bt, kv_lens, batch, q_len, group, kv_heads, max_pages,
+     kv_batch_stride, num_splits, causal, scale_log2) = args
+    dt = "bf16" if bf16 else "fp16"
+    Qf, Kf, Vf = (_values(x, bf16) for x in (Q, K, V))
+    Of, Lf, Opf, Lpf, btf = (x.reshape(-1) for x in (O, L, O_part, L_part, bt))
+    KEY_WARPS, B_r = 4 // rw, 16 * rw
+    KW = B_c // KEY_WARPS
+    H, R, NR = kv_heads * group, q_len * group, batch * q_len * kv_heads * group
+    for z in range(grid[2]):
+        b, kvh = divmod(z, int(kv_heads))
+        for split in range(grid[1]):
+            for chunk in range(grid[0]):
+                row0, kv_len = chunk * B_r, int(kv_lens[b])
+                shift = kv_len - q_len if causal else kv_len - 1
+                qi_last = (min(R, row0 + B_r) - 1) // group
+                key_end = min(kv_len, shift + (qi_last if causal else 0) + 1)
+                T_c = -(-key_end // B_c)
+                t_begin, t_end = split * T_c // num_splits, (split + 1) * T_c // num_splits
+                Qs = np.zeros((B_r, d), np.float32)
+                limit = np.zeros(B_r, np.int64)
+                for r in range(B_r):
+                    pr = row0 + r
+                    if pr < R:
+                        qi, hg = divmod(pr, group)
+                        base = ((b * q_len + qi) * H + kvh * group + hg) * d
+                        Qs[r] = Qf[base:base + d]
+                    limit[r] = min(kv_len - 1, shift + (pr // group if causal else 0))
+                m = np.full((KEY_WARPS, B_r), -np.inf, np.float32)
+                l = np.zeros((KEY_WARPS, B_r), np.float32)
+                o = np.zeros((KEY_WARPS, B_r, d), np.float32)
+                for j in range(t_begin, t_end):
+                    for wn in range(KEY_WARPS):
+                        key0 = j * B_c + wn * KW
+                        Kt, Vt = np.zeros((KW, d), np.float32), np.zeros((KW, d), np.float32)
+                        for c in range(KW):
+                            p = key0 + c
+                            if p < kv_len:
+                                if P == 0:
+                                    off = b * kv_batch_stride + p * kv_heads * d + kvh * d
+                                else:
+                                    page = int(btf[b * max_pages + p // P])
+                                    off = (page * P + p % P) * kv_heads * d + kvh * d
+                                Kt[c], Vt[c] = Kf[off:off + d], Vf[off:off + d]
+                        S = Qs @ Kt.T
+                        if key0 + KW - 1 > shift:
+                            S[(key0 + np.arange(KW))[None, :] > limit[:, None]] = -np.inf
+                        with np.errstate(invalid="ignore"):
+                            m_new = np.maximum(m[wn], S.max(1) * np.float32(scale_log2))
+                            m_use = np.where(m_new == -np.inf, np.float32(0), m_new)
+                            alpha = np.exp2(m[wn] - m_use)
+                            Pij = np.exp2(S * np.float32(scale_log2) - m_use[:, None])
+                        l[wn] = l[wn] * alpha + Pij.sum(1)
+                        m[wn] = m_new
+                        o[wn] = o[wn] * alpha[:, None] + round_to(Pij, dt) @ Vt
+                M = np.fmax.reduce(m, axis=0)
+                with np.errstate(invalid="ignore"):
+                    a = np.where(m == -np.inf, np.float32(0), np.exp2(m - M[None]))
+                lsum = (a * l).sum(0)
+                osum = (a[:, :, None] * o).sum(0)
+                for r in range(B_r):
+                    pr = row0 + r
+                    if pr >= R:
+                        continue
+                    inv = 1 / lsum[r] if lsum[r] > 0 else 0.0
+                    lse = (M[r] + np.log2(lsum[r])) * np.log(2) if lsum[r] > 0 else -np.inf
+                    qi, h = pr // group, kvh * group + pr % group
+                    orow = (b * q_len + qi) * H + h
+                    if num_splits == 1:
+                        Of[orow * d:(orow + 1) * d] = decode.storage(osum[r] * inv, dt).view(Of.dtype)
+                        Lf[(b * H + h) * q_len + qi] = lse
+                    else:
+                        Opf[(split * NR + orow) * d:(split * NR + orow + 1) * d] = osum[r] * inv
+                        Lpf[split * NR + orow] = lse
+
+
+def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
+    """decode.cu's decode_combine in NumPy: one (warp, output row) at a time."""
+    d, bf16 = D["HEAD_DIM"], D["IS_BF16"]
+    O_part, L_part, O, L, NR, num_splits, H, q_len = args
+    Opf, Lpf, Of, Lf = (x.reshape(-1) for x in (O_part, L_part, O, L))
+    for orow in range(min(grid[0] * 4, NR)):
+        ls = np.array([Lpf[s * NR + orow] for s in range(num_splits)])
+        lmax = np.fmax.reduce(ls)
+        acc, total = np.zeros(d, np.float32), np.float32(0)
+        for s in range(num_splits):
+            if ls[s] == -np.inf:
+                continue
+            w = np.exp(ls[s] - lmax)
+            total += w
+            acc += w * Opf[(s * NR + orow) * d:(s * NR + orow + 1) * d]
+        inv = 1 / total if total > 0 else 0.0
+        Of[orow * d:(orow + 1) * d] = decode.storage(acc * inv, "bf16" if bf16 else "fp16").view(Of.dtype)
+        h, qi, b = orow % H, (orow // H) % q_len, orow // (H * q_len)
+        Lf[(b * H + h) * q_len + qi] = lmax + np.log(total) if total > 0 else -np.inf
+
+
+EMULATED = [
+    # H, kv_heads, d, kv_lens, q_len, page, dtype, splits
+    (4, 2, 64, [37, 130], 1, 0, "fp16", 1),
+    (4, 2, 64, [37, 130], 4, 0, "fp16", 3),
+    (8, 2, 64, [65, 200], 16, 16, "bf16", None),       # 64 rows: 4 row warps
+    (32, 1, 64, [70, 9], 1, 1, "fp16", 2),              # 32 rows: 2 row warps
+    (8, 1, 64, [100], 16, 64, "fp16", 2),               # 128 rows: 2 chunks
+    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7),         # more splits than tiles
+]
+
+
+@pytest.mark.parametrize("H,kvh,d,lens,q_len,page,dtype,splits", EMULATED, ids=str)
+def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, dtype, splits):
+    """The launch's own argument tuples (kernel_args), run through the emulation with every
+    output and workspace entry poisoned: the grid, the layouts, the block table, the split
+    ranges, the masks, the merges and the combine give the reference's answer."""
+    case = decode.random_case(np.random.default_rng(len(lens) + q_len), len(lens), H, kvh, d, lens,
+                              q_len, page, dtype)
+    launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"])
+    B, rows = len(lens), len(lens) * q_len * H
+    O = np.full(case["q"].shape, np.nan, np.float32).astype(case["q"].dtype) if dtype == "fp16" \
+        else np.full(case["q"].shape, 0x7FC0, np.int16)
+    L = np.full((B, H, q_len), np.nan, np.float32)
+    O_part = np.full((launch.splits, rows, d), np.nan, np.float32)
+    L_part = np.full((launch.splits, rows), np.nan, np.float32)
+    bt = launch.block_table if page else np.zeros((B, 1), np.int32)
+    args = launch.kernel_args(np, case["q"], case["k_cache"], case["v_cache"], O, L,
+                              *((O_part, L_part) if launch.splits > 1 else (O, L)), bt,
+                              np.asarray(lens, np.int32))
+    run = {"decode_split": emulate_decode_split, "decode_combine": emulate_decode_combine}
+    for kl, a in zip(launch.launches(), args):
+        run[kl.kernel](launch.defines(), kl.grid, a)
+    Of = decode.to_float32(O)
+    assert np.isfinite(Of).all() and np.isfinite(L).all()
+    refs = decode.reference_rows(launch, case["q_values"], case["rows_k"], case["rows_v"])
+    verdict = decode.check_rows(launch, refs, Of, L)
+    assert verdict["ok"], verdict
 
 
 # ------------------------------------------------------------------ on the GPU

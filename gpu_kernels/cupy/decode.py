@@ -287,19 +287,22 @@ class DecodeLaunch(CupyLaunch):
         L = output(lse, "lse", (self.batch, self.heads, self.q_len), "float32")
         kv_lens, bt = self._device_layout()
         O_part, L_part = self._partials() if self.splits > 1 else (O, L)   # unused when 1 split
-        stride = 0 if self.page_size else k.shape[1] * self.kv_heads * self.d
-        split, *combine = self.launches()
-        self.launch_kernel(split, (q, k, v, O, L, O_part, L_part, bt, kv_lens,
-                                   cupy.int32(self.batch), cupy.int32(self.q_len),
-                                   cupy.int32(self.group), cupy.int32(self.kv_heads),
-                                   cupy.int32(bt.shape[1]), cupy.int64(stride),
-                                   cupy.int32(self.splits), cupy.int32(self.causal),
-                                   cupy.float32(self.tau * LOG2E)))
-        for kl in combine:
-            self.launch_kernel(kl, (O_part, L_part, O, L, cupy.int32(O_part.shape[1]),
-                                    cupy.int32(self.splits), cupy.int32(self.heads),
-                                    cupy.int32(self.q_len)))
+        for kl, args in zip(self.launches(), self.kernel_args(cupy, q, k, v, O, L, O_part, L_part,
+                                                              bt, kv_lens)):
+            self.launch_kernel(kl, args)
         return Result(O, L)
+
+    def kernel_args(self, xp, q, k, v, O, L, O_part, L_part, block_table, kv_lens) -> list:
+        """The argument tuples of ``launches()`` in order (decode_split's, then
+        decode_combine's), the scalars as ``xp``'s (CuPy, or NumPy for an emulation) types."""
+        stride = 0 if self.page_size else k.shape[1] * self.kv_heads * self.d
+        i32 = xp.int32
+        split = (q, k, v, O, L, O_part, L_part, block_table, kv_lens, i32(self.batch),
+                 i32(self.q_len), i32(self.group), i32(self.kv_heads), i32(block_table.shape[1]),
+                 xp.int64(stride), i32(self.splits), i32(self.causal), xp.float32(self.tau * LOG2E))
+        combine = (O_part, L_part, O, L, i32(self.batch * self.q_len * self.heads),
+                   i32(self.splits), i32(self.heads), i32(self.q_len))
+        return [split, combine][:len(self.launches())]
 
 
 # ---------------------------------------------------------------------- configure (FlashInfer's plan)
