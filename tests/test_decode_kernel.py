@@ -538,3 +538,21 @@ def test_decode_attention_with_torch_tensors():
     mask = torch.ones(4, 57, dtype=torch.bool, device="cuda").tril(57 - 4)
     ref = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, enable_gqa=True)
     assert (O[1:].float().transpose(1, 2) - ref).abs().max().item() < 3e-2
+
+
+# ------------------------------------------------------------------ the benchmark's plan (no GPU)
+
+def test_benchmark_points_are_the_issues_grid():
+    from benchmarks import decode_h200 as bench
+
+    full, quick = bench.grid_points(False), bench.grid_points(True)
+    assert full[:len(bench.REFERENCE_POINTS)] == bench.REFERENCE_POINTS == quick
+    grid = {(B, kvh, n, q) for B in (1, 8, 64) for kvh in (32, 8, 1) for n in (4096, 32768, 131072)
+            for q in (1, 4)}
+    fits = {p for p in grid if 2 * p[0] * p[2] * p[1] * 128 * 2 <= 40e9}
+    assert set(full) == fits and len(full) == len(set(full))
+    assert grid - fits == {(64, 32, 131072, 1), (64, 32, 131072, 4)}        # 137 GB of K/V
+    for P in bench.PAGES:
+        assert P in decode.COMPILED_PAGE_SIZES
+    names = [c[:8] for c in bench.tiny_cases()]
+    assert {c[5] for c in names} == {0, 1, 16, 64} and {c[4] for c in names} >= {1, 4, 16}
