@@ -20,7 +20,8 @@
 //           L = log sum_s exp(L_s), O = sum_s exp(L_s - L) O_s.
 //
 //   HBM traffic per (b, kvh), rows R = q_len * group, n = kv_len (chunks: K/V once per chunk):
-//     read  K, V: 2 n d 2 bytes; Q: R d 2; block table (paged): ceil(n / P) * 4 per tile row read
+//     read  K, V: 2 n d 2 bytes; Q: R d 2; block table (paged): ceil(n / P) int32 entries
+//           (one lookup per key row; the repeats of a page hit the cache)
 //     write O: R d 2, L: R 4; splits S > 1: partials S R (d + 1) 4 written and read back once
 //
 // Work decomposition inside a block: 4 warps = ROW_WARPS x KEY_WARPS. Warp (wm, wn) owns the
