@@ -460,8 +460,12 @@ def main(argv=None) -> int:
 
     if args.sanitize:
         return sanitize()
-
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print("decode_h200: the table and --profile-point need PyTorch (inputs and peers); "
+              "--sanitize runs without it", file=sys.stderr)
+        return 2
 
     if args.profile_point:
         return profile_point(args.profile_point, torch)
