@@ -67,15 +67,16 @@ def test_no_spills_and_shared_memory_within_limits(resources):
 
 def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
     """The split heuristic counts blocks_per_sm resident blocks: the registers ptxas gave
-    (8 per thread, 256 per warp granules; 4 warps a block) must allow that many, and two fit
-    an SM in the default configuration at d = 128."""
+    (8 per thread, 256 per warp granules; NUM_WARPS warps a block) must allow that many, and
+    two fit an SM in the default configuration at d = 128."""
     for r in resources:
         if r.kernel != "decode_split":
             continue
         d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
+        w = int(re.search(r"NUM_WARPS=(\d+)", r.variant).group(1))
         warp_regs = math.ceil(math.ceil(r.registers / 8) * 8 * 32 / 256) * 256
-        assert decode.blocks_per_sm(r.dynamic_smem, d) <= 65536 // (4 * warp_regs), r
-        if d == 128 and f"BLOCK_C={decode.BLOCK_C} STAGES={decode.STAGES[128]}" in r.variant:
+        assert decode.blocks_per_sm(r.dynamic_smem, d, w) <= 65536 // (w * warp_regs), r
+        if d == 128 and f"BLOCK_C={decode.BLOCK_C} STAGES={decode.STAGES[128]} NUM_WARPS=4" in r.variant:
             assert decode.blocks_per_sm(r.dynamic_smem, d) == 2, r
 
 
@@ -140,9 +141,11 @@ def test_launch_covers_every_row_once(q_len, kv_heads):
     rows = q_len * 32 // kv_heads
     assert launch.rows == rows and launch.block_rows == 16 * launch.row_warps
     assert launch.chunks * launch.block_rows >= rows > (launch.chunks - 1) * launch.block_rows
-    assert launch.row_warps == (1 if rows <= 16 else 2 if rows <= 32 else 4)
+    assert launch.warps == (8 if rows > 64 else 4)
+    assert launch.row_warps == (1 if rows <= 16 else 2 if rows <= 32 else 4 if rows <= 64 else 8)
     split, *combine = launch.launches()
-    assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads) and split.threads == 128
+    assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads)
+    assert split.threads == 32 * launch.warps
     assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps)
     assert len(combine) == (launch.splits > 1)
     for s in (1, 5):
@@ -308,7 +311,7 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
     dt = "bf16" if bf16 else "fp16"
     Qf, Kf, Vf = (_values(x, bf16) for x in (Q, K, V))
     Of, Lf, Opf, Lpf, btf = (x.reshape(-1) for x in (O, L, O_part, L_part, bt))
-    KEY_WARPS, B_r = 4 // rw, 16 * rw
+    KEY_WARPS, B_r = D["NUM_WARPS"] // rw, 16 * rw
     KW = B_c // KEY_WARPS
     H, R, NR = kv_heads * group, q_len * group, batch * q_len * kv_heads * group
     for z in range(grid[2]):
@@ -379,8 +382,9 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
 
 
 def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
-    """decode.cu's decode_combine in NumPy: one (warp, output row) at a time."""
-    d, bf16 = D["HEAD_DIM"], D["IS_BF16"]
+    """decode.cu's decode_combine in NumPy: one (warp, output row) at a time. COMBINE 1 skips
+    an empty split's O_s; COMBINE 2 reads it (written as zeros) with weight 0."""
+    d, bf16, v2 = D["HEAD_DIM"], D["IS_BF16"], D["COMBINE"] == 2
     O_part, L_part, O, L, NR, num_splits, H, q_len = args
     Opf, Lpf, Of, Lf = (x.reshape(-1) for x in (O_part, L_part, O, L))
     for orow in range(min(grid[0] * 4, NR)):
@@ -388,9 +392,9 @@ def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
         lmax = np.fmax.reduce(ls)
         acc, total = np.zeros(d, np.float32), np.float32(0)
         for s in range(num_splits):
-            if ls[s] == -np.inf:
+            if ls[s] == -np.inf and not v2:
                 continue
-            w = np.exp(ls[s] - lmax)
+            w = np.float32(0) if ls[s] == -np.inf else np.exp(ls[s] - lmax)
             total += w
             acc += w * Opf[(s * NR + orow) * d:(s * NR + orow + 1) * d]
         inv = 1 / total if total > 0 else 0.0
@@ -400,24 +404,31 @@ def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
 
 
 EMULATED = [
-    # H, kv_heads, d, kv_lens, q_len, page, dtype, splits
-    (4, 2, 64, [37, 130], 1, 0, "fp16", 1),
-    (4, 2, 64, [37, 130], 4, 0, "fp16", 3),
-    (8, 2, 64, [65, 200], 16, 16, "bf16", None),       # 64 rows: 4 row warps
-    (32, 1, 64, [70, 9], 1, 1, "fp16", 2),              # 32 rows: 2 row warps
-    (8, 1, 64, [100], 16, 64, "fp16", 2),               # 128 rows: 2 chunks
-    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7),         # more splits than tiles
+    # H, kv_heads, d, kv_lens, q_len, page, dtype, splits, variant (decode.VARIANTS)
+    (4, 2, 64, [37, 130], 1, 0, "fp16", 1, "v1"),
+    (4, 2, 64, [37, 130], 4, 0, "fp16", 3, "v1"),
+    (8, 2, 64, [65, 200], 16, 16, "bf16", None, "v1"),       # 64 rows: 4 row warps
+    (32, 1, 64, [70, 9], 1, 1, "fp16", 2, "v1"),              # 32 rows: 2 row warps
+    (8, 1, 64, [100], 16, 64, "fp16", 2, "v1"),               # 128 rows: 2 chunks
+    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7, "v1"),         # more splits than tiles
+    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7, "v2"),         # v2's combine, empty splits
+    (32, 1, 64, [70, 300], 4, 0, "fp16", 40, "v2"),           # 128 rows, 8 warps, one chunk
+    (32, 1, 64, [70, 9], 1, 1, "fp16", 2, "v2_w8"),           # 32 rows: 2 row x 4 key warps
+    (8, 1, 64, [100], 16, 16, "bf16", 3, "v2_w8"),            # 128 rows: 8 row warps
+    (16, 1, 64, [90], 16, 0, "fp16", 2, "v2_w8"),             # 256 rows: 2 chunks of 128
 ]
 
 
-@pytest.mark.parametrize("H,kvh,d,lens,q_len,page,dtype,splits", EMULATED, ids=str)
-def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, dtype, splits):
+@pytest.mark.parametrize("H,kvh,d,lens,q_len,page,dtype,splits,variant", EMULATED, ids=str)
+def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, dtype, splits,
+                                                  variant):
     """The launch's own argument tuples (kernel_args), run through the emulation with every
     output and workspace entry poisoned: the grid, the layouts, the block table, the split
     ranges, the masks, the merges and the combine give the reference's answer."""
     case = decode.random_case(np.random.default_rng(len(lens) + q_len), len(lens), H, kvh, d, lens,
                               q_len, page, dtype)
-    launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"])
+    launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"],
+                              **decode.VARIANTS[variant])
     B, rows = len(lens), len(lens) * q_len * H
     O = np.full(case["q"].shape, np.nan, np.float32).astype(case["q"].dtype) if dtype == "fp16" \
         else np.full(case["q"].shape, 0x7FC0, np.int16)

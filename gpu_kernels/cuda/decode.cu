@@ -31,7 +31,14 @@
 // merge as decode_combine. Q fragments stay in registers; P goes from the S accumulators
 // straight into the A operand of P V (as flash2_tc.cu).
 //
-// Versions: one (v1): the design above. Masks: keys >= kv_len (ragged tiles, zero-filled
+// Versions (selected by compile-time constants, so the benchmark times old and new in one run):
+//   (v1) NUM_WARPS 4, COMBINE 1: the design above; decode_combine loops over the splits one by
+//       one in every lane (two dependent loads per split: slow when S is large, small grids)
+//   (v2) NUM_WARPS 8 (ROW_WARPS up to 8: 128 packed rows in one block, so MQA / big groups at
+//       q_len 4 read K/V once instead of once per 64-row chunk) and COMBINE 2: lane s of a
+//       warp loads L_s of 32 splits at once, the weights exp(L_s - L_max) go round by shuffle
+//       and the O_s loads of 8 splits are in flight together.
+// Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
 //
@@ -39,10 +46,13 @@
 //   HEAD_DIM   d, 64 or 128             IS_BF16    0: fp16, 1: bf16
 //   PAGE_SIZE  0: contiguous cache (B, capacity, kv_heads, d); P > 0: pages (num_pages, P,
 //              kv_heads, d) (vLLM "NHD") addressed through block_table (B, max_pages) int32
-//   ROW_WARPS  1, 2 or 4 (B_r = 16 ROW_WARPS)   BLOCK_C  B_c, keys per tile (multiple of 16 KEY_WARPS)
+//   NUM_WARPS  4 or 8 warps per decode_split block (32 NUM_WARPS threads)
+//   ROW_WARPS  1, 2, 4 (or 8 with 8 warps) (B_r = 16 ROW_WARPS)   BLOCK_C  B_c, keys per tile
+//              (a multiple of 16 KEY_WARPS, KEY_WARPS = NUM_WARPS / ROW_WARPS)
 //   STAGES     shared-memory buffers of K and V tiles in flight (2..4)
-// Grid of decode_split: (row chunks, splits, B * kv_heads); block: 128 threads; dynamic shared
-// memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block.
+//   COMBINE    1 or 2: decode_combine's version (above)
+// Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
+// shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block.
 // Layouts: Q, O (B, q_len, H, d); L (B, H, q_len) fp32 (natural log); workspace O_part
 // (S, B q_len H, d) fp32, L_part (S, B q_len H) fp32.
 
@@ -65,8 +75,15 @@
 #define STAGES 3
 #endif
 
+#ifndef NUM_WARPS
 #define NUM_WARPS 4
+#endif
+#ifndef COMBINE
+#define COMBINE 1
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
+#define COMBINE_WARPS 4
+#define COMBINE_THREADS (32 * COMBINE_WARPS)
 #define KEY_WARPS (NUM_WARPS / ROW_WARPS)
 #define BLOCK_R (16 * ROW_WARPS)
 #define KW (BLOCK_C / KEY_WARPS)                     // keys of a tile per warp
@@ -76,7 +93,10 @@
 #define MERGE_BYTES (KEY_WARPS * BLOCK_R * (HEAD_DIM + 2) * 4)
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
-static_assert(ROW_WARPS == 1 || ROW_WARPS == 2 || ROW_WARPS == 4, "ROW_WARPS is 1, 2 or 4");
+static_assert(NUM_WARPS == 4 || NUM_WARPS == 8, "NUM_WARPS is 4 or 8");
+static_assert((ROW_WARPS == 1 || ROW_WARPS == 2 || ROW_WARPS == 4 || ROW_WARPS == 8) &&
+              ROW_WARPS <= NUM_WARPS, "ROW_WARPS is 1, 2, 4 or 8, at most NUM_WARPS");
+static_assert(COMBINE == 1 || COMBINE == 2, "COMBINE is 1 or 2");
 static_assert(KW % 16 == 0 && KW >= 16, "BLOCK_C must be a multiple of 16 KEY_WARPS");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
 static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
@@ -348,19 +368,20 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 // ---------------------------------------------------------------- kernel 2: combine the splits
 // One warp per output row orow = (b q_len + qi) H + h; lane l owns columns l CPL .. + CPL - 1.
 // L = log sum_s exp(L_s) (empty splits: L_s = -inf, weight 0), O = sum_s exp(L_s - L) O_s.
-extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_part,
                u16* __restrict__ O, float* __restrict__ L, int NR, int num_splits, int H,
                int q_len) {
     constexpr int D = HEAD_DIM, CPL = D / 32;
-    const int orow = blockIdx.x * NUM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int orow = blockIdx.x * COMBINE_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (orow >= NR) return;
     const float NEG_INF = neg_inf();
     float lmax = NEG_INF;
-    for (int s = 0; s < num_splits; ++s) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
     float sum = 0.f, acc[CPL];
 #pragma unroll
     for (int k = 0; k < CPL; ++k) acc[k] = 0.f;
+#if COMBINE == 1
+    for (int s = 0; s < num_splits; ++s) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
     for (int s = 0; s < num_splits; ++s) {
         const float ls = L_part[(size_t)s * NR + orow];
         if (ls == NEG_INF) continue;
@@ -370,6 +391,34 @@ decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_par
 #pragma unroll
         for (int k = 0; k < CPL; ++k) acc[k] += w * src[k];
     }
+#else
+    // lane s % 32 loads L_s: 32 splits per load, the max and sum by shuffles
+    for (int s = lane; s < num_splits; s += 32) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
+#pragma unroll
+    for (int x = 16; x; x >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffffu, lmax, x));
+    for (int s0 = 0; s0 < num_splits; s0 += 32) {
+        const int s = s0 + lane;
+        const float ls = s < num_splits ? L_part[(size_t)s * NR + orow] : NEG_INF;
+        const float w_mine = ls == NEG_INF ? 0.f : expf(ls - lmax);   // empty split: weight 0
+        sum += w_mine;
+        const int n = min(32, num_splits - s0);
+        // every split's O_s is written (an empty one as zeros), so no branch: loads in flight
+#pragma unroll 8
+        for (int k = 0; k < n; ++k) {
+            const float w = __shfl_sync(0xffffffffu, w_mine, k);
+            const float* src = O_part + ((size_t)(s0 + k) * NR + orow) * D + lane * CPL;
+#if HEAD_DIM == 128
+            const float4 x = *reinterpret_cast<const float4*>(src);
+            acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+#else
+            const float2 x = *reinterpret_cast<const float2*>(src);
+            acc[0] += w * x.x, acc[1] += w * x.y;
+#endif
+        }
+    }
+#pragma unroll
+    for (int x = 16; x; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+#endif
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     u32 packed[CPL / 2];
 #pragma unroll
