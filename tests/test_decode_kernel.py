@@ -180,16 +180,61 @@ def test_registry_entries():
     _refused(registry.get, "cupy_decode9", match="no kernel")
 
 
-def test_plan_is_flashsims_or_says_it_is_missing():
-    """Until flashsim has ``flashdecoding``/``paged`` (issue 14's model side), plan() says so
-    in one line; once it has, the plan is for this step's algorithm."""
-    from flashsim.algorithms import ALGORITHMS
+PLANNED = [
+    # B, H, kv_heads, kv_lens, q_len, page, variant (decode.VARIANTS), splits
+    (8, 32, 8, [32768] * 8, 1, 0, "v2", None),
+    (1, 32, 1, [32768], 4, 0, "v2", None),              # 128 rows, one 8-warp block
+    (1, 32, 1, [32768], 4, 0, "v1", None),              # 128 rows, two 64-row chunks
+    (2, 16, 1, [65, 300], 16, 0, "v2", 3),              # 256 rows: chunks of 128, causal edge
+    (3, 32, 4, [100, 3000, 70000], 1, 16, "v2", None),  # ragged, paged
+    (2, 32, 32, [513, 77], 1, 1, "v1", 4),
+    (2, 32, 8, [129, 4000], 4, 64, "v2_w8", None),
+]
 
-    launch = decode.configure(1, 32, 8, 128, kv_lens=[4096])
-    if "flashdecoding" not in ALGORITHMS:
-        _refused(launch.plan, match="no 'flashdecoding' algorithm")
-    else:
-        assert launch.plan().algorithm == "flashdecoding"
+
+@pytest.mark.parametrize("B,H,kvh,lens,q_len,page,variant,splits", PLANNED, ids=str)
+def test_plan_is_flashsims_for_exactly_this_launch(B, H, kvh, lens, q_len, page, variant, splits):
+    """launch.plan() is flashsim's plan of the same step: the same algorithm, B_c, splits,
+    B_r (the rows a block computes) and page size, and the plan's K/V bytes equal the bytes
+    decode_split's index arithmetic reads (kv_bytes_read; with chunks, once per chunk)."""
+    name = "cupy_decode_paged" if page else "cupy_decode"
+    kw = {}
+    if page:
+        need = sum(-(-n // page) for n in lens)
+        bt = np.random.default_rng(0).permutation(need + 5)[:need]
+        table = np.full((B, max(-(-n // page) for n in lens)), -1, np.int32)
+        i = 0
+        for b, n in enumerate(lens):
+            table[b, :-(-n // page)] = bt[i:i + -(-n // page)]
+            i += -(-n // page)
+        kw = dict(page_size=page, block_table=table, num_pages=need + 5)
+    launch = registry.get(name).launch(batch=B, heads=H, kv_heads=kvh, head_dim=128, kv_lens=lens,
+                                       q_len=q_len, splits=splits, **kw, **decode.VARIANTS[variant])
+    plan = launch.plan()
+    assert plan.algorithm == launch.algorithm == ("paged" if page else "flashdecoding")
+    assert (plan.block_cols, plan.splits, plan.block_rows) == (launch.block_cols, launch.splits,
+                                                               launch.plan_block_rows)
+    assert plan.page_size == (page or None) and plan.kv_lens == tuple(lens)
+    assert plan.group_rows // plan.block_rows == launch.chunks
+    assert plan.count().kv_bytes == launch.kv_bytes_read()
+    assert launch.kv_bytes_read() >= launch.kv_bytes
+    assert (launch.kv_bytes_read() == launch.kv_bytes) == (launch.chunks == 1)
+
+
+def test_registry_launch_takes_the_plans_names():
+    """registry.get('cupy_decode').launch(...) in flashsim.plan's decode names, kv_len for a
+    uniform batch; one clear error for both or neither of kv_len, kv_lens."""
+    entry = registry.get("cupy_decode")
+    a = entry.launch(batch=8, heads=32, kv_heads=8, head_dim=128, kv_len=32768, dtype="bf16")
+    b = decode.configure(8, 32, 8, 128, kv_lens=[32768] * 8, dtype="bf16")
+    assert a.defines() == b.defines() and a.launches() == b.launches() and a.kv_lens == b.kv_lens
+    assert entry.launch(batch=2, heads=4, head_dim=64, kv_len=10).kv_heads == 4
+    _refused(entry.launch, batch=2, heads=4, head_dim=64, match="kv_len")
+    _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, kv_lens=[5, 5], match="both")
+    _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, dtype="fp32", match="fp32")
+    _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, warps=6, match="warps")
+    _refused(decode.configure(1, 8, 1, 128, kv_lens=[100], page_size=48, block_table=[[0, 1, 2]],
+                              num_pages=3).plan, match="page_size")
 
 
 # ------------------------------------------------------------------ bad input (no GPU)
@@ -320,9 +365,7 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
             for chunk in range(grid[0]):
                 row0, kv_len = chunk * B_r, int(kv_lens[b])
                 shift = kv_len - q_len if causal else kv_len - 1
-                qi_last = (min(R, row0 + B_r) - 1) // group
-                key_end = min(kv_len, shift + (qi_last if causal else 0) + 1)
-                T_c = -(-key_end // B_c)
+                T_c = -(-kv_len // B_c)
                 t_begin, t_end = split * T_c // num_splits, (split + 1) * T_c // num_splits
                 Qs = np.zeros((B_r, d), np.float32)
                 limit = np.zeros(B_r, np.int64)

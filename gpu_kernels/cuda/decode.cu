@@ -175,9 +175,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 
     // Key k is visible to query position qi when k <= limit(qi) (and k < kv_len).
     const int shift = causal ? kv_len - q_len : kv_len - 1;
-    const int qi_last = (min(R, row0 + BLOCK_R) - 1) / group;
-    const int key_end = min(kv_len, shift + (causal ? qi_last : 0) + 1);
-    const int T_c = cdiv(key_end, B_c);
+    // Every chunk streams all T_c tiles (its last rows may see fewer keys: the mask hides
+    // them), so each chunk reads the K/V bytes flashsim's nest counts per Q tile.
+    const int T_c = cdiv(kv_len, B_c);
     const int t_begin = (int)((long long)split * T_c / num_splits);
     const int t_end = (int)((long long)(split + 1) * T_c / num_splits);
 

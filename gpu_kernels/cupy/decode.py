@@ -181,28 +181,41 @@ class DecodeLaunch(CupyLaunch):
                                     COMBINE_THREADS))
         return out
 
-    def plan(self, gpu=None):
-        """flashsim's plan for this step (algorithm ``flashdecoding`` or ``paged``), passing
-        the arguments its ``plan`` accepts. Until the model side of issue 14 adds those
-        algorithms this raises KernelInputError (the kernel runs without it)."""
-        import inspect
+    def kv_bytes_read(self) -> int:
+        """K and V bytes decode_split reads, from its index arithmetic: per (sequence, KV head,
+        row chunk) the keys p < kv_len of all its T_c = ceil(kv_len / B_c) tiles (the rest are
+        zero-filled, not read), 2 (K, V) x d x 2 bytes each: kv_bytes with one chunk, K/V once
+        per chunk with more."""
+        return 2 * self.chunks * sum(self.kv_lens) * self.kv_heads * self.d * 2
 
+    @property
+    def plan_block_rows(self) -> int:
+        """The query rows a block computes, as flashsim's B_r: all q_len x group rows of a KV
+        head (one chunk), else the chunk's 16 ROW_WARPS."""
+        return self.rows if self.chunks == 1 else self.block_rows
+
+    def plan(self, gpu=None):
+        """flashsim's plan for exactly this step (``flashdecoding`` or ``paged``): the same
+        kv_lens, q_len, heads, kv_heads, d, dtype, causal mask, splits S, B_c, B_r
+        (``plan_block_rows``), page size and warps per block. KernelInputError (one line)
+        where flashsim's nest cannot tile it (a chunk that does not divide the group's rows, a
+        page size that neither divides B_c nor is a multiple of it)."""
         import flashsim
-        from flashsim.algorithms import ALGORITHMS
         from flashsim.hardware.presets import DEFAULT_GPU
 
-        from ..common import planned
+        from ..common import FlashsimError
 
-        if self.algorithm not in ALGORITHMS:
-            raise KernelInputError(f"flashsim has no {self.algorithm!r} algorithm yet: this "
-                                   "decode launch has no plan")
-        kw = dict(batch=self.batch, heads=self.heads, dtype=self.dtype, gpu=gpu or DEFAULT_GPU,
-                  causal=self.causal, block_rows=self.block_rows, block_cols=self.block_cols,
-                  kv_heads=self.kv_heads, q_len=self.q_len, kv_len=self.N,
-                  kv_lens=list(self.kv_lens), splits=self.splits, page_size=self.page_size or None)
-        accepted = inspect.signature(flashsim.plan).parameters
-        return planned(self.algorithm, self.N, self.d,
-                       **{k: v for k, v in kw.items() if k in accepted})
+        try:
+            return flashsim.plan(self.algorithm, q_len=self.q_len, kv_lens=list(self.kv_lens),
+                                 heads=self.heads, kv_heads=self.kv_heads, head_dim=self.d,
+                                 batch=self.batch, dtype=self.dtype, splits=self.splits,
+                                 page_size=self.page_size or None, block_cols=self.block_cols,
+                                 block_rows=self.plan_block_rows, causal=self.causal,
+                                 warps=self.warps, gpu=gpu or DEFAULT_GPU)
+        except KernelInputError:
+            raise
+        except FlashsimError as exc:
+            raise KernelInputError(f"{self.kernel}: flashsim has no plan for this launch: {exc}") from exc
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
