@@ -472,6 +472,24 @@ def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, 
                               q_len, page, dtype)
     launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"],
                               **decode.VARIANTS[variant])
+    _emulate_and_check(launch, case)
+
+
+def test_sanitizer_cases_pass_under_emulation():
+    """Every tiny launch the GPU run's compute-sanitizer step makes (every variant), emulated
+    here first: each matches the float64 reference."""
+    from benchmarks.decode_h200 import tiny_cases
+
+    for i, (H, kvh, d, lens, q_len, page, dtype, splits, tiles) in enumerate(tiny_cases()):
+        case = decode.random_case(np.random.default_rng(i), len(lens), H, kvh, d, lens, q_len, page,
+                                  dtype)
+        _emulate_and_check(decode.configure(len(lens), H, kvh, d, splits=splits,
+                                            **case["configure"], **tiles), case)
+
+
+def _emulate_and_check(launch, case):
+    lens, (_, q_len, H, d) = launch.kv_lens, case["q"].shape
+    page, dtype = launch.page_size, launch.dtype
     B, rows = len(lens), len(lens) * q_len * H
     O = np.full(case["q"].shape, np.nan, np.float32).astype(case["q"].dtype) if dtype == "fp16" \
         else np.full(case["q"].shape, 0x7FC0, np.int16)
@@ -489,7 +507,7 @@ def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, 
     assert np.isfinite(Of).all() and np.isfinite(L).all()
     refs = decode.reference_rows(launch, case["q_values"], case["rows_k"], case["rows_v"])
     verdict = decode.check_rows(launch, refs, Of, L)
-    assert verdict["ok"], verdict
+    assert verdict["ok"], (launch.plan_record(), verdict)
 
 
 # ------------------------------------------------------------------ on the GPU
@@ -537,6 +555,22 @@ def test_kernel_matches_float64_reference(B, H, kvh, d, lens, q_len, page, dtype
     launch = _run_and_check(cupy, B, H, kvh, d, lens, q_len, page, dtype, splits)
     if splits is not None:
         assert launch.splits == splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(decode.VARIANTS))
+def test_every_variant_the_benchmark_times(variant):
+    """Each configuration of decode.VARIANTS, as the benchmark runs it, on MQA/GQA, q_len 1 and
+    4, contiguous and paged, one split and many."""
+    _cupy_or_skip()
+    for B, H, kvh, lens, q_len, page, splits in ((2, 32, 1, [300, 2000], 1, 0, None),
+                                                 (1, 32, 1, [700], 4, 0, 9),
+                                                 (2, 32, 8, [129, 4000], 4, 16, None),
+                                                 (1, 32, 1, [5000], 4, 64, 1),
+                                                 (2, 16, 1, [90, 20], 16, 0, 2)):
+        case = decode.random_case(np.random.default_rng(q_len), B, H, kvh, 128, lens, q_len, page, "fp16")
+        launch, verdict = decode.run_case(case, H, kvh, splits, **decode.VARIANTS[variant])
+        assert verdict["ok"], (launch.plan_record(), verdict)
 
 
 @pytest.mark.gpu
