@@ -251,14 +251,16 @@ class Bench(Recorder):
                 continue
             seen.add(key)
             self.record({"impl": "cupy_decode", **base, "page_size": 0, "splits": lv.splits,
-                         "variant": name, "warps": lv.warps, "combine": lv.combine},
+                         "variant": name, "warps": lv.warps, "combine": lv.combine,
+                         "block_cols": lv.block_cols, "stages": lv.stages},
                         run_ours(lv, k, v), ours_check)
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
             lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
                                   block_table=bt, num_pages=kp.shape[0], **self.tile)
             self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "splits": lp.splits,
-                         "variant": "v2", "warps": lp.warps, "combine": lp.combine},
+                         "variant": "v2", "warps": lp.warps, "combine": lp.combine,
+                         "block_cols": lp.block_cols, "stages": lp.stages},
                         run_ours(lp, kp, vp), ours_check)
             del kp, vp
             torch.cuda.empty_cache()
