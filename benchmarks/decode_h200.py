@@ -20,6 +20,7 @@ skipped). Implementations per point, all on the same K/V values:
                      same run (a configuration equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
+                     (v2: block-table entries prefetched a tile ahead; v1 too at pages of 16)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
                      kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
                      reference; the q_len - 1 hidden keys change no bandwidth)
@@ -53,6 +54,7 @@ REFERENCE_POINTS = [(8, 8, 32768, 1), (1, 8, 32768, 1), (64, 8, 4096, 1), (1, 8,
 FLEX_POINTS = {(8, 8, 32768, 1), (8, 8, 32768, 4)}
 FLEX_GRACE_S = 40.0
 TUNING_POINTS = [(8, 8, 32768, 1), (64, 8, 4096, 1), (1, 8, 32768, 1)]
+PAGED_V1 = 16                 # the page size at which v1 (no block-table prefetch) is timed too
 MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: small points only
 
 METHOD = ("Every implementation is checked on the very inputs it is timed on before it is timed: "
@@ -256,12 +258,15 @@ class Bench(Recorder):
                         run_ours(lv, k, v), ours_check)
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
-            lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
-                                  block_table=bt, num_pages=kp.shape[0], **self.tile)
-            self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "splits": lp.splits,
-                         "variant": "v2", "warps": lp.warps, "combine": lp.combine,
-                         "block_cols": lp.block_cols, "stages": lp.stages},
-                        run_ours(lp, kp, vp), ours_check)
+            for name in ("v2", "v1") if P == PAGED_V1 else ("v2",):
+                lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
+                                      block_table=bt, num_pages=kp.shape[0], **self.tile,
+                                      **decode.VARIANTS[name])
+                self.record({"impl": "cupy_decode_paged", **base, "page_size": P,
+                             "splits": lp.splits, "variant": name, "warps": lp.warps,
+                             "combine": lp.combine, "page_prefetch": lp.page_prefetch,
+                             "block_cols": lp.block_cols, "stages": lp.stages},
+                            run_ours(lp, kp, vp), ours_check)
             del kp, vp
             torch.cuda.empty_cache()
 
@@ -417,6 +422,7 @@ def tiny_cases():
     v1, v2, w8 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8"))
     return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, {}),   # 32 rows: 2 row warps
                             (32, 1, 128, [100], 4, 0, "fp16", 2, v1),      # 128 rows: 2 chunks
+                            (4, 2, 128, [37, 300], 4, 16, "fp16", 3, v1),  # v1's paged loads
                             (32, 1, 128, [100], 4, 0, "fp16", 2, {}),      # 128 rows: 8 warps
                             (8, 2, 128, [65, 200], 16, 16, "bf16", None, {}),
                             (8, 8, 64, [1, 64, 129], 1, 1, "fp16", 2, {}),

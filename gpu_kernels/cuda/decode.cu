@@ -37,7 +37,8 @@
 //   (v2) NUM_WARPS 8 (ROW_WARPS up to 8: 128 packed rows in one block, so MQA / big groups at
 //       q_len 4 read K/V once instead of once per 64-row chunk) and COMBINE 2: lane s of a
 //       warp loads L_s of 32 splits at once, the weights exp(L_s - L_max) go round by shuffle
-//       and the O_s loads of 8 splits are in flight together.
+//       and the O_s loads of 8 splits are in flight together; PAGE_PREFETCH 1: a paged
+//       tile's block-table entries are read one tile ahead (registers), off the copy's path.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -51,6 +52,7 @@
 //              (a multiple of 16 KEY_WARPS, KEY_WARPS = NUM_WARPS / ROW_WARPS)
 //   STAGES     shared-memory buffers of K and V tiles in flight (2..4)
 //   COMBINE    1 or 2: decode_combine's version (above)
+//   PAGE_PREFETCH  0 as in v1, or 1 (v2, paged): block-table entries read one tile ahead
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block.
 // Layouts: Q, O (B, q_len, H, d); L (B, H, q_len) fp32 (natural log); workspace O_part
@@ -80,6 +82,9 @@
 #endif
 #ifndef COMBINE
 #define COMBINE 1
+#endif
+#ifndef PAGE_PREFETCH
+#define PAGE_PREFETCH 0
 #endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
@@ -111,17 +116,42 @@ __device__ __forceinline__ int tile_off(int row, int col) {
     return row * HEAD_DIM + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
+constexpr int CHUNKS = HEAD_DIM / 8;                      // 16-byte chunks per K/V row
+constexpr int LOAD_ITERS = BLOCK_C * CHUNKS / NUM_THREADS;  // chunks per thread per tile
+static_assert(BLOCK_C * CHUNKS % NUM_THREADS == 0, "whole tiles per thread sweep");
+
+// PAGE_PREFETCH (paged): the block-table entries of the rows a thread loads for a tile are
+// read one tile ahead into registers (one entry when a page holds whole tiles), so a tile's
+// cp.async never waits on a block-table load; 0: read just before the copy (v1).
+#if PAGE_SIZE > 0 && PAGE_PREFETCH
+constexpr int NPG = PAGE_SIZE % BLOCK_C == 0 ? 1 : LOAD_ITERS;
+#else
+constexpr int NPG = 1;
+#endif
+struct Pages { int pg[NPG]; };
+
+// The pages of tile key0's rows that this thread copies (rows past kv_len: unused, 0).
+__device__ __forceinline__ void fetch_pages(Pages& P, const int* bt_row, int key0, int kv_len) {
+#if PAGE_SIZE > 0 && PAGE_PREFETCH
+#pragma unroll
+    for (int i = 0; i < NPG; ++i) {
+        const int p = key0 + (NPG == 1 ? 0 : (i * NUM_THREADS + (int)threadIdx.x) / CHUNKS);
+        P.pg[i] = p < kv_len ? bt_row[p / PAGE_SIZE] : 0;
+    }
+#else
+    (void)P; (void)bt_row; (void)key0; (void)kv_len;
+#endif
+}
+
 // K_j, V_j: keys key0 .. key0 + B_c - 1 of sequence b, KV head kvh, into one stage.
 // Keys >= kv_len are zero-filled (no bytes read; P is 0 there and 0 * 0 stays 0).
+// PAGE_PREFETCH: ``pages`` holds this tile's fetch_pages.
 __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, const u16* V,
                                         const int* bt_row, size_t seq_base, int key0, int kv_len,
-                                        int row_stride, int head_off) {
-    constexpr int CHUNKS = HEAD_DIM / 8;   // 16-byte chunks per row
-    constexpr int ITERS = BLOCK_C * CHUNKS / NUM_THREADS;
-    static_assert(BLOCK_C * CHUNKS % NUM_THREADS == 0, "whole tiles per thread sweep");
-    (void)bt_row; (void)seq_base;
+                                        int row_stride, int head_off, const Pages& pages) {
+    (void)bt_row; (void)seq_base; (void)pages;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
+    for (int it = 0; it < LOAD_ITERS; ++it) {
         const int c = it * NUM_THREADS + threadIdx.x;
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const int p = key0 + r;            // key position in the sequence
@@ -131,7 +161,11 @@ __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, cons
 #if PAGE_SIZE == 0
             off = seq_base + (size_t)p * row_stride + head_off;
 #else
+#if PAGE_PREFETCH
+            const int page = pages.pg[NPG == 1 ? 0 : it];
+#else
             const int page = bt_row[p / PAGE_SIZE];
+#endif
             off = ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * row_stride + head_off;
 #endif
         }
@@ -181,14 +215,19 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     const int t_begin = (int)((long long)split * T_c / num_splits);
     const int t_end = (int)((long long)(split + 1) * T_c / num_splits);
 
-    // ---- prologue: the first STAGES - 1 tiles in flight, then Q_i (plain 16-byte loads)
+    // ---- prologue: the first STAGES - 1 tiles in flight, then Q_i (plain 16-byte loads).
+    // Invariant of the loop below: at iteration j, ``pages`` holds tile j + STAGES - 1's.
+    Pages pages;
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
-        if (t_begin + st < t_end)
+        if (t_begin + st < t_end) {
+            fetch_pages(pages, bt_row, (t_begin + st) * B_c, kv_len);
             load_kv(KV_s + 2 * st * KV_TILE_ELEMS, KV_s + (2 * st + 1) * KV_TILE_ELEMS, K, V, bt_row,
-                    seq_base, (t_begin + st) * B_c, kv_len, row_stride, head_off);
+                    seq_base, (t_begin + st) * B_c, kv_len, row_stride, head_off, pages);
+        }
         cp_async_commit();
     }
+    if (t_begin + STAGES - 1 < t_end) fetch_pages(pages, bt_row, (t_begin + STAGES - 1) * B_c, kv_len);
     for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
         const int r = c / (D / 8), col = (c % (D / 8)) * 8, pr = row0 + r;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -225,8 +264,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             const int jn = j + STAGES - 1, st = (jn - t_begin) % STAGES;
             if (jn < t_end)
                 load_kv(KV_s + 2 * st * KV_TILE_ELEMS, KV_s + (2 * st + 1) * KV_TILE_ELEMS, K, V,
-                        bt_row, seq_base, jn * B_c, kv_len, row_stride, head_off);
+                        bt_row, seq_base, jn * B_c, kv_len, row_stride, head_off, pages);
             cp_async_commit();
+            if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);   // next one
         }
         const int st = (j - t_begin) % STAGES;
         const u16* K_j = KV_s + 2 * st * KV_TILE_ELEMS;

@@ -109,10 +109,12 @@ def num_splits_heuristic(blocks: int, slots: int, n_tiles: int, max_splits: int 
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
-            stages: int | None = None, warps: int = 4, combine: int = 2) -> dict[str, int]:
+            stages: int | None = None, warps: int = 4, combine: int = 2,
+            page_prefetch: int = 1) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
             "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
-            "NUM_WARPS": warps, "COMBINE": combine}
+            "NUM_WARPS": warps, "COMBINE": combine,
+            "PAGE_PREFETCH": int(bool(page_prefetch and page_size))}
 
 
 def default_warps(rows: int) -> int:
@@ -122,8 +124,10 @@ def default_warps(rows: int) -> int:
 
 
 # The configurations the benchmark times at every point of ours (name -> configure keywords):
-# v1 as measured in the first run, and v2 (its combine; 8 warps where rows > 64 by default).
-VARIANTS = {"v1": dict(warps=4, combine=1), "v2": dict(combine=2), "v2_w8": dict(warps=8, combine=2)}
+# v1 as measured in the first run, and v2 (its combine, the block-table prefetch; 8 warps
+# where rows > 64 by default).
+VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0), "v2": dict(combine=2),
+            "v2_w8": dict(warps=8, combine=2)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -148,6 +152,7 @@ class DecodeLaunch(CupyLaunch):
     stages: int = 3                  # K/V tiles in flight
     warps: int = 4                   # NUM_WARPS of decode_split
     combine: int = 2                 # COMBINE: decode_combine's version
+    page_prefetch: int = 1           # PAGE_PREFETCH: block-table entries one tile ahead
 
     @property
     def group(self) -> int:
@@ -170,7 +175,7 @@ class DecodeLaunch(CupyLaunch):
 
     def defines(self) -> dict[str, int]:
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
-                       self.stages, self.warps, self.combine)
+                       self.stages, self.warps, self.combine, self.page_prefetch)
 
     def launches(self) -> list[KernelLaunch]:
         out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
@@ -221,7 +226,8 @@ class DecodeLaunch(CupyLaunch):
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
                     block_cols=self.block_cols, splits=self.splits, page_size=self.page_size,
                     kv_heads=self.kv_heads, q_len=self.q_len, row_warps=self.row_warps,
-                    warps=self.warps, combine=self.combine, stages=self.stages)
+                    warps=self.warps, combine=self.combine, stages=self.stages,
+                    page_prefetch=self.page_prefetch)
 
     # ------------------------------------------------------------------ inputs
     def cache_shape_ok(self, shape: tuple) -> str | None:
@@ -417,13 +423,14 @@ def check_layout(batch: int, kv_lens, q_len: int, causal: bool, page_size: int,
 def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, q_len: int = 1,
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
-              stages=None, warps=None, combine=2) -> DecodeLaunch:
+              stages=None, warps=None, combine=2, page_prefetch=1) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: the heuristic for ``sm_count`` SMs.
     ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
     STAGES[d]). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
-    ``combine``: decode_combine's version, 1 or 2 (the .cu file's header)."""
+    ``combine``: decode_combine's version, 1 or 2 (the .cu file's header); ``page_prefetch``
+    1 (paged): block-table entries read one tile ahead, 0: as v1."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -447,9 +454,10 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     lens, bt = check_layout(batch, kv_lens, q_len, causal, page_size or 0, block_table, num_pages)
     rows = q_len * (heads // kv_heads)
     warps = default_warps(rows) if warps is None else _int(warps, "warps")
-    if warps not in WARPS or combine not in COMBINES:
-        raise KernelInputError(f"warps = {warps!r}, combine = {combine!r}: the kernel has warps in "
-                               f"{WARPS} and combine in {COMBINES}")
+    if warps not in WARPS or combine not in COMBINES or page_prefetch not in (0, 1):
+        raise KernelInputError(f"warps = {warps!r}, combine = {combine!r}, page_prefetch = "
+                               f"{page_prefetch!r}: the kernel has warps in {WARPS}, combine in "
+                               f"{COMBINES}, page_prefetch 0 or 1")
     Bc = BLOCK_C if block_cols is None else _int(block_cols, "block_cols")
     rw = row_warps(rows, warps, Bc)
     chunks = cdiv(rows, 16 * rw)
@@ -475,7 +483,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         16 * rw, Bc, 32 * warps, 0, smem, None, kv_heads=kv_heads,
                         q_len=q_len, kv_lens=lens, page_size=page_size or 0, block_table=bt,
                         num_pages=None if not page_size else int(num_pages), splits=splits,
-                        chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine)
+                        chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
+                        page_prefetch=int(bool(page_prefetch and page_size)))
 
 
 def compile_variants():
@@ -490,8 +499,10 @@ def compile_variants():
     for Bc, st in TUNING[1:]:                # the tuning candidates, as the benchmark runs them
         for rw in (1, 2, 4):
             out.append((CU_FILE, defines(128, "fp16", 0, rw, Bc, st), smem_bytes(128, rw, Bc, st), HOT))
-    for rw in (1, 2, 4):                     # v1's combine, as the benchmark times it
-        out.append((CU_FILE, defines(128, "fp16", 0, rw, combine=1), smem_bytes(128, rw), HOT))
+    for page in COMPILED_PAGE_SIZES:         # v1 (its combine, no prefetch), as the benchmark times it
+        for rw in (1, 2, 4):
+            out.append((CU_FILE, defines(128, "fp16", page, rw, combine=1, page_prefetch=0),
+                        smem_bytes(128, rw), HOT))
     for d in HEAD_DIMS:                      # v2's 8 warps (row warps 2, 4, 8 at B_c = 64)
         for dtype in ("fp16", "bf16"):
             for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
