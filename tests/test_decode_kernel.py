@@ -233,6 +233,8 @@ def test_registry_launch_takes_the_plans_names():
     _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, kv_lens=[5, 5], match="both")
     _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, dtype="fp32", match="fp32")
     _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, warps=6, match="warps")
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, match="merge")
+    assert decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, warps=4).stages == 2
     _refused(decode.configure(1, 8, 1, 128, kv_lens=[100], page_size=48, block_table=[[0, 1, 2]],
                               num_pages=3).plan, match="page_size")
 

@@ -466,6 +466,11 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if Bc % (16 * kw_) or not 2 <= stages <= 4:
         raise KernelInputError(f"block_cols = {Bc} must be a multiple of {16 * kw_} (16 keys per "
                                f"warp, {kw_} key warps) and stages = {stages} in 2..4")
+    merge = kw_ * 16 * rw * (head_dim + 2) * 4          # MERGE_BYTES: the key warps' states
+    if merge > 2 * stages * Bc * head_dim * 2:
+        raise KernelInputError(f"stages = {stages}, block_cols = {Bc}: the merge of {kw_} key warps x "
+                               f"{16 * rw} rows ({merge} bytes) does not fit the K/V buffers; use "
+                               "more stages or fewer warps")
     smem = smem_bytes(head_dim, rw, Bc, stages)
     if smem > SHARED_OPTIN:
         raise KernelInputError(f"block_cols = {Bc}, stages = {stages} need {smem} bytes of shared "
