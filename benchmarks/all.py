@@ -15,6 +15,7 @@ Run from the repository root. The steps, in order, each its own process with a t
     backward_h200  python -m benchmarks.backward_h200        -> DIR/backward_h200.json
     ncu_sweep      python -m benchmarks.ncu_sweep run        -> DIR/ncu_h200.json, raw CSV (--ncu)
     sfu_check      python -m benchmarks.sfu_check run        -> DIR/sfu_h200.json (--ncu)
+    measure_all    python -m benchmarks.measure_all --no-tests -> DIR/measure_h200.json (--ncu)
     core_speed, slider_latency                               -> DIR/*.json (--cpu)
     gpu_tests      FLASHSIM_REAL_GPU=1 pytest -m gpu tests   -> DIR/gpu_tests.xml (JUnit)
 
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import parser, write_json
+from benchmarks.common import Progress, parser, write_json
 from gpu_kernels import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,6 +68,8 @@ def steps(args) -> list[tuple[str, list[str], float, dict]]:
                           + (["--quick"] if quick else []), 1800 * k, {}))
         out_steps.append(("sfu_check", [py, "-m", "benchmarks.sfu_check", "run", "--out", out]
                           + (["--quick"] if quick else []), 240 * k, {}))
+        # flashsim measure --all --ncu (its GPU tests run in gpu_tests below)
+        out_steps.append(bench("measure_all", "--no-tests", limit=240))
     if args.cpu:
         out_steps += [bench("core_speed", limit=120), bench("slider_latency", limit=300)]
     # last: a test run cut short by its limit costs no measurement (and finds the kernels
@@ -118,7 +121,8 @@ def main(argv=None) -> int:
     os.makedirs(log_dir, exist_ok=True)
     t0 = time.time()
     results = []
-    for name, step_argv, limit, env in steps(args):
+    for name, step_argv, limit, env in Progress(steps(args), quiet=args.quiet,
+                                                desc="benchmarks.all"):
         if name == "gpu_tests" and args.no_tests:
             continue
         if name == "gpu_tests" and importlib.util.find_spec("pytest") is None:

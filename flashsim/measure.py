@@ -228,12 +228,56 @@ def add_counters(rows: list, launches: list) -> None:
         r["ncu_launches"] = launch_rows
 
 
-def progress(items, quiet: bool, desc: str):
-    """``items`` with a progress bar on stderr (none with --quiet or when it is no terminal)."""
-    from tqdm import tqdm
+class Progress:
+    """A progress bar (tqdm) on stderr over ``items``, or over ``total`` steps counted by
+    ``update()`` until ``close()``; none with ``quiet`` or when stderr is no terminal. While
+    it is shown, what the program prints goes above it (``tqdm.write``), so lines and bar do
+    not mix; nothing printed changes."""
 
-    return tqdm(items, desc=desc, file=sys.stderr, disable=quiet or not sys.stderr.isatty(),
-                leave=False)
+    def __init__(self, items=None, *, quiet: bool = False, desc: str | None = None,
+                 total: int | None = None):
+        from tqdm import tqdm
+
+        self.bar = tqdm(items, total=total, desc=desc, file=sys.stderr, leave=False,
+                        disable=quiet or not sys.stderr.isatty())
+        self._stdout = None
+        if not self.bar.disable:
+            self._stdout, sys.stdout = sys.stdout, _AboveTheBar(sys.stdout)
+
+    @property
+    def disable(self) -> bool:
+        return self.bar.disable
+
+    def __iter__(self):
+        try:
+            yield from self.bar
+        finally:
+            self.close()
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        if self._stdout is not None:
+            sys.stdout, self._stdout = self._stdout, None
+        self.bar.close()
+
+
+class _AboveTheBar:
+    """sys.stdout while a bar is shown: each printed line through ``tqdm.write``."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, text: str) -> int:
+        from tqdm import tqdm
+
+        if text.rstrip():            # print's separate "\n" is part of tqdm.write's line
+            tqdm.write(text.rstrip("\n"), file=self.out)
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self.out, name)
 
 
 def run(args) -> tuple[list, list]:
@@ -248,7 +292,7 @@ def run(args) -> tuple[list, list]:
         if ncu.executable() is None:
             raise NoGPUError("--ncu needs Nsight Compute: no ncu on PATH")
     rows = []
-    for launch in progress(launches, args.quiet, "measure"):
+    for launch in Progress(launches, quiet=args.quiet, desc="flashsim measure"):
         try:
             rows.append(measure_launch(launch, args.repeats))
         except Exception as e:  # noqa: BLE001 - a kernel that cannot run is a result, not a crash

@@ -260,11 +260,22 @@ def test_answer_json_and_exit_status(simulated_row, monkeypatch):
     assert len(json.loads(out)) == 2 and out.exit_status == 1
 
 
-def test_progress_bar_only_on_a_terminal(monkeypatch):
+def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
     class Tty(io.StringIO):
         def isatty(self):
             return True
-    assert measure.progress([1], quiet=False, desc="x").disable     # pytest's stderr: no TTY
+    assert measure.Progress([1], desc="x").disable                  # pytest's stderr: no TTY
     monkeypatch.setattr(sys, "stderr", Tty())
-    assert not measure.progress([1], quiet=False, desc="x").disable
-    assert measure.progress([1], quiet=True, desc="x").disable
+    assert measure.Progress([1], quiet=True, desc="x").disable
+    stdout = sys.stdout
+    seen = []
+    for i in measure.Progress([1, 2, 3], desc="points"):
+        print(f"point {i}")
+        seen.append(i)
+    assert seen == [1, 2, 3] and sys.stdout is stdout               # printing restored
+    assert capsys.readouterr().out == "point 1\npoint 2\npoint 3\n"  # every line, unchanged
+    assert "points" in sys.stderr.getvalue()                         # the bar, on stderr
+    bar = measure.Progress(total=2, desc="by hand")
+    bar.update()
+    bar.close()
+    assert sys.stdout is stdout and "by hand" in sys.stderr.getvalue()
