@@ -81,40 +81,46 @@ def _dataset_efficiencies() -> dict:
             for r in validation.stored_rows()}
 
 
-def stated_efficiency(kernel: str, d: int) -> tuple[float, str]:
+def stated_efficiency(kernel: str, d: int) -> tuple[float | None, str]:
     """(compute efficiency, where it comes from): the one the committed Nsight Compute dataset
     states for (kernel, d) (``flashsim.measured.validation``: read off its reference point);
-    at the nearest d it has for the kernel otherwise; 1.0 (the SMs' peak) for a kernel the
-    dataset does not hold."""
+    at the nearest d it has for the kernel otherwise; None (no time predicted, not a guess)
+    for a kernel the dataset does not hold."""
     known = {dd: e for (k, dd), e in _dataset_efficiencies().items() if k == kernel}
     if d in known:
         return known[d], f"ncu_h200.json, {kernel} at d = {d}"
     if known:
         near = min(known, key=lambda x: (abs(x - d), x))
         return known[near], f"ncu_h200.json, {kernel} at d = {near} (none at d = {d})"
-    return 1.0, f"none stated: {kernel} is not in ncu_h200.json, so the SMs' peak"
+    return None, f"no efficiency stated: {kernel} is not in ncu_h200.json, so no time predicted"
 
 
 def predict(launch) -> dict:
     """flashsim's prediction for exactly ``launch`` (a ``gpu_kernels`` Launch) on the H200
-    preset: time, DRAM bytes, L2 request bytes, and the two-level count. One function, so the
-    command can be pointed at ``flashsim.predict`` alone."""
+    preset: ``predicted_time_s``, ``dram_read_bytes``/``_write_bytes``, ``l2_read_bytes``/
+    ``_write_bytes`` (the L2 model, blocks per SM from the plan's working set, warps from the
+    launch's threads), ``two_level_bytes``, ``efficiency`` and its source. The keys are
+    ``flashsim.predict.predict``'s, so this one function can become
+    ``predict(launch.kernel, batch=launch.batch, heads=launch.heads, seq_len=launch.N,
+    head_dim=launch.d, dtype=launch.dtype, causal=launch.causal,
+    block_rows=launch.block_rows, block_cols=launch.block_cols, gpu=DEFAULT_GPU)``."""
     from .hardware import l2, timing
 
     p = launch.plan(DEFAULT_GPU)
     eff, source = stated_efficiency(launch.kernel, launch.d)
     out = {"gpu": DEFAULT_GPU, "efficiency": eff, "efficiency_source": source,
-           "requested_bytes": p.count().requested_bytes, "plan": launch.plan_record()}
+           "two_level_bytes": p.count().hbm_bytes, "plan": launch.plan_record()}
     try:
         rep = l2.simulate(p)
     except FlashsimError as e:          # past the L2 model's work limit: absent, with why
         out["note"] = f"time and DRAM bytes left out: {e}"
         return out
-    t = timing.predict(p, timing.Efficiency.for_dtype(p.dtype, eff), l2=rep,
-                       warps_per_block=launch.threads // 32)
-    out.update(time_s=sum(x.seconds for x in t), dram_read_bytes=rep.dram_read_bytes,
-               dram_write_bytes=rep.dram_write_bytes, l2_read_bytes=rep.l2_read_bytes,
-               l2_write_bytes=rep.l2_write_bytes)
+    out.update(dram_read_bytes=rep.dram_read_bytes, dram_write_bytes=rep.dram_write_bytes,
+               l2_read_bytes=rep.l2_read_bytes, l2_write_bytes=rep.l2_write_bytes)
+    if eff is not None:
+        t = timing.predict(p, timing.Efficiency.for_dtype(p.dtype, eff), l2=rep,
+                           warps_per_block=launch.threads // 32)
+        out["predicted_time_s"] = sum(x.seconds for x in t)
     return out
 
 
@@ -331,7 +337,7 @@ def format_rows(rows: list, skipped: list) -> str:
             continue
         m, p = r["measured"], r["predicted"]
         tiles = f"{r['tiles']['block_rows']}x{r['tiles']['block_cols']}"
-        t_m, t_p = m.get("time_s"), p.get("time_s")
+        t_m, t_p = m.get("time_s"), p.get("predicted_time_s")
         dram_m = _sum(m, "dram")
         dram_p, l2_p, l2_m = _sum(p, "dram"), _sum(p, "l2"), _sum(m, "l2")
         lines.append(

@@ -138,7 +138,7 @@ def test_stated_efficiency_is_the_datasets():
         assert eff == r["efficiency"] and f"d = {d}" in source
     eff, source = measure.stated_efficiency("numba_flash2", 16)        # no d = 16 measured
     assert eff == measure.stated_efficiency("numba_flash2", 64)[0] and "none at d = 16" in source
-    assert measure.stated_efficiency("numba_flash2_bwd", 64)[0] == 1.0
+    assert measure.stated_efficiency("numba_flash2_bwd", 64)[0] is None     # not a guess
 
 
 @pytest.mark.parametrize("kernel,causal", [("numba_flash2", False), ("cupy_flash2_tc", True),
@@ -150,14 +150,16 @@ def test_prediction_is_flashsims_for_that_launch(kernel, causal):
     got = measure.predict(launch)
     p = launch.plan()
     rep = l2.simulate(p)
-    assert got["requested_bytes"] == launch.predicted_traffic().requested_bytes
+    assert got["two_level_bytes"] == launch.predicted_traffic().requested_bytes
     assert (got["dram_read_bytes"], got["dram_write_bytes"]) == (rep.dram_read_bytes,
                                                                  rep.dram_write_bytes)
     assert (got["l2_read_bytes"], got["l2_write_bytes"]) == (rep.l2_read_bytes, rep.l2_write_bytes)
     assert got["plan"] == launch.plan_record()
     # at a lower efficiency the compute part, hence the time, can only grow
     with mock.patch.object(measure, "stated_efficiency", lambda k, d: (got["efficiency"] / 4, "")):
-        assert measure.predict(launch)["time_s"] >= got["time_s"]
+        assert measure.predict(launch)["predicted_time_s"] >= got["predicted_time_s"]
+    with mock.patch.object(measure, "stated_efficiency", lambda k, d: (None, "none")):
+        assert "predicted_time_s" not in measure.predict(launch)      # absent, not guessed
 
 
 # ------------------------------------------------------------------ the counters
@@ -279,3 +281,34 @@ def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
     bar.update()
     bar.close()
     assert sys.stdout is stdout and "by hand" in sys.stderr.getvalue()
+
+
+# ------------------------------------------------------------------ the GPU script's CPU side
+def test_measure_all_without_a_gpu_writes_nothing(tmp_path, capsys):
+    from benchmarks import measure_all
+
+    assert measure_all.main(["--out", str(tmp_path), "--no-tests", "--quiet"]) == 2
+    assert list(tmp_path.iterdir()) == [] and "simulator" in capsys.readouterr().err
+
+
+def test_measure_all_writes_rows_with_provenance(tmp_path, monkeypatch, simulated_row):
+    from benchmarks import measure_all
+
+    row, _ = simulated_row
+    asked = []
+
+    def fake_run(args):
+        asked.append(args)
+        return [row], [{"kernel": "cupy_flash2_tc", "skipped": "takes fp16, bf16"}]
+    monkeypatch.setattr(measure, "run", fake_run)
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: None)       # no ncu here
+    assert measure_all.main(["--out", str(tmp_path), "--no-tests", "--quiet"]) == 0
+    assert asked[0].all and not asked[0].ncu          # ncu asked for but absent: left out
+    data = json.loads((tmp_path / measure_all.NAME).read_text())
+    assert data["rows"] == json.loads(json.dumps([row])) and data["skipped"][0]["kernel"]
+    assert data["command"] == "flashsim measure --all --json"
+    assert "ncu is not on PATH" in data["notes"][0]
+    for key in ("date", "git_commit", "packages", "gpu"):
+        assert key in data["provenance"]
+    monkeypatch.setattr(measure, "run", lambda args: ([dict(row, check_ok=False)], []))
+    assert measure_all.main(["--out", str(tmp_path), "--no-tests", "--quiet"]) == 1

@@ -137,16 +137,18 @@ def _bound(torch, theirs, ref, dtype) -> float:
     return 2 * err + (2 * EPS32 * ref.abs().max().item() if dtype == "float32" else 0.0)
 
 
-FWD = [("cupy", "flash2", "float32"), ("cupy", "standard", "float32"),
-       ("cupy", "flash1", "float32"), ("numba", "flash2", "float32"),
-       ("numba", "standard", "float32"), ("cupy", "flash2", "float16"),
-       ("cupy", "flash2", "bfloat16")]
+# (backend, algorithm, dtype, B, H, N, d): N a multiple of no tile; both head dimensions
+# for the tensor-core kernel (its code differs per d)
+FWD = [(b, a, "float32", 2, 3, 200, 64) for b, a in (
+           ("cupy", "flash2"), ("cupy", "standard"), ("cupy", "flash1"), ("numba", "flash2"),
+           ("numba", "standard"))] + \
+      [("cupy", "flash2", dt, *shape) for dt in ("float16", "bfloat16")
+       for shape in ((2, 3, 200, 64), (1, 2, 257, 128))]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("B,H,N,d", [(2, 3, 200, 64), (1, 2, 257, 128)])
-@pytest.mark.parametrize("backend,algorithm,dtype", FWD)
+@pytest.mark.parametrize("backend,algorithm,dtype,B,H,N,d", FWD)
 def test_forward_within_twice_sdpa_error(backend, algorithm, dtype, B, H, N, d, causal):
     torch = _cuda_or_skip(backend)
     q, k, v, _ = _inputs(torch, B, H, N, d, dtype, seed=N + d + causal)
@@ -158,13 +160,14 @@ def test_forward_within_twice_sdpa_error(backend, algorithm, dtype, B, H, N, d, 
     assert ours <= _bound(torch, _sdpa(torch, q, k, v, causal), ref, dtype), ours
 
 
-BWD = [("numba", "flash2"), ("cupy", "flash2"), ("numba", "standard")]
+# (forward backend, algorithm, B, H, N, d); the backward kernels are numba's
+BWD = [("numba", "flash2", 2, 2, 200, 64), ("cupy", "flash2", 2, 2, 200, 64),
+       ("numba", "standard", 2, 2, 200, 64), ("numba", "flash2", 1, 2, 130, 128)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("B,H,N,d", [(2, 2, 200, 64), (1, 2, 130, 128)])
-@pytest.mark.parametrize("backend,algorithm", BWD)
+@pytest.mark.parametrize("backend,algorithm,B,H,N,d", BWD)
 def test_backward_within_twice_sdpa_error(backend, algorithm, B, H, N, d, causal):
     torch = _cuda_or_skip("numba")                 # every backward kernel is numba's
     _cuda_or_skip(backend)
