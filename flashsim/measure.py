@@ -237,8 +237,9 @@ def add_counters(rows: list, launches: list) -> None:
 class Progress:
     """A progress bar (tqdm) on stderr over ``items``, or over ``total`` steps counted by
     ``update()`` until ``close()``; none with ``quiet`` or when stderr is no terminal. While
-    it is shown, what the program prints goes above it (``tqdm.write``), so lines and bar do
-    not mix; nothing printed changes."""
+    it is shown, each line the program prints goes above it (the bar is cleared, the line
+    written to stdout, the bar drawn again), so lines and bar do not mix; nothing printed
+    changes."""
 
     def __init__(self, items=None, *, quiet: bool = False, desc: str | None = None,
                  total: int | None = None):
@@ -248,7 +249,7 @@ class Progress:
                         disable=quiet or not sys.stderr.isatty())
         self._stdout = None
         if not self.bar.disable:
-            self._stdout, sys.stdout = sys.stdout, _AboveTheBar(sys.stdout)
+            self._stdout, sys.stdout = sys.stdout, _AboveTheBar(sys.stdout, self.bar)
 
     @property
     def disable(self) -> bool:
@@ -265,22 +266,33 @@ class Progress:
 
     def close(self) -> None:
         if self._stdout is not None:
+            sys.stdout.flush_pending()
             sys.stdout, self._stdout = self._stdout, None
         self.bar.close()
 
 
 class _AboveTheBar:
-    """sys.stdout while a bar is shown: each printed line through ``tqdm.write``."""
+    """sys.stdout while a bar is shown: whole lines written above the bar (print writes a
+    line in pieces, so text is held until its newline)."""
 
-    def __init__(self, out):
-        self.out = out
+    def __init__(self, out, bar):
+        self.out, self.bar, self.pending = out, bar, ""
 
     def write(self, text: str) -> int:
-        from tqdm import tqdm
-
-        if text.rstrip():            # print's separate "\n" is part of tqdm.write's line
-            tqdm.write(text.rstrip("\n"), file=self.out)
+        self.pending += text
+        if "\n" in self.pending:
+            lines, self.pending = self.pending.rsplit("\n", 1)
+            self.bar.clear()
+            self.out.write(lines + "\n")
+            self.out.flush()
+            self.bar.refresh()
         return len(text)
+
+    def flush_pending(self) -> None:
+        if self.pending:
+            self.out.write(self.pending)
+            self.pending = ""
+        self.out.flush()
 
     def __getattr__(self, name):
         return getattr(self.out, name)
