@@ -368,8 +368,11 @@ def format_rows(rows: list, skipped: list) -> str:
     for r in rows:
         if "ncu_error" in r:
             lines.append(f"{r['kernel']}: counters left out: {r['ncu_error']}")
-        if "note" in r.get("predicted", {}):
-            lines.append(f"{r['kernel']}: {r['predicted']['note']}")
+        p = r.get("predicted", {})
+        if "note" in p:
+            lines.append(f"{r['kernel']}: {p['note']}")
+        elif p and "predicted_time_s" not in p:
+            lines.append(f"{r['kernel']}: {p['efficiency_source']}")
     lines += [f"{s['kernel']}: skipped: {s['skipped']}" for s in skipped]
     return "\n".join(lines)
 

@@ -249,6 +249,10 @@ def test_table_has_one_line_per_kernel(simulated_row):
                                     f"{row['tiles']['block_cols']}", "ok"]
     assert lines[2].split()[3] == "FAILED" and "could not run" in lines[3]
     assert "add --ncu" in text and "x: skipped: why" in text
+    untimed = dict(row, predicted={k: v for k, v in row["predicted"].items()
+                                   if k != "predicted_time_s"})
+    untimed["predicted"]["efficiency_source"] = "no efficiency stated: test"
+    assert "numba_flash2: no efficiency stated: test" in measure.format_rows([untimed], [])
 
 
 def test_answer_json_and_exit_status(simulated_row, monkeypatch):

@@ -138,12 +138,13 @@ def _bound(torch, theirs, ref, dtype) -> float:
 
 
 # (backend, algorithm, dtype, B, H, N, d): N a multiple of no tile; both head dimensions
-# for the tensor-core kernel (its code differs per d)
+# for the tensor-core kernel (its code differs per d; bf16 differs from fp16 only in its
+# conversions, so once)
 FWD = [(b, a, "float32", 2, 3, 200, 64) for b, a in (
            ("cupy", "flash2"), ("cupy", "standard"), ("cupy", "flash1"), ("numba", "flash2"),
            ("numba", "standard"))] + \
-      [("cupy", "flash2", dt, *shape) for dt in ("float16", "bfloat16")
-       for shape in ((2, 3, 200, 64), (1, 2, 257, 128))]
+      [("cupy", "flash2", "float16", 2, 3, 200, 64), ("cupy", "flash2", "float16", 1, 2, 257, 128),
+       ("cupy", "flash2", "bfloat16", 2, 3, 200, 64)]
 
 
 @pytest.mark.gpu
