@@ -38,7 +38,8 @@ from .errors import FlashsimError
 from .hardware.presets import DEFAULT_GPU
 
 DEFAULT_SHAPE = {"batch": 2, "heads": 8, "seq_len": 2048, "head_dim": 64}
-BACKEND_MODULES = {"numba": "numba.cuda", "cupy": "cupy"}
+# what each backend imports (numba through gpu_kernels, which fixes NumPy for it first)
+BACKEND_MODULES = {"numba": "gpu_kernels.numba.common", "cupy": "cupy"}
 
 
 class NoGPUError(FlashsimError):
@@ -131,8 +132,8 @@ def _require_backends(backends) -> None:
         try:
             __import__(BACKEND_MODULES[b])
         except ImportError as e:
-            raise NoGPUError(f"flashsim measure needs the gpu extra ({BACKEND_MODULES[b]}: "
-                             f"{e}); install it with pip install -e '.[gpu]'") from None
+            raise NoGPUError(f"flashsim measure needs the gpu extra for its {b} kernels ({e}); "
+                             "install it with pip install -e '.[gpu]'") from None
 
 
 def _require_gpu(backends) -> None:
@@ -239,14 +240,17 @@ class Progress:
     ``update()`` until ``close()``; none with ``quiet`` or when stderr is no terminal. While
     it is shown, each line the program prints goes above it (the bar is cleared, the line
     written to stdout, the bar drawn again), so lines and bar do not mix; nothing printed
+    changes. Without tqdm installed (a bare GPU image) there is no bar, and nothing else
     changes."""
 
     def __init__(self, items=None, *, quiet: bool = False, desc: str | None = None,
                  total: int | None = None):
-        from tqdm import tqdm
-
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            tqdm = _NoBar
         self.bar = tqdm(items, total=total, desc=desc, file=sys.stderr, leave=False,
-                        disable=quiet or not sys.stderr.isatty())
+                        disable=quiet or not sys.stderr.isatty() or tqdm is _NoBar)
         self._stdout = None
         if not self.bar.disable:
             self._stdout, sys.stdout = sys.stdout, _AboveTheBar(sys.stdout, self.bar)
@@ -269,6 +273,22 @@ class Progress:
             sys.stdout.flush_pending()
             sys.stdout, self._stdout = self._stdout, None
         self.bar.close()
+
+
+class _NoBar:
+    """What Progress needs of a tqdm bar, showing nothing."""
+
+    def __init__(self, items=None, **kw):
+        self.items, self.disable = items, True
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class _AboveTheBar:

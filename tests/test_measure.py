@@ -75,7 +75,7 @@ def test_no_gpu_real_process():
 
 
 @pytest.mark.parametrize("module,kernel", [("cupy", "cupy_flash2"),
-                                           ("numba.cuda", "numba_flash2")])
+                                           ("gpu_kernels.numba.common", "numba_flash2")])
 def test_without_the_gpu_extra(capsys, monkeypatch, module, kernel):
     monkeypatch.setitem(sys.modules, module, None)      # import fails as if not installed
     assert_refused(capsys, "--kernel", kernel, match="needs the gpu extra")
@@ -285,6 +285,12 @@ def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
     bar.update()
     bar.close()
     assert sys.stdout is stdout and "by hand" in sys.stderr.getvalue()
+    monkeypatch.setitem(sys.modules, "tqdm", None)              # a GPU image without tqdm
+    assert list(measure.Progress([4, 5], desc="none")) == [4, 5]
+    bar = measure.Progress(total=2, desc="none")
+    bar.update()
+    bar.close()
+    assert "none" not in sys.stderr.getvalue() and sys.stdout is stdout
 
 
 # ------------------------------------------------------------------ the GPU script's CPU side
