@@ -1,5 +1,5 @@
 """``flashsim measure --all --ncu`` on the GPU machine, written with its provenance, then the
-GPU tests of our kernels from PyTorch.
+GPU tests of our kernels from PyTorch and of ``flashsim measure``.
 
     python -m benchmarks.measure_all --out DIR          # about 2 to 3 minutes on the H200
     python -m benchmarks.measure_all --out DIR --no-tests
@@ -13,8 +13,9 @@ for that launch) and ``skipped``. Without ncu on PATH the counters are left out 
 says so. Commit it as flashsim/measured/data/measure_h200.json.
 
 Then (unless ``--no-tests``) ``FLASHSIM_REAL_GPU=1 python -m pytest -m gpu
-tests/test_torch_api.py``: gpu_kernels.torch's forward and backward against PyTorch's
-scaled_dot_product_attention, its log in DIR/logs/test_torch_api.log.
+tests/test_torch_api.py tests/test_measure.py``: gpu_kernels.torch's forward and backward
+against PyTorch's scaled_dot_product_attention, and ``flashsim measure`` run as a user runs
+it; the log in DIR/logs/gpu_tests.log.
 
 Prints the table of ``flashsim measure``; exit status 1 if any check, the ncu run or a test
 failed, 2 if there is no GPU to measure on.
@@ -33,7 +34,7 @@ from flashsim.errors import FlashsimError
 from gpu_kernels import harness, ncu
 
 NAME = "measure_h200.json"
-TESTS = "tests/test_torch_api.py"
+TESTS = ["tests/test_torch_api.py", "tests/test_measure.py"]
 
 
 def measure_all(use_ncu: bool, quiet: bool) -> dict:
@@ -57,11 +58,11 @@ def gpu_tests(out_dir: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["FLASHSIM_REAL_GPU"] = "1"
     os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
-    log = os.path.join(out_dir, "logs", "test_torch_api.log")
+    log = os.path.join(out_dir, "logs", "gpu_tests.log")
     t0 = time.time()
     with open(log, "w") as f:
         rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-o", "addopts=", "-q",
-                             "-p", "no:cacheprovider", "-rs", TESTS], cwd=root, env=env,
+                             "-p", "no:cacheprovider", "-rs", *TESTS], cwd=root, env=env,
                             stdout=f, stderr=subprocess.STDOUT).returncode
     with open(log) as f:
         last = [ln for ln in f.read().splitlines() if ln.strip()]
@@ -72,7 +73,7 @@ def gpu_tests(out_dir: str) -> dict:
 def main(argv=None) -> int:
     ap = parser(__doc__, out_required=True)
     ap.add_argument("--no-ncu", action="store_true", help="leave Nsight Compute out")
-    ap.add_argument("--no-tests", action="store_true", help=f"skip {TESTS}")
+    ap.add_argument("--no-tests", action="store_true", help=f"skip {' and '.join(TESTS)}")
     args = ap.parse_args(argv)
     t0 = time.time()
     try:
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
     ok = all(r.get("check_ok") and "ncu_error" not in r for r in data["rows"])
     if not args.no_tests:
         tests = gpu_tests(args.out)
-        print(f"{TESTS}: {tests['summary']} ({tests['seconds']} s)")
+        print(f"GPU tests of {' and '.join(TESTS)}: {tests['summary']} ({tests['seconds']} s)")
         ok = ok and tests["returncode"] == 0
     print(f"total {time.time() - t0:.0f} s")
     return 0 if ok else 1

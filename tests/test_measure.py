@@ -322,3 +322,31 @@ def test_measure_all_writes_rows_with_provenance(tmp_path, monkeypatch, simulate
         assert key in data["provenance"]
     monkeypatch.setattr(measure, "run", lambda args: ([dict(row, check_ok=False)], []))
     assert measure_all.main(["--out", str(tmp_path), "--no-tests", "--quiet"]) == 1
+
+
+# ------------------------------------------------------------------ on a GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["numba_flash2", "cupy_flash2_tc"])
+def test_measure_on_the_gpu(kernel):
+    """The command as a user runs it (its own process, the simulator off): checked, timed,
+    predicted; with ncu on PATH, counters whose DRAM reads cover Q, K and V at least once
+    (the harness flushes L2 before every repeat and ncu before every profiled kernel)."""
+    if not gpu_here():
+        pytest.skip("no CUDA device")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    B, H, N, d = 2, 4, 1000, 64
+    argv = [sys.executable, "-m", "flashsim.cli", "measure", "--kernel", kernel, "--batch",
+            str(B), "--heads", str(H), "--seq-len", str(N), "--head-dim", str(d), "--json"]
+    with_ncu = ncu.executable() is not None
+    p = subprocess.run(argv + (["--ncu"] if with_ncu else []), capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    row = json.loads(p.stdout)
+    assert row["kernel"] == kernel and row["check_ok"] and row["max_error"] <= row["bound"]
+    assert row["measured"]["time_s"] > 0 and row["predicted"]["predicted_time_s"] > 0
+    if with_ncu:
+        elem = 2 if row["config"]["dtype"] in ("fp16", "bf16") else 4
+        assert row["measured"]["dram_read_bytes"] >= 3 * B * H * N * d * elem
+        # K and V are requested once per Q block: the SMs ask the L2 for more than DRAM sends
+        assert row["measured"]["l2_read_bytes"] > row["measured"]["dram_read_bytes"]
+        assert row["measured"]["ncu_time_s"] > 0
