@@ -68,7 +68,8 @@ def add_arguments(p, *, seq_len, head_dim, batch, heads, tile, dtype, repeats) -
     p.add_argument("--repeats", type=repeats, help="timed repeats (default: the harness's, "
                    "enough for 0.2 s, 5 to 30)")
     p.add_argument("--ncu", action="store_true", help="also DRAM and L2 request bytes from "
-                   "Nsight Compute (ncu on PATH), one run per kernel in a child process")
+                   "Nsight Compute (ncu on PATH): each kernel run once more under ncu, all in "
+                   "one child process")
     p.add_argument("--json", action="store_true", help="one JSON object (a list with --all)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -181,7 +182,29 @@ def _launches(args) -> tuple[list, list]:
     if not launches:
         raise FlashsimError("no registered kernel runs this configuration: "
                             + "; ".join(s["skipped"] for s in skipped))
+    for x in launches:
+        _check_host_memory(x)
     return launches, skipped
+
+
+def _check_host_memory(launch) -> None:
+    """Refuse, before anything runs, a check whose float64 reference would not fit in this
+    process's memory: the checked heads' N x N matrices (about 4 float64 forward, 7 backward,
+    as ``flashsim io --verify`` counts them, and 4 float32 of the plain baseline) and the
+    host copies of the inputs."""
+    from gpu_kernels import harness
+    from . import validate
+
+    heads = len(harness.checked_heads(launch.BH, launch.N))
+    bwd = launch.pass_ == "bwd"
+    need = (heads * launch.N ** 2 * (8 * (7 if bwd else 4) + 4 * 4)
+            + (4 if bwd else 3) * 4 * launch.BH * launch.N * launch.d)
+    allowed = int(validate.VERIFY_MEMORY_SHARE * validate.memory_allowance())
+    if need > allowed:
+        raise FlashsimError(
+            f"checking {launch.kernel} at N = {launch.N} against the float64 reference needs "
+            f"about {need:,} B of host memory, but this process may use {allowed:,} B (half "
+            "of the memory still free to it); use a smaller N or batch x heads")
 
 
 # ------------------------------------------------------------------ the work

@@ -91,6 +91,8 @@ def test_bad_input_is_refused_before_the_gpu_is_looked_for(capsys):
     assert_refused(capsys, "--kernel", "numba_flash2", "--repeats", "0", match="--repeats")
     assert_refused(capsys, "--all", "--dtype", "bf16", "--head-dim", "96",
                    match="no registered kernel runs this configuration")
+    # the float64 reference of one head at N = 2^20 (8 TiB): refused before anything runs
+    assert_refused(capsys, "--kernel", "cupy_flash2", "-N", str(2**20), match="host memory")
 
 
 def test_all_skips_kernels_without_the_dtype():
