@@ -58,14 +58,16 @@ def test_the_simulator_is_not_a_gpu(capsys):
     assert_refused(capsys, "--all", match="simulator")
 
 
-@pytest.mark.skipif(gpu_here(), reason="a GPU is present: this is the no-GPU path")
 def test_no_gpu_cupy_kernel(capsys):
+    if gpu_here():
+        pytest.skip("a GPU is present: this is the no-GPU path")
     assert_refused(capsys, "--kernel", "cupy_flash2", *SMALL, match="no NVIDIA GPU")
 
 
-@pytest.mark.skipif(gpu_here(), reason="a GPU is present: this is the no-GPU path")
 def test_no_gpu_real_process():
     """As a user runs it: a fresh process, the simulator off, no GPU."""
+    if gpu_here():
+        pytest.skip("a GPU is present: this is the no-GPU path")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     for kernel in ("numba_flash2", "cupy_flash2_tc"):
         p = subprocess.run([sys.executable, "-m", "flashsim.cli", "measure", "--kernel", kernel],
