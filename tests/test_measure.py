@@ -167,9 +167,12 @@ def test_prediction_is_flashsims_for_that_launch(kernel, causal):
 
 
 # ------------------------------------------------------------------ the counters
-def test_ncu_parser_reads_the_committed_csv_back_into_the_dataset():
-    data = validation.load()
-    raw = validation.path("ncu_h200_raw.csv").read_text()
+@pytest.mark.parametrize("name", ["ncu_h200", "ncu_h200_heldout"])
+def test_ncu_parser_reads_the_committed_csv_back_into_the_dataset(name):
+    if not validation.path(f"{name}_raw.csv").exists():
+        pytest.skip(f"no {name}_raw.csv committed")
+    data = validation.load(validation.path(f"{name}.json"))
+    raw = validation.path(f"{name}_raw.csv").read_text()
     points = [{k: v for k, v in p.items() if k != "launches"} for p in data["points"]]
     got = ncu.assign(ncu.parse_csv(raw, data["metrics"]), points)
     assert got == data["points"]
