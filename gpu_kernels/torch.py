@@ -139,12 +139,13 @@ def hf_attention_fn(module, query, key, value, attention_mask, scaling=None, dro
     """A Hugging Face attention function (``AttentionInterface``): query (B, H, N, d), key
     and value (B, H_kv, N, d) -> (attn_output (B, N, H, d), None).
 
-    The mask is the module's causal flag (``module.is_causal``, default True); a mask from
-    the model is taken only where it says no more than that (None, no padding, or exactly
-    the causal pattern), else refused: the kernels take no other mask. Grouped-query heads
-    are repeated (as ``repeat_kv``). Refused too: dropout, a scale other than 1/sqrt(d), and
+    The mask is causal as transformers says (``is_causal=`` where given, else
+    ``module.is_causal``, default True); a mask from the model is taken only where it says
+    no more than that (None, no padding, or exactly the causal pattern), else refused: the
+    kernels take no other mask. Grouped-query heads are repeated (as ``repeat_kv``).
+    Refused too: dropout, a scale other than 1/sqrt(d), sliding windows, soft-capping, and
     query and key lengths that differ (decoding with a KV cache: these kernels do prefill)."""
-    torch = _torch()
+    _torch()                                     # one clear error without PyTorch
     B, H, N, d = query.shape
     if dropout:
         raise KernelInputError(f"dropout = {dropout}: our kernels have no dropout; set the "
@@ -157,7 +158,8 @@ def hf_attention_fn(module, query, key, value, attention_mask, scaling=None, dro
     for name in ("sliding_window", "softcap"):
         if kwargs.get(name):
             raise KernelInputError(f"{name} = {kwargs[name]}: our kernels have none")
-    causal = bool(getattr(module, "is_causal", True))
+    is_causal = kwargs.get("is_causal")          # newer transformers may pass it
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if not _says_no_more_than(attention_mask, N, causal):
         raise KernelInputError("attention_mask holds padding or another pattern than the causal "
                                "mask; our kernels take no mask: pass unpadded batches")
