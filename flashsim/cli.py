@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from . import context_parallel, decode, nest as _nest, reference, validate
+from . import context_parallel, decode, measure as _measure, nest as _nest, reference, validate
 from .algorithms import ALGORITHMS
 from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError
@@ -179,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     num.add_argument("--seed", type=_reader(validate.whole, lo=0, hi=2**32 - 1),
                      default=r.seed)
     num.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    ms = sub.add_parser("measure", help="run our kernels on this machine's GPU: predicted "
+                        "beside measured (flashsim/measure.py)")
+    _measure.add_arguments(ms, seq_len=_seq_len, head_dim=_head_dim, batch=_batch, heads=_heads,
+                           tile=_count, dtype=_name(DTYPE_BYTES),
+                           repeats=_reader(validate.whole, hi=1000))
     return parser
 
 
@@ -322,6 +327,8 @@ def answer(argv=None) -> str:
         return _gpus()
     if args.command == "numerics":
         return _numerics(args)
+    if args.command == "measure":
+        return _measure.answer(args)
     io = args.command == "io"
     if io and decode.is_decode_cli(args):
         return decode.cli_answer(args)
@@ -404,7 +411,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()
     except BrokenPipeError:             # | head: the reader left; not an error of ours
         sys.stderr.close()
-    return 0
+    return getattr(text, "exit_status", 0)      # measure: 1 when a check failed
 
 
 if __name__ == "__main__":  # pragma: no cover
