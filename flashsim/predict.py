@@ -49,6 +49,18 @@ RESERVED_SHARED = 1024        # bytes of shared memory the runtime keeps per blo
 # {(kernel, d): fraction of the SMs' peak}: fitted by validation.efficiencies on the
 # calibration points only; tests/test_predict.py holds these equal to the fit.
 EFFICIENCY = {
+    ('cupy_flash1', 64): 0.05924192850672414,
+    ('cupy_flash1', 128): 0.07055929827670793,
+    ('cupy_flash2', 64): 0.12528977930093343,
+    ('cupy_flash2', 128): 0.08317835703986631,
+    ('cupy_flash2_tc', 64): 0.24651765633582653,
+    ('cupy_flash2_tc', 128): 0.2752017077923028,
+    ('cupy_standard', 64): 0.11390377850735153,
+    ('cupy_standard', 128): 0.12874639202094232,
+    ('numba_flash2', 64): 0.40017060456400166,
+    ('numba_flash2', 128): 0.2771118671068559,
+    ('numba_standard', 64): 0.2326341493915804,
+    ('numba_standard', 128): 0.25779403651712,
 }
 
 
@@ -79,15 +91,15 @@ def efficiency_for(kernel: str, d: int) -> tuple[float | None, str]:
 
 def _kernel_launches(entry, launch, labels: list[str]) -> dict:
     """``{nest launch label: KernelLaunch}``: the kernel launch that runs each of the nest's
-    launches (its ``step``, or the registry's ``unlike_plan`` index; the last one listed
-    when several do, since fills come first)."""
+    launches (its ``step``, the index of that launch, or the registry's ``unlike_plan``
+    index; the last one listed when several do, since fills come first)."""
     out = {}
     for kl in launch.launches():
-        label = kl.step
-        if label is None and kl.kernel in entry.unlike_plan:
-            label = labels[entry.unlike_plan[kl.kernel][0]]
-        if label is not None:
-            out[label] = kl
+        step = kl.step
+        if step is None and kl.kernel in entry.unlike_plan:
+            step = entry.unlike_plan[kl.kernel][0]
+        if step is not None:
+            out[labels[step]] = kl
     missing = [x for x in labels if x not in out]
     if missing:
         raise PredictError(f"{entry.name}: no kernel launch runs the nest's {missing}")
