@@ -106,7 +106,7 @@ def _kernel_launches(entry, launch, labels: list[str]) -> dict:
     return out
 
 
-def predict(kernel: str, *, batch: int, heads: int, seq_len: int, head_dim: int, dtype=None,
+def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_dim: int, dtype=None,
             causal: bool = False, block_rows=None, block_cols=None, gpu: str | None = None,
             efficiency: float | None = None, work_limit: int | None = _l2.WORK_LIMIT,
             **options) -> dict:

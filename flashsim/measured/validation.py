@@ -1,25 +1,28 @@
 """Predictions beside hardware counters: the model held against the committed H200 data.
 
 ``benchmarks/ncu_sweep.py`` measured each kernel of ours with Nsight Compute and stored
-only measurements and each point's configuration. Everything predicted is computed here,
-from that configuration, by the same code as ``flashsim io`` (the L2 model in
-:mod:`flashsim.hardware.l2`, the time model in :mod:`flashsim.hardware.timing`), so a test and the notebook
-can both ask: does the model hold?
+only measurements and each point's configuration. Everything predicted is computed here by
+:func:`flashsim.predict.predict` from that configuration alone (kernel, shape, dtype, mask,
+tiles): occupancy from the registry's compiled registers and shared memory, the L2 model
+(:mod:`flashsim.hardware.l2`), the time model (:mod:`flashsim.hardware.timing`). No counter
+of a point enters its prediction.
 
-One number per compiled kernel is taken from the data, and said so: the compute
-efficiency (the fraction of the SMs' peak its code reaches). Head dimension and tiles are
-compile-time constants, so each (kernel, d) is its own code; its efficiency is read off one
-reference point (no mask, default tiles, N = 4096, or the largest N measured below it)
-and used for every other point of that kernel and d: the other N, the causal runs, and the
-block-size experiment's other tiles.
+Two datasets, one path. ``ncu_h200.json`` (107 points, one recipe: 16k tokens, hidden size
+2048, N a power of two) and ``ncu_h200_heldout.json`` (the 72 launches that
+:mod:`flashsim.measured.heldout` drew, each marked ``calibration`` or ``heldout`` before any
+model change). Constants may be fitted on the 107 points and the 24 calibration points,
+never on the 48 held out: the one number per compiled kernel (kernel, d) is its compute
+efficiency, stated in ``flashsim.predict.EFFICIENCY`` and fitted here (:func:`efficiencies`)
+at one reference point of the 107 (no mask, default tiles, N = 4096 or the largest N
+below it). :func:`split_summaries` gives the targets per split.
 
-Predictions for the committed dataset take a couple of minutes to compute (the causal
-points' blocks do not run in lockstep, so the L2 model steps through every one), so
-``python -m flashsim.measured.validation`` stores them beside the data in
-``ncu_h200_predictions.json``, with the SHA-256 of what they are a pure function of: the
-dataset and every source file of the flashsim package (:func:`inputs_sha256`). A test
-recomputes them all and requires equality whenever that hash changed, and a sample of
-points on every run; the notebook reads the stored copy.
+Predictions take minutes to compute (causal points' blocks do not run in lockstep, so the
+L2 model steps through every one), so ``python -m flashsim.measured.validation`` stores
+them beside each dataset (``ncu_h200_predictions.json``, ``ncu_h200_heldout_predictions.json``)
+with the SHA-256 of what they are a pure function of: the dataset, every source file of
+the flashsim package and the kernel registry (:func:`inputs_sha256`). Tests recompute all of
+them whenever that hash changed and a sample of points on every run; the notebook and
+docs read the stored copies.
 """
 
 from __future__ import annotations
@@ -311,8 +314,13 @@ def stored_split_summaries() -> dict:
     return split_summaries(stored_rows(), stored_rows(HELDOUT, HELDOUT_PREDICTIONS))
 
 
-def store(dataset, predictions) -> dict:
-    rows = compare(load(dataset))
+def store(dataset, predictions, fit: bool = False) -> dict:
+    """Compute and write ``predictions`` for ``dataset`` (with ``fit``, also the efficiency
+    fit on its points, so a test can hold ``flashsim.predict.EFFICIENCY`` to it cheaply)."""
+    data = load(dataset)
+    rows = compare(data)
+    fitted = ({"fitted_efficiencies": [[k, d, e] for (k, d), e in sorted(efficiencies(
+        [p for p in data["points"] if p["launches"]]).items())]} if fit else {})
     out = {"note": f"Computed by `python -m flashsim.measured.validation` from "
                    f"{pathlib.Path(dataset).name}'s configurations through flashsim.predict; "
                    "model output, not measurements.",
@@ -321,6 +329,7 @@ def store(dataset, predictions) -> dict:
            **({"summary_by_split": {sp: summary([r for r in rows if r["point"]["split"] == sp])
                                     for sp in SPLITS[1:]}}
               if all("split" in r["point"] for r in rows) else {}),
+           **fitted,
            "rows": [{"efficiency": r["efficiency"], "predicted": r["predicted"]} for r in rows]}
     pathlib.Path(predictions).write_text(json.dumps(out, indent=1) + "\n")
     return out
@@ -328,7 +337,7 @@ def store(dataset, predictions) -> dict:
 
 def main() -> None:
     for dataset, predictions in ((HELDOUT, HELDOUT_PREDICTIONS), (DATASET, PREDICTIONS)):
-        out = store(dataset, predictions)
+        out = store(dataset, predictions, fit=dataset == DATASET)
         print(pathlib.Path(dataset).name)
         for k, v in out["summary"].items():
             print(f"  {k:44s} {v}")
