@@ -161,6 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="standard, flash1 and flash2 side by side")
     _shape_args(cmp_)
     sub.add_parser("gpus", help="list the hardware presets")
+    pred = sub.add_parser("predict", help="one launch of one registered kernel: tiles, "
+                                          "occupancy, L2 and DRAM bytes, time (flashsim.predict)")
+    pred.add_argument("--kernel", required=True, help="a gpu_kernels.registry name")
+    pred.add_argument("--batch", type=_batch, default=1)
+    pred.add_argument("--heads", type=_heads, default=1)
+    pred.add_argument("--seq-len", "-N", type=_seq_len, required=True)
+    pred.add_argument("--head-dim", "-d", type=_head_dim, required=True)
+    pred.add_argument("--dtype", type=_name(DTYPE_BYTES), help="default: the kernel's first")
+    pred.add_argument("--causal", action="store_true")
+    pred.add_argument("--block-rows", type=_count, help="B_r (default: the kernel's rule)")
+    pred.add_argument("--block-cols", type=_count, help="B_c (default: the kernel's rule)")
+    pred.add_argument("--gpu", type=_name(GPUS), required=True, help=", ".join(GPUS))
+    pred.add_argument("--json", action="store_true", help="print one JSON object")
     num = sub.add_parser("numerics", help="the FlashAttention-3 paper's FP16/FP8 error table "
                                           "(Table 3), on emulated numbers")
     r = Recipe()
@@ -329,6 +342,13 @@ def answer(argv=None) -> str:
         return _numerics(args)
     if args.command == "measure":
         return _measure.answer(args)
+    if args.command == "predict":
+        from . import predict
+        r = predict.predict(args.kernel, batch=args.batch, heads=args.heads,
+                            seq_len=args.seq_len, head_dim=args.head_dim, dtype=args.dtype,
+                            causal=args.causal, block_rows=args.block_rows,
+                            block_cols=args.block_cols, gpu=args.gpu)
+        return json.dumps(r) if args.json else predict.format_prediction(r)
     io = args.command == "io"
     if io and decode.is_decode_cli(args):
         return decode.cli_answer(args)
