@@ -31,7 +31,7 @@ from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError, SramOverflowError
 from .hardware.presets import DEFAULT_GPU, GPU, gpu as _gpu, roofline_time
 from .report import Report
-from . import validate
+from . import masks as _masks, validate
 from .units import DTYPE_BYTES, dtype_bytes
 
 # What a plan runs: the forward, the backward (the forward's saved tensors are its inputs),
@@ -63,6 +63,9 @@ class Plan:
     softmax_rows: int = 0          # standard only: whole rows of S per softmax block
     pass_: str = "fwd"             # "fwd", "bwd" or "fwd+bwd"
     placement: str = "two-level"   # "two-level" (all in SRAM) or "registers" (as kernels)
+    mask: object = None            # a flashsim.masks.Mask, or None (see ``causal`` too)
+    dropout: float = 0.0           # dropout probability p on P, 0 <= p < 1
+    dropout_seed: int = 0          # the seed its random numbers are regenerated from
 
     @property
     def register_budget(self) -> int | None:
@@ -156,6 +159,10 @@ class Plan:
                 f"inputs hold {int(np.prod(Q.shape[:-2]))} heads (shape {Q.shape}) but the "
                 f"plan has batch x heads = {self.batch * self.heads}")
         hbm = dict(arrays)
+        if self.mask is not None and self.algorithm == "standard":   # the baseline reads it
+            hbm["mask"] = np.broadcast_to(
+                self.mask.dense(self.block_rows, self.block_cols).astype(np.float64),
+                Q.shape[:-2] + (self.seq_len, self.seq_len))
         if self.pass_ == "bwd":
             _execute(self.module.build(self), hbm, self.sram_bytes,    # saved tensors only
                      self.register_budget)
@@ -210,7 +217,8 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
          dtype: str = "fp32", sram: int | str | None = None, gpu: str | None = None,
          block_rows: int | None = None, block_cols: int | None = None, causal: bool = False,
          extra_passes=(), pass_: str = "fwd", placement: str | None = None,
-         warps: int | None = None) -> Plan:
+         warps: int | None = None, mask=None, dropout: float = 0.0,
+         dropout_seed: int = 0) -> Plan:
     """Validate a configuration and choose block sizes.
 
     ``pass_`` is ``"fwd"`` (the forward), ``"bwd"`` (the backward alone: the forward's saved
@@ -233,6 +241,13 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     only when not even 1 x 1 blocks fit. A given ``block_rows``/``block_cols`` larger than
     N is capped at N, and a plan that overflows either level raises SramOverflowError with
     the breakdown.
+
+    ``mask``: a spec (``"causal"``, ``"sliding:W"``, ``"document:L1,L2[:causal]"``,
+    ``"prefix:P"``, ``"padding:V"``, ``"blocksparse:DENSITY:SEED"``) or a
+    :class:`flashsim.masks.Mask` (FlashMask's vectors); flash2 skips the tiles it hides,
+    standard attention reads it as a dense N x N boolean (``flashsim/masks.py``). ``dropout``
+    p in [0, 1) with ``dropout_seed``: standard attention runs a separate pass that stores
+    its keep mask, flash2 regenerates the random numbers (``docs/masks.md``).
 
     ``warps`` (warps per block, 1 to 32) sets the register budget of a kernel whose blocks
     are larger than the preset's ``warps_per_block`` (4, as FlashAttention-2's forward).
@@ -270,6 +285,8 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
             f"extra passes ({','.join(passes)}) are for standard attention; "
             f"{algorithm} fuses scaling and masking")
     pass_ = validate.choice(pass_, PASSES, "pass_")
+    mask, dropout, dropout_seed = _masks.check(algorithm, N, causal, mask, dropout,
+                                               dropout_seed)
     fixed = [None if x is None else validate.tiles(
         N, validate.whole(x, name, hi=validate.MAX_SEQ_LEN), name)
         for x, name in ((block_rows, "block_rows"), (block_cols, "block_cols"))]
@@ -281,7 +298,8 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     def make(Br: int, Bc: int) -> Plan:         # each candidate built (and its nest) once
         if (Br, Bc) not in made:
             made[(Br, Bc)] = Plan(algorithm, N, d, batch, heads, dtype, M, Br, Bc, causal,
-                                  passes, preset, rows, pass_, placement)
+                                  passes, preset, rows, pass_, placement, mask, dropout,
+                                  dropout_seed)
         return made[(Br, Bc)]
 
     def overflows(p: Plan) -> list[str]:
