@@ -140,14 +140,22 @@ class Mask:
 
     # -- visits --------------------------------------------------------------------------
     def visited_cols(self, block_rows: int, block_cols: int) -> list[Visited]:
-        """For each Q block i, the K/V blocks j of its non-skipped tiles, ascending."""
-        return [Visited(int(j) for j in np.flatnonzero(row))
-                for row in self.classify(block_rows, block_cols)]
+        """For each Q block i, the K/V blocks j of its non-skipped tiles, ascending
+        (computed once per tiling)."""
+        key = ("cols", block_rows, block_cols)
+        if key not in self._tiles:
+            self._tiles[key] = [Visited(int(j) for j in np.flatnonzero(row))
+                                for row in self.classify(block_rows, block_cols)]
+        return self._tiles[key]
 
     def visited_rows(self, block_rows: int, block_cols: int) -> list[Visited]:
-        """For each K/V block j, the Q blocks i of its non-skipped tiles, ascending."""
-        return [Visited(int(i) for i in np.flatnonzero(col))
-                for col in self.classify(block_rows, block_cols).T]
+        """For each K/V block j, the Q blocks i of its non-skipped tiles, ascending
+        (computed once per tiling)."""
+        key = ("rows", block_rows, block_cols)
+        if key not in self._tiles:
+            self._tiles[key] = [Visited(int(i) for i in np.flatnonzero(col))
+                                for col in self.classify(block_rows, block_cols).T]
+        return self._tiles[key]
 
     def non_skipped_fraction(self, block_rows: int, block_cols: int) -> float:
         """s: the fraction of tiles computed (Proposition 4's fraction of non-zero blocks)."""
@@ -386,3 +394,56 @@ def check(algorithm: str, n: int, causal: bool, mask, dropout, seed) -> tuple:
         raise MaskError(f"dropout runs on {' and '.join(MASKED_ALGORITHMS)}, not {algorithm}")
     seed = validate.whole(seed, "dropout_seed", lo=0, hi=2**63 - 1)
     return mask, float(dropout), seed
+
+
+def reference_args(plan) -> dict:
+    """``mask=`` and ``dropout=`` for :mod:`flashsim.reference`, from a plan."""
+    out = {}
+    if getattr(plan, "mask", None) is not None:
+        out["mask"] = plan.mask.dense(plan.block_rows, plan.block_cols)
+    if getattr(plan, "dropout", 0.0):
+        n = plan.seq_len
+        out["dropout"] = dropout_scale(plan.dropout_seed, plan.dropout, (0, n), (0, n))
+    return out
+
+
+def tile_counts(plan) -> dict:
+    """{skipped, partial, full, tiles, fraction}: the plan's tiles under its mask."""
+    t = plan.mask.classify(plan.block_rows, plan.block_cols)
+    skipped, partial = int((t == SKIP).sum()), int((t == PARTIAL).sum())
+    return {"skipped": skipped, "partial": partial, "full": int(t.size) - skipped - partial,
+            "tiles": int(t.size), "fraction": 1 - skipped / t.size}
+
+
+def cli_fields(plan) -> dict:
+    """The JSON fields ``flashsim io`` adds for a mask or dropout (none without)."""
+    out = {}
+    if plan.mask is not None:
+        out["mask"] = plan.mask.spec
+        if plan.algorithm in ("flash2",):
+            out["mask_tiles"] = tile_counts(plan)
+        else:
+            out["mask_tiles"] = None      # standard computes every tile
+    if plan.dropout:
+        out["dropout"] = plan.dropout
+        out["dropout_seed"] = plan.dropout_seed
+    return out
+
+
+def cli_lines(plan) -> list[str]:
+    """The lines ``flashsim io`` prints under its table for a mask or dropout."""
+    out = []
+    if plan.mask is not None:
+        if plan.algorithm == "flash2":
+            c = tile_counts(plan)
+            out.append(f"mask {plan.mask.spec}: {c['skipped']:,} of {c['tiles']:,} tiles "
+                       f"skipped, {c['partial']:,} partial, {c['full']:,} full "
+                       f"(computed fraction {c['fraction']:.4f})")
+        else:
+            out.append(f"mask {plan.mask.spec}: read as a dense N x N bool "
+                       f"({dense_mask_bytes(plan.seq_len):,} B a head); no tile skipped")
+    if plan.dropout:
+        how = ("a separate pass stores its keep mask Z" if plan.algorithm == "standard"
+               else "fused: regenerated from the seed, nothing stored")
+        out.append(f"dropout p = {plan.dropout:g} (seed {plan.dropout_seed}): {how}")
+    return out

@@ -291,7 +291,8 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
         N, validate.whole(x, name, hi=validate.MAX_SEQ_LEN), name)
         for x, name in ((block_rows, "block_rows"), (block_cols, "block_cols"))]
     module = ALGORITHMS[algorithm] if pass_ == "fwd" else BACKWARD[algorithm]
-    rows = standard.softmax_rows(N, M, b) if algorithm == "standard" else 0
+    rows = (standard.softmax_rows(N, M, b, mask is not None and "mask" not in passes)
+            if algorithm == "standard" else 0)
 
     made: dict = {}
 

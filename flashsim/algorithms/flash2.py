@@ -100,7 +100,6 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
     stop = visible_stop_j(q_pos, k_pos, Br, Bc) if causal else None
     first_i = int((stop == 0).sum()) if causal else 0     # Q blocks that see no key
     mask, p_drop = getattr(plan, "mask", None), getattr(plan, "dropout", 0.0)
-    visits = mask.visited_cols(Br, Bc) if mask is not None else None
 
     def s_tile(sram, ctx):
         S = tau * (sram["Q_i"] @ np.swapaxes(sram["K_j"], -1, -2))    # (.., B_r, B_c)
@@ -135,7 +134,8 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
 
     inner = Loop("j", Bc, N_k, label="K/V blocks streamed through SRAM",
                  stop=(lambda ctx: int(stop[ctx.idx["i"]])) if causal else None,
-                 visit=(lambda ctx: visits[ctx.idx["i"]]) if visits is not None else None,
+                 visit=(lambda ctx: mask.visited_cols(Br, Bc)[ctx.idx["i"]])   # classified
+                 if mask is not None else None,                         # when first run
                  body=(
                      Load("K_j", "K", rows="j"),
                      Load("V_j", "V", rows="j"),

@@ -114,7 +114,6 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                     acc: Tensor(acc, N, d, ACC_BYTES)})
     start = visible_start_i(q_pos, k_pos, Br, Bc) if causal else None
     mask, p_drop = getattr(plan, "mask", None), getattr(plan, "dropout", 0.0)
-    visits = mask.visited_rows(Br, Bc) if mask is not None else None
     T = np.swapaxes
 
     def zscale(ctx):
@@ -161,7 +160,8 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
 
     inner = Loop("i", Br, N, label="Q blocks streamed; dQ_i added to in HBM",
                  start=(lambda ctx: int(start[ctx.idx["j"]])) if causal else None,
-                 visit=(lambda ctx: visits[ctx.idx["j"]]) if visits is not None else None,
+                 visit=(lambda ctx: mask.visited_rows(Br, Bc)[ctx.idx["j"]])   # classified
+                 if mask is not None else None,                         # when first run
                  body=(
                      Load("Q_i", "Q", rows="i"),
                      Load("dO_i", "dO", rows="i"),

@@ -89,9 +89,10 @@ def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     return min(B, n), min(B, n)
 
 
-def softmax_rows(n: int, sram: int, b: int) -> int:
-    """Whole rows of S that kernel 2 holds at once (0: a row does not fit)."""
-    return min(n, sram // (n * b + 2 * STAT_BYTES))
+def softmax_rows(n: int, sram: int, b: int, masked: bool = False) -> int:
+    """Whole rows of S that kernel 2 holds at once (0: a row does not fit); ``masked``: a
+    row of the dense boolean mask beside each (the fused masked softmax)."""
+    return min(n, sram // (n * (b + masked * MASK_BYTES) + 2 * STAT_BYTES))
 
 
 def matrices(extra_passes) -> list[str]:
