@@ -120,11 +120,15 @@ class Mask:
                 block_cols: int) -> np.ndarray:
         """(r1 - r0, c1 - c0) bool: query r sees key c, for r in ``rows``, c in ``cols``
         (global, half-open). The tiles matter only to block-sparse masks."""
-        r = np.arange(*rows)[:, None]
-        c = np.arange(*cols)
+        return self.at(np.arange(*rows)[:, None], np.arange(*cols)[None, :], block_rows,
+                       block_cols)
+
+    def at(self, r, c, block_rows: int = 1, block_cols: int = 1) -> np.ndarray:
+        """Whether query ``r`` sees key ``c``, for index arrays that broadcast (a sampled
+        picture of a long mask, say)."""
+        r, c = np.asarray(r), np.asarray(c)
         if self.lts is None:
-            p = self.pattern(block_rows, block_cols)
-            return p[r // block_rows, c[None, :] // block_cols]
+            return self.pattern(block_rows, block_cols)[r // block_rows, c // block_cols]
         hidden = (((r >= self.lts[c]) & (r < self.lte[c]))
                   | ((r >= self.uts[c]) & (r < self.ute[c])))
         return ~hidden
