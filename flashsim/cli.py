@@ -347,6 +347,8 @@ def answer(argv=None) -> str:
     if io and args.schedule is None and (args.loads != "producer" or args.stages != 2):
         raise FlashsimError("--loads and --stages shape the schedule model: add --schedule")
     algorithms = [args.algorithm] if io else list(ALGORITHMS)
+    if not io and (args.mask is not None or args.dropout):   # flash1 takes neither
+        algorithms = list(masks.MASKED_ALGORITHMS)
     plans = [_plan(args, a) for a in algorithms]
     # The L2 model runs when asked for (--gpu, --l2) and, implicitly, whenever a preset
     # applies; an implicit run past the model's work limit is left out with a note.

@@ -405,7 +405,8 @@ def _plus(resident: tuple, held: list) -> tuple:
 
 
 def has_bounds(ops: tuple) -> bool:
-    """Whether any loop in ``ops`` (at any depth) has a ``start`` or ``stop`` bound."""
+    """Whether any loop in ``ops`` (at any depth) has a ``start``, ``stop`` or ``visit``
+    bound."""
     for op in ops:
         if isinstance(op, Loop) and (op.start is not None or op.stop is not None
                                      or op.visit is not None or has_bounds(op.body)):

@@ -64,6 +64,7 @@ import math
 
 import numpy as np
 
+from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
 from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff,
@@ -114,6 +115,9 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                     acc: Tensor(acc, N, d, ACC_BYTES)})
     start = visible_start_i(q_pos, k_pos, Br, Bc) if causal else None
     mask, p_drop = getattr(plan, "mask", None), getattr(plan, "dropout", 0.0)
+    if (mask is not None or p_drop) and (kv_len is not None or q_pos is not None
+                                         or k_pos is not None):
+        raise FlashsimError("masks and dropout are not modelled with context parallelism")
     T = np.swapaxes
 
     def zscale(ctx):

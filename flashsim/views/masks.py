@@ -211,15 +211,11 @@ def mask_panel(family: str = "sliding", seq_len: int = 16384, window: int = 1024
     the block density (each moves the mask of its own family)."""
     import ipywidgets as W
 
-    from .widgets import Panel, _style
+    from .widgets import Panel, _pow2_slider as slider
     return Panel(mask_view, MaskPicture, {
         "family": W.Dropdown(options=list(FAMILIES), value=family, description="mask"),
-        "seq_len": W.SelectionSlider(options=list(SEQ_LENS), value=seq_len,
-                                     description="N", style=_style()),
-        "window": W.SelectionSlider(options=list(WINDOWS), value=window,
-                                    description="window W", style=_style()),
-        "documents": W.SelectionSlider(options=list(DOCUMENTS), value=documents,
-                                       description="documents", style=_style()),
-        "density": W.SelectionSlider(options=list(DENSITIES), value=density,
-                                     description="block density", style=_style()),
+        "seq_len": slider(SEQ_LENS, seq_len, "N"),
+        "window": slider(WINDOWS, window, "window W"),
+        "documents": slider(DOCUMENTS, documents, "documents"),
+        "density": slider(DENSITIES, density, "block density"),
     }, figsize=(10.0, 3.8))
