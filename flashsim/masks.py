@@ -31,6 +31,7 @@ no masked element, never the other way round.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -65,7 +66,7 @@ class Mask:
     ute: np.ndarray | None = None
     density: float | None = None
     seed: int | None = None
-    _tiles: dict = field(default_factory=dict, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)   # tiles, visits, key
 
     def __eq__(self, other):
         return isinstance(other, Mask) and self.key() == other.key()
@@ -74,17 +75,21 @@ class Mask:
         return hash(self.key())
 
     def key(self) -> tuple:
-        vec = () if self.lts is None else tuple(
-            v.tobytes() for v in (self.lts, self.lte, self.uts, self.ute))
-        return (self.spec, self.n, self.density, self.seed, vec)
+        """What identifies the mask: its spec, N, and a digest of the vectors (computed once:
+        a plan holding the mask is hashed and compared as a whole)."""
+        if "key" not in self._cache:
+            vec = "" if self.lts is None else hashlib.sha256(b"".join(
+                v.tobytes() for v in (self.lts, self.lte, self.uts, self.ute))).hexdigest()
+            self._cache["key"] = (self.spec, self.n, self.density, self.seed, vec)
+        return self._cache["key"]
 
     # -- tiles ---------------------------------------------------------------------------
     def classify(self, block_rows: int, block_cols: int) -> np.ndarray:
         """(T_r, T_c) int8 of SKIP, PARTIAL, FULL (see the module docstring)."""
         key = (block_rows, block_cols)
-        if key not in self._tiles:
-            self._tiles[key] = self._classify(block_rows, block_cols)
-        return self._tiles[key]
+        if key not in self._cache:
+            self._cache[key] = self._classify(block_rows, block_cols)
+        return self._cache[key]
 
     def _classify(self, Br: int, Bc: int) -> np.ndarray:
         n = self.n
@@ -147,19 +152,19 @@ class Mask:
         """For each Q block i, the K/V blocks j of its non-skipped tiles, ascending
         (computed once per tiling)."""
         key = ("cols", block_rows, block_cols)
-        if key not in self._tiles:
-            self._tiles[key] = [Visited(int(j) for j in np.flatnonzero(row))
+        if key not in self._cache:
+            self._cache[key] = [Visited(int(j) for j in np.flatnonzero(row))
                                 for row in self.classify(block_rows, block_cols)]
-        return self._tiles[key]
+        return self._cache[key]
 
     def visited_rows(self, block_rows: int, block_cols: int) -> list[Visited]:
         """For each K/V block j, the Q blocks i of its non-skipped tiles, ascending
         (computed once per tiling)."""
         key = ("rows", block_rows, block_cols)
-        if key not in self._tiles:
-            self._tiles[key] = [Visited(int(i) for i in np.flatnonzero(col))
+        if key not in self._cache:
+            self._cache[key] = [Visited(int(i) for i in np.flatnonzero(col))
                                 for col in self.classify(block_rows, block_cols).T]
-        return self._tiles[key]
+        return self._cache[key]
 
     def non_skipped_fraction(self, block_rows: int, block_cols: int) -> float:
         """s: the fraction of tiles computed (Proposition 4's fraction of non-zero blocks)."""
