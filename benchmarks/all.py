@@ -13,6 +13,9 @@ Run from the repository root. The steps, in order, each its own process with a t
     numba_h200     python -m benchmarks.numba_h200 --explore 1 -> DIR/numba_h200.json
     cupy_h200      python -m benchmarks.cupy_h200            -> DIR/cupy_h200.json
     backward_h200  python -m benchmarks.backward_h200        -> DIR/backward_h200.json
+    decode_h200    python -m benchmarks.decode_h200          -> DIR/decode_h200.json (--decode
+                                                                or --ncu: its 4 minutes do not
+                                                                fit the default 10)
     ncu_sweep      python -m benchmarks.ncu_sweep run        -> DIR/ncu_h200.json, raw CSV (--ncu)
     sfu_check      python -m benchmarks.sfu_check run        -> DIR/sfu_h200.json (--ncu)
     core_speed, slider_latency                               -> DIR/*.json (--cpu)
@@ -62,6 +65,10 @@ def steps(args) -> list[tuple[str, list[str], float, dict]]:
         bench("backward_h200", "--deadline-s", str((30 if quick else 45) * k),
               limit=60 if quick else 80),
     ]
+    if getattr(args, "decode", False) or args.ncu:
+        out_steps.append(bench("decode_h200", *(["--quick"] if quick else []),
+                               "--deadline-s", str((60 if quick else 200) * k),
+                               limit=120 if quick else 270))
     if args.ncu:
         out_steps.append(("ncu_sweep", [py, "-m", "benchmarks.ncu_sweep", "run", "--out", out]
                           + (["--quick"] if quick else []), 1800 * k, {}))
@@ -110,6 +117,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer points in every benchmark")
     ap.add_argument("--ncu", action="store_true", help="also the Nsight Compute sweep (slow)")
     ap.add_argument("--cpu", action="store_true", help="also the CPU benchmarks")
+    ap.add_argument("--decode", action="store_true", help="also the decode benchmark (4 minutes)")
     ap.add_argument("--no-tests", action="store_true", help="skip the GPU tests")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply every time limit and deadline by this")

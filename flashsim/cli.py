@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from . import context_parallel, masks, nest as _nest, reference, validate
+from . import context_parallel, decode, masks, nest as _nest, reference, validate
 from .algorithms import ALGORITHMS
 from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError
@@ -33,6 +33,8 @@ from .numerics import Recipe, error_table, hadamard
 from .plan import PASSES, plan
 from .report import format_compare, format_report
 from .units import DTYPE_BYTES, format_bytes
+
+DECODE_ONLY = [a for a in decode.ALGORITHMS if a not in ALGORITHMS]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,9 +103,10 @@ def _passes(text: str) -> tuple:
 
 
 def _shape_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seq-len", "-N", type=_seq_len, required=True,
-                   help=f"sequence length N (at most {validate.MAX_SEQ_LEN:,})")
-    p.add_argument("--head-dim", "-d", type=_head_dim, required=True, help="head dimension d")
+    p.add_argument("--seq-len", "-N", type=_seq_len,
+                   help=f"sequence length N (at most {validate.MAX_SEQ_LEN:,}; decoding "
+                        "takes --q-len and --kv-len instead)")
+    p.add_argument("--head-dim", "-d", type=_head_dim, help="head dimension d")
     p.add_argument("--batch", type=_batch, default=1)
     p.add_argument("--heads", type=_heads, default=1)
     p.add_argument("--dtype", type=_name(DTYPE_BYTES), default="fp32",
@@ -155,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flashsim", description="Exact HBM <-> SRAM traffic of attention.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     io = sub.add_parser("io", help="traffic of one algorithm")
-    io.add_argument("--algorithm", "-a", type=_name(ALGORITHMS), required=True,
-                    help=", ".join(ALGORITHMS))
+    io.add_argument("--algorithm", "-a", type=_name(list(ALGORITHMS) + DECODE_ONLY),
+                    required=True, help=", ".join(list(ALGORITHMS) + DECODE_ONLY))
+    decode.add_cli_args(io)
     _shape_args(io)
     io.add_argument("--schedule", type=_name(SCHEDULES),
                     help="flash2 forward, fp16/bf16: predict the time under a schedule of "
@@ -342,6 +346,14 @@ def answer(argv=None) -> str:
     if args.command == "numerics":
         return _numerics(args)
     io = args.command == "io"
+    if io and decode.is_decode_cli(args):
+        if args.mask is not None or args.dropout:
+            raise FlashsimError("--mask and --dropout are for prefill plans (-N), not "
+                                "decoding (--q-len, --kv-len)")
+        return decode.cli_answer(args)
+    for value, option in ((args.seq_len, "--seq-len/-N"), (args.head_dim, "--head-dim/-d")):
+        if value is None:
+            raise FlashsimError(f"the following arguments are required: {option}")
     if io and args.cp_schedule and not args.devices:
         raise FlashsimError("--cp-schedule needs --devices P")
     if io and args.schedule is None and (args.loads != "producer" or args.stages != 2):

@@ -213,13 +213,20 @@ class Plan:
                       exp_ops=heads * c.exp_ops, nonmatmul_flops=heads * c.nonmatmul_flops)
 
 
-def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
-         dtype: str = "fp32", sram: int | str | None = None, gpu: str | None = None,
-         block_rows: int | None = None, block_cols: int | None = None, causal: bool = False,
+def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None, *,
+         batch: int | None = None, heads: int = 1,
+         dtype: str | None = None, sram: int | str | None = None, gpu: str | None = None,
+         block_rows: int | None = None, block_cols: int | None = None,
+         causal: bool | None = None,
          extra_passes=(), pass_: str = "fwd", placement: str | None = None,
          warps: int | None = None, mask=None, dropout: float = 0.0,
-         dropout_seed: int = 0) -> Plan:
+         dropout_seed: int = 0, **decode_args) -> Plan:
     """Validate a configuration and choose block sizes.
+
+    Decoding (``flashsim.decode``): algorithm ``flashdecoding``, ``paged`` or ``mla``, or
+    ``flash2`` with ``q_len``/``kv_len`` (or ``kv_lens``), takes the decode arguments
+    (``q_len, kv_len, kv_lens, kv_heads, splits, page_size, gqa_pack, ...``) and returns
+    a ``flashsim.decode.DecodePlan`` (causal by default there; see ``docs/decode.md``).
 
     ``pass_`` is ``"fwd"`` (the forward), ``"bwd"`` (the backward alone: the forward's saved
     tensors, such as P or O and L, are its inputs in HBM) or ``"fwd+bwd"`` (both, their
@@ -256,6 +263,21 @@ def plan(algorithm: str, seq_len: int, head_dim: int, *, batch: int = 1, heads: 
     every argument is checked, with the limits in :mod:`flashsim.validate`, before anything
     is built.
     """
+    from . import decode
+    if decode_args or (isinstance(algorithm, str) and algorithm.lower() in decode.ALGORITHMS
+                       and algorithm.lower() != "flash2"):
+        if seq_len is not None or sram is not None or extra_passes or pass_ != "fwd" \
+                or placement not in (None, "registers") or mask is not None or dropout:
+            raise FlashsimError("a decode plan takes q_len and kv_len (or kv_lens) in place "
+                                "of seq_len, a GPU preset in place of sram, and the forward "
+                                "pass only (no mask or dropout)")
+        given = {"batch": batch, "dtype": dtype, "causal": causal}   # None: decode's default
+        return decode.plan(algorithm, head_dim=head_dim, heads=heads, gpu=gpu,
+                           block_rows=block_rows, block_cols=block_cols, warps=warps,
+                           **{k: v for k, v in given.items() if v is not None}, **decode_args)
+    batch = 1 if batch is None else batch             # the defaults of a prefill plan
+    dtype = "fp32" if dtype is None else dtype
+    causal = False if causal is None else causal
     algorithm = validate.choice(algorithm, list(ALGORITHMS), "algorithm")
     N = validate.whole(seq_len, "seq_len", hi=validate.MAX_SEQ_LEN, what="tokens")
     d = validate.whole(head_dim, "head_dim", hi=validate.MAX_HEAD_DIM)

@@ -74,3 +74,22 @@ def attention_backward(Q, K, V, dO, causal: bool = False, mask=None, dropout=Non
     dP = dO @ np.swapaxes(V, -1, -2)
     dS = P * (dP - (P * dP).sum(axis=-1, keepdims=True))
     return tau * (dS @ K), tau * (np.swapaxes(dS, -1, -2) @ Q), dV
+
+
+def attention_kv(Q, K, V, causal: bool = True, scale: float | None = None) -> np.ndarray:
+    """Attention of q_len new rows against a KV cache, float64, directly (decoding).
+
+    Q: (..., H, q_len, d); K: (..., H_kv, n, d); V: (..., H_kv, n, d_v) with H a multiple
+    of H_kv (query head h reads KV head h // (H / H_kv): GQA, MQA when H_kv = 1). With
+    ``causal`` the rows are the last q_len positions: row m sees keys <= n - q_len + m.
+    ``scale`` defaults to 1/sqrt(d). Returns O: (..., H, q_len, d_v)."""
+    Q, K, V = (np.asarray(x, dtype=np.float64) for x in (Q, K, V))
+    g = Q.shape[-3] // K.shape[-3]
+    K, V = np.repeat(K, g, axis=-3), np.repeat(V, g, axis=-3)
+    tau = 1.0 / np.sqrt(Q.shape[-1]) if scale is None else scale
+    S = tau * (Q @ np.swapaxes(K, -1, -2))                            # (..., H, q, n)
+    if causal:
+        q, n = S.shape[-2:]
+        S = np.where(np.arange(n)[None, :] <= n - q + np.arange(q)[:, None], S, -np.inf)
+    P = np.exp(S - S.max(axis=-1, keepdims=True))
+    return (P / P.sum(axis=-1, keepdims=True)) @ V

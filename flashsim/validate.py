@@ -31,6 +31,9 @@ MAX_TILES = 2**20                # blocks along N: ceil(N / B_r) and ceil(N / B_
 MAX_SIZE = 2**40                 # bytes of SRAM or L2 (1 TiB)
 MAX_BLOCKS_PER_SM = 1024
 MAX_SEED = 2**64 - 1
+MAX_Q_LEN = 4096                 # decoding: new query rows per sequence
+MAX_SEQUENCES = 256              # decoding: KV lengths in one ragged batch (kv_lens)
+MAX_DECODE_BLOCKS = 2**16        # decoding: thread blocks of one launch per KV head
 # --verify runs every tile with float64 values and the N x N reference beside it.
 VERIFY_MAX_TRANSFERS = 200_000       # tile loads and stores the value engine performs
 VERIFY_MAX_FLOPS = 2 * 10**10        # matmul FLOPs of the run plus the reference

@@ -4,6 +4,7 @@
     O, L = gpu_kernels.attention(Q, K, V, algorithm="flash2", backend="numba")
     rep = gpu_kernels.predicted_traffic((B, H, N, d), algorithm="flash2", backend="numba")
     row = gpu_kernels.measure("cupy_flash2_tc", batch=4, heads=16, seq_len=4096, head_dim=128)
+    O, L = gpu_kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=bt)
 
 Layout: ``common`` (the one error type, input checks, the tile policy, ``Launch``),
 ``registry`` (every kernel by name), ``numba/`` (numba.cuda kernels, fp32), ``cupy/`` (loaders
@@ -14,10 +15,10 @@ and CuPy are imported when a kernel is first configured or run.
 
 from __future__ import annotations
 
-from .common import KernelInputError, Result
+from .common import KernelInputError, Result, describe
 
-__all__ = ["attention", "predicted_traffic", "measure", "gpu_available", "KernelInputError",
-           "Result"]
+__all__ = ["attention", "decode_attention", "predicted_traffic", "measure", "gpu_available",
+           "KernelInputError", "Result"]
 
 
 def gpu_available() -> bool:
@@ -88,6 +89,63 @@ def attention(Q, K, V, *, algorithm: str = "flash2", backend: str = "numba", cau
     return Result(out if out is not None else _from_backend(launch, res.O, inputs, O_shape),
                   lse if lse is not None else
                   (None if L is None else _from_backend(launch, L, inputs, L_shape, "float32")))
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal: bool = True,
+                     num_splits=None, check_finite: bool = True, out=None, lse=None) -> Result:
+    """One decode step (flash-attention's ``flash_attn_with_kvcache``): q (B, q_len, H, d)
+    fp16/bf16 against k_cache / v_cache, contiguous (B, capacity, kv_heads, d) or paged
+    (num_pages, page_size, kv_heads, d) with ``block_table`` (B, max_pages) int32;
+    ``cache_seqlens`` (B,): the keys of each sequence, the q_len new ones included (causal:
+    bottom-right aligned). The batch layout (cache_seqlens, block_table) is read on the host
+    (a device array is copied) and checked; ``check_finite``: the used cache rows and q are
+    checked for NaN/Inf first (NumPy: on the host; GPU arrays: one read on the device).
+
+    Returns Result(O like q, L (B, H, q_len) float32) in the inputs' framework (NumPy in:
+    copied to the GPU and back). Bad input raises KernelInputError before any launch. Runs
+    ``cupy_decode`` (contiguous) or ``cupy_decode_paged``."""
+    from .common import check_flag
+    from .cupy import decode
+
+    check_flag(causal, "causal")
+    infos = [describe(x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"))]
+    if len({i.kind == "numpy" for i in infos}) != 1:
+        raise KernelInputError("q, k_cache, v_cache must all be host (NumPy) arrays or all be GPU "
+                               f"arrays, got {', '.join(i.kind for i in infos)}")
+    for info, n in zip(infos, ("q", "k_cache", "v_cache")):
+        if len(info.shape) != 4:
+            raise KernelInputError(f"{n} has shape {info.shape}; expected 4 dimensions")
+        if info.dtype not in ("float16", "bfloat16"):
+            raise KernelInputError(f"{n} has dtype {info.dtype}; the decode kernel takes float16, bfloat16")
+    if len({i.dtype for i in infos}) != 1:
+        raise KernelInputError(f"q, k_cache, v_cache dtypes differ: {', '.join(i.dtype for i in infos)}")
+    B, q_len, H, d = infos[0].shape
+    pages, page_size, kv_heads, d_kv = infos[1].shape
+    if d_kv != d:
+        raise KernelInputError(f"k_cache has head dimension {d_kv}; q has {d}")
+    paged = block_table is not None
+    launch = decode.configure(B, H, kv_heads, d, kv_lens=cache_seqlens, q_len=q_len,
+                              dtype=infos[0].dtype, causal=causal,
+                              page_size=page_size if paged else None, block_table=block_table,
+                              num_pages=pages if paged else None, splits=num_splits)
+    why = launch.cache_shape_ok(infos[1].shape)
+    if why:
+        raise KernelInputError(f"k_cache has shape {infos[1].shape}: {why}")
+    if infos[0].kind == "numpy":
+        if check_finite:
+            launch.check_finite(q, k_cache, v_cache)
+        import cupy
+
+        bf16 = infos[0].dtype == "bfloat16"       # travels as its int16 bits
+        dev = [cupy.asarray(x.view("int16") if bf16 else x) for x in (q, k_cache, v_cache)]
+        res = launch.run(*dev)
+        O = res.O.get()
+        return Result(O.view(q.dtype) if bf16 else O, res.L.get())
+    res = launch.run(q, k_cache, v_cache, out=out, lse=lse, check_finite=check_finite)
+    from .cupy.common import wrap_like
+
+    return Result(out if out is not None else wrap_like(res.O, infos[0].kind, infos[0].dtype),
+                  lse if lse is not None else wrap_like(res.L, infos[0].kind))
 
 
 def _convert(x, dtype: str):

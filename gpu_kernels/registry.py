@@ -133,10 +133,56 @@ KERNELS = {k.name: k for k in (
 )}
 
 
+@dataclass(frozen=True)
+class DecodeKernel:
+    """A decode-step kernel (issue 14): one step of q_len new tokens against a KV cache, so
+    its launch is shaped by (batch, heads, kv_heads, head_dim, kv_lens, q_len, page size), not
+    by (batch, heads, seq_len, head_dim); ``launch(**kw)`` is its module's ``configure``.
+    Apart from ``KERNELS`` (whose tests hold every entry to flashsim's square-attention
+    plan) until flashsim has the ``flashdecoding`` and ``paged`` algorithms."""
+    name: str
+    algorithm: str               # flashsim's algorithm: flashdecoding or paged
+    backend: str
+    module_name: str
+    dtypes: tuple
+    head_dims: tuple
+    split_rule: str              # how the KV length is split across blocks
+    threads: str
+    shared_memory: str
+    paged: bool
+    cu_file: str = "decode.cu"
+
+    def module(self):
+        return importlib.import_module(f"gpu_kernels.{self.module_name}")
+
+    def launch(self, **kw) -> Launch:
+        if self.paged and kw.get("page_size") is None:
+            raise KernelInputError(f"{self.name} needs page_size, block_table and num_pages")
+        if not self.paged and kw.get("page_size") is not None:
+            raise KernelInputError(f"{self.name} reads a contiguous cache; use cupy_decode_paged")
+        return self.module().configure(**kw)
+
+
+_DECODE_SPLITS = ("FlashAttention's num_splits_heuristic over the blocks resident at once "
+                  "(splits= overrides)")
+_DECODE_THREADS = ("128 threads: 4 warps = ROW_WARPS (16 packed query rows each) x KEY_WARPS "
+                   "(a slice of every K/V tile each)")
+_DECODE_SMEM = "(16 ROW_WARPS + 2 STAGES B_c) d 2, dynamic (decode.smem_bytes)"
+DECODE_KERNELS = {k.name: k for k in (
+    DecodeKernel("cupy_decode", "flashdecoding", "cupy", "cupy.decode", ("fp16", "bf16"), (64, 128),
+                 _DECODE_SPLITS, _DECODE_THREADS, _DECODE_SMEM, paged=False),
+    DecodeKernel("cupy_decode_paged", "paged", "cupy", "cupy.decode", ("fp16", "bf16"), (64, 128),
+                 _DECODE_SPLITS, _DECODE_THREADS, _DECODE_SMEM, paged=True),
+)}
+
+
 def get(name: str) -> Kernel:
-    """The registry entry ``name``."""
+    """The registry entry ``name`` (a decode entry from ``DECODE_KERNELS`` too)."""
+    if name in DECODE_KERNELS:
+        return DECODE_KERNELS[name]
     if name not in KERNELS:
-        raise KernelInputError(f"no kernel {name!r}: choose one of {', '.join(KERNELS)}")
+        raise KernelInputError(f"no kernel {name!r}: choose one of "
+                               f"{', '.join([*KERNELS, *DECODE_KERNELS])}")
     return KERNELS[name]
 
 

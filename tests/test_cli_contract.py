@@ -34,7 +34,8 @@ SIZES = ["1", "100", "3KiB", "20KiB", "1.5KiB", "0.5", "100KB", "60MiB", "1MiB",
 OPTIONS = ["-a", "--algorithm", "-N", "--seq-len", "-d", "--head-dim", "--batch", "--heads",
            "--dtype", "--gpu", "--sram", "--l2", "--block-rows", "--block-cols", "--causal",
            "--pass", "--verify", "--seed", "--extra-passes", "--blocks-per-sm", "--json",
-           "--help", "--seq", "-x", "--mask", "--dropout"]
+           "--help", "--seq", "-x", "--q-len", "--kv-len", "--kv-lens", "--kv-heads",
+           "--splits", "--page-size", "--gqa-schedule", "--no-causal", "--mask", "--dropout"]
 
 MASKS = ["causal", "sliding:16", "sliding:0", "document:10,20", "document:5,5:causal",
          "prefix:8", "padding:4", "blocksparse:0.5:1", "blocksparse:0:1", "blocksparse:nan:1",
@@ -59,12 +60,13 @@ def argv(draw):
         args += ["-d", draw(st.integers(1, 64).map(str) | st.sampled_from(NUMBERS))]
     for opt in draw(st.lists(st.sampled_from(OPTIONS[6:]), max_size=4)):
         args.append(opt)
-        if opt in ("--causal", "--verify", "--json", "--help"):
+        if opt in ("--causal", "--verify", "--json", "--help", "--no-causal"):
             continue
         if opt in ("--sram", "--l2"):
             args.append(draw(st.sampled_from(SIZES)))
         elif opt in ("--batch", "--heads", "--block-rows", "--block-cols", "--seed",
-                     "--blocks-per-sm"):
+                     "--blocks-per-sm", "--q-len", "--kv-len", "--kv-heads", "--splits",
+                     "--page-size"):
             args.append(draw(st.integers(-2, 40).map(str) | st.sampled_from(NUMBERS)))
         elif opt == "--mask":
             args.append(draw(st.sampled_from(MASKS) | st.text(max_size=8)))
@@ -132,6 +134,7 @@ BAD_MASKS = [
     ["--dropout", "-0.1"], ["--dropout", "nan"], ["--mask", "causal", "--causal"],
     ["-a", "flash1", "--mask", "causal"], ["-a", "flash1", "--dropout", "0.1"],
     ["--mask", "sliding:8", "--devices", "2"],
+    ["--mask", "sliding:8", "--q-len", "1", "--kv-len", "64"],
 ]
 
 
@@ -164,6 +167,30 @@ def test_flashmask_vectors_out_of_range_or_inverted_are_one_error():
         masks.from_vectors(good[0][:4], *good[1:])
     with pytest.raises(flashsim.FlashsimError, match="whole numbers"):
         masks.from_vectors(good[0] + 0.5, *good[1:])
+
+
+# Decoding's bad inputs (issue 14): each one line, exit 2.
+DECODE = [
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64", "-d", "16", "--heads",
+     "32", "--kv-heads", "5"],
+    ["io", "-a", "flashdecoding", "--q-len", "9", "--kv-len", "8", "-d", "16"],
+    ["io", "-a", "paged", "--q-len", "1", "--kv-len", "64", "-d", "16", "--page-size", "0"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-lens", "10,20", "--batch", "3",
+     "-d", "16"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-lens", "10,,20", "-d", "16"],
+    ["io", "-a", "flash2", "--q-len", "1", "--kv-len", "64", "-d", "16", "--splits", "4"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64", "-d", "16", "-N", "64"],
+    ["io", "-a", "flash2", "-N", "64", "-d", "16", "--kv-heads", "2"],
+    ["io", "-a", "flashdecoding", "--q-len", "1", "--kv-len", "64"],
+    ["io", "-a", "mla", "--q-len", "1", "--kv-len", "64", "--kv-heads", "2"],
+]
+
+
+@pytest.mark.parametrize("args", DECODE)
+def test_decodings_bad_inputs_end_with_one_line(args):
+    code, out, err, seconds = call(args)
+    check(args, code, out, err)
+    assert code == 2 and seconds < IN_PROCESS_S
 
 
 @pytest.mark.parametrize("args", ISSUE)

@@ -126,7 +126,7 @@ def test_kernel_versions_v1_is_slower_than_the_overlapped_loads():
             assert at[1][key] > max(at[v][key] for v in (2, 3, 4))
         assert at[1]["predicted_ms"] > at[5]["predicted_ms"]
         assert at[2]["predicted_ms"] == at[3]["predicted_ms"] == at[5]["predicted_ms"]
-    spill = data["kernel_resources"]["d=128 BLOCK_M=128 BLOCK_N=64 VERSION=5 MIN_BLOCKS=1"]
+    spill = data["kernel_resources"]["d=128 BLOCK_R=128 BLOCK_C=64 VERSION=5 MIN_BLOCKS=1"]
     assert spill["local_bytes"] > 0
 
 

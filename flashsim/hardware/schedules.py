@@ -406,7 +406,7 @@ def kernel_versions(measured: dict, gpu: str = "h200") -> list[dict]:
     out = []
     for row in measured["tuning"]:
         cfg = dict(kv.split("=") for kv in row["config"].split())
-        if (cfg["BLOCK_M"], cfg["BLOCK_N"]) != ("128", "64"):
+        if (cfg["BLOCK_R"], cfg["BLOCK_C"]) != ("128", "64"):
             continue
         v = int(cfg["VERSION"])
         batch_heads = measured["configs"]["total_tokens"] // row["N"] * \

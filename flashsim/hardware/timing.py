@@ -35,7 +35,20 @@ from .l2 import L2Report, simulate
 from .presets import DEFAULT_GPU, gpu as _gpu
 from ..nest import blocks, count_scope, launches
 
-LAUNCH_LATENCY_S = 4e-6          # a kernel launch's fixed cost, back to back in a stream
+# A kernel launch's fixed cost, back to back in a stream: an estimate of the order CUDA's
+# launch overhead is reported at (2-5 us from launch to the first block, or between two
+# dependent kernels), not a measurement of ours; one number for every launch.
+LAUNCH_LATENCY_S = 4e-6
+# The memory-bound regime (decoding): how fast one SM can pull bytes from DRAM. Little's
+# law: bytes in flight / latency. An SM of a streaming kernel keeps about one K/V tile
+# pair in flight (FlashAttention-2's split-KV tiles, 2 x 128 x 128 fp16: 64 KiB) and a
+# request under load waits about 1 us (Hopper's unloaded DRAM latency is reported at
+# 0.5-0.7 us by public microbenchmarks; queues add to it). Both are estimates, stated
+# once: 65.5 GB/s per SM, so about 66 of the H200's 132 SMs are needed to reach its HBM
+# bandwidth, and one block per SM on 8 SMs gets 0.52 TB/s. benchmarks/decode_h200.json's
+# B = 1 points are what checks it.
+SM_BYTES_IN_FLIGHT = 64 * 1024
+DRAM_LATENCY_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class Efficiency:
     memory: float = 0.9          # of HBM bandwidth: a large copy reaches ~0.9 (4.3 of 4.8 TB/s)
     l2_bandwidth: float = 10e12  # bytes/s the L2 serves to the SMs (order of magnitude)
     saturating_warps: int = 16   # resident warps an SM needs to reach ``compute``
+    sm_bandwidth: float = SM_BYTES_IN_FLIGHT / DRAM_LATENCY_S   # bytes/s one SM pulls
 
     @classmethod
     def for_dtype(cls, dtype: str, compute: float = 1.0) -> "Efficiency":
@@ -120,3 +134,90 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
 
 def predict_seconds(plan, efficiency: Efficiency = Efficiency(), **kw) -> float:
     return sum(x.seconds for x in predict(plan, efficiency, **kw))
+
+
+# ------------------------------------------------------------ the memory-bound regime
+
+def _block_costs(nest, launch) -> list[tuple[int, int]]:
+    """(bytes, FLOPs) of each thread block of one copy of ``launch``, in launch order."""
+    out = []
+    for ctx in blocks(launch):
+        c = count_scope(launch.ops, nest.tensors, ctx)
+        out.append((sum(c.read.values()) + sum(c.write.values()), c.flops))
+    return out
+
+
+def _hand_out(costs: list, copies: int, sms: int) -> list[tuple[int, int, int]]:
+    """Per SM ``(bytes, FLOPs, blocks)``: every copy's blocks (the copies are the leading
+    dimensions, blocks fastest) handed in launch order to the SM with the fewest bytes so
+    far, as the hardware hands a free SM the next block."""
+    if len(costs) * copies > HAND_OUT_LIMIT:
+        return _fluid_hand_out(costs, copies, sms)
+    heap = [(0, 0, k, 0) for k in range(min(sms, len(costs) * copies))]
+    for _ in range(copies):
+        for nb, f in costs:
+            load, fl, k, n = heapq.heappop(heap)
+            heapq.heappush(heap, (load + nb, fl + f, k, n + 1))
+    per_sm = [(0, 0, 0)] * sms
+    for load, fl, k, n in heap:
+        per_sm[k] = (load, fl, n)
+    return per_sm
+
+
+# Past this many blocks a launch is handed out in bulk (``_fluid_hand_out``): at more than
+# 750 blocks per SM the last partial wave changes the time by less than 0.2 %.
+HAND_OUT_LIMIT = 100_000
+
+
+def _fluid_hand_out(costs: list, copies: int, sms: int) -> list[tuple[int, int, int]]:
+    """The hand-out of a launch too large to step: blocks spread evenly (the first
+    n mod SMs SMs get one more), each SM's bytes and FLOPs the mean plus the largest
+    block's, the bound of greedy list scheduling (within one block of the exact)."""
+    n = len(costs) * copies
+    total_b, total_f = copies * sum(b for b, _ in costs), copies * sum(f for _, f in costs)
+    top_b, top_f = max(b for b, _ in costs), max(f for _, f in costs)
+    return [(total_b // sms + top_b, total_f // sms + top_f, n // sms + (k < n % sms))
+            for k in range(sms)]
+
+
+def sm_loads(nest, copies: int, g) -> list[tuple[str, list[int], list[int]]]:
+    """``[(launch label, blocks per SM, bytes per SM)]`` (:func:`_hand_out`)."""
+    out = []
+    for launch in launches(nest):
+        per_sm = _hand_out(_block_costs(nest, launch), copies, g.sms)
+        out.append((launch.label, [n for _, _, n in per_sm], [b for b, _, _ in per_sm]))
+    return out
+
+
+def predict_memory_bound(nest, copies: int, g, dtype: str,
+                         efficiency: Efficiency = Efficiency(), l2: L2Report | None = None
+                         ) -> list[LaunchTime]:
+    """Seconds per launch of ``nest`` run ``copies`` times over (batch x heads), for
+    kernels bound by memory (decoding). Per launch:
+
+        memory  = max(bytes / (HBM bandwidth x memory efficiency),
+                      busiest SM's bytes / sm_bandwidth)
+        compute = busiest SM's FLOPs / (peak / SMs x compute efficiency)
+        time    = max(memory, compute, L2 requests / L2 bandwidth) + LAUNCH_LATENCY_S
+
+    so a launch of fewer blocks than SMs runs at the bandwidth its busy SMs can pull (why
+    split-KV exists), and every launch (the combine too) pays the launch latency. ``bytes``
+    are the requested bytes, or the L2 model's DRAM bytes when ``l2`` is given. Blocks go
+    to SMs as :func:`_hand_out` hands them out."""
+    peak_sm = g.peak_flops(dtype) / g.sms * efficiency.compute
+    out = []
+    for i, launch in enumerate(launches(nest)):
+        costs = _block_costs(nest, launch)
+        requested = copies * sum(nb for nb, _ in costs)
+        total = requested
+        if l2 is not None:
+            t = l2.launches[i]
+            total = t.dram_read_bytes + t.dram_write_bytes + t.dirty_at_end_bytes
+        per_sm = _hand_out(costs, copies, g.sms)
+        busiest_bytes = max(b for b, _, _ in per_sm)
+        busiest_flops = max(f for _, f, _ in per_sm)
+        memory = max(total / (g.hbm_bandwidth * efficiency.memory),
+                     busiest_bytes / efficiency.sm_bandwidth)
+        out.append(LaunchTime(launch.label, len(costs) * copies, busiest_flops / peak_sm,
+                              memory, requested / efficiency.l2_bandwidth, busiest_flops))
+    return out

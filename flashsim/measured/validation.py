@@ -57,7 +57,7 @@ KNOWN_MISSES = {
     # counters' L1 hits, coalescer merges and store requests are used (filtered_l2_error)
     "l2": {
         ("cupy_flash2_tc", 1024, 64, False, 128, 128):
-            "register spills: at BLOCK_M = BLOCK_N = 128, d = 64 the kernel needs more than "
+            "register spills: at B_r = B_c = 128, d = 64 the kernel needs more than "
             "255 registers and ptxas spills to local memory (tests/test_cupy_kernels.py "
             "checks), whose traffic reaches the L2 as requests that are no global load or "
             "store of the model's.",

@@ -178,6 +178,7 @@ class SfuRooflinePicture:
     Built once; an update moves the lines and points."""
 
     def __init__(self, fig):
+        from matplotlib.ticker import NullLocator
         ax = self.ax = fig.add_subplot(111)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -194,7 +195,14 @@ class SfuRooflinePicture:
         ax.set_ylabel("matmul FLOP/s")
         self.title = ax.set_title("", fontsize=9)
         ax.legend(loc="lower right", fontsize=7)
+        ax.xaxis.set_minor_locator(NullLocator())      # minor log ticks cost most of a draw
+        ax.yaxis.set_minor_locator(NullLocator())
         fig.subplots_adjust(left=0.12, right=0.97, top=0.86, bottom=0.13)
+
+    def layers(self, v: dict) -> list:
+        # the axes move only with the peak (GPU, dtype); d moves the ceilings and points
+        return [((v["gpu"], v["dtype"]), [self.ax.yaxis, self.roof]),
+                (None, [self.sfu, self.serial, self.p_serial, self.p_over, self.title])]
 
     def update(self, v: dict) -> None:
         x = np.geomspace(1, 1e5, 64)
@@ -244,52 +252,85 @@ class TimelinePicture:
 
 
 class ErrorPicture:
-    """RMSE per method (ours as bars, the paper's as marks), log scale."""
+    """RMSE per method (ours as bars, the paper's as marks), log scale. Built on the first
+    view (the methods are the bars); an update sets the bars' heights."""
 
     def __init__(self, fig):
         self.fig = fig
+        self.ax = None
 
-    def update(self, v: dict) -> None:
-        self.fig.clear()
-        ax = self.fig.add_subplot(111)
-        rows = v["rows"]
+    def _build(self, rows: list[dict]) -> None:
+        from matplotlib.ticker import NullLocator
+        ax = self.ax = self.fig.add_subplot(111)
         x = np.arange(len(rows))
-        ax.bar(x, [r["rmse"] for r in rows], color=["#1f77b4"] * 3 + ["#d62728"] * 4,
-               alpha=0.8, label="ours (emulated)")
-        ax.plot(x, [r["paper_rmse"] for r in rows], "k_", ms=18, mew=2,
-                label="paper (N(0,1) + 0.1% outliers)")
+        self.bars = ax.bar(x, [r["paper_rmse"] for r in rows], alpha=0.8,
+                           color=["#1f77b4"] * 3 + ["#d62728"] * (len(rows) - 3),
+                           label="ours (emulated)")
+        self.paper, = ax.plot(x, [r["paper_rmse"] for r in rows], "k_", ms=18, mew=2,
+                              label="paper (N(0,1) + 0.1% outliers)")
         ax.set_yscale("log")
+        ax.yaxis.set_minor_locator(NullLocator())
         ax.set_xticks(x, [r["method"].replace(" ", "\n", 1) for r in rows], fontsize=7)
         ax.set_ylabel("RMSE of O")
-        ax.set_title(f"outlier fraction {v['outlier_fraction']:g}, FP8 blocks of "
-                     f"{v['block']} rows, N = {v['seq_len']}, d = {v['head_dim']}", fontsize=9)
+        self.title = ax.set_title("", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
         self.fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.2)
+
+    @staticmethod
+    def _decades(rows: list[dict]) -> tuple[float, float]:
+        """y limits on whole decades around every bar and mark, so they rarely move."""
+        ys = [y for r in rows for y in (r["rmse"], r["paper_rmse"]) if y > 0]
+        return 10.0 ** np.floor(np.log10(min(ys))), 10.0 ** (np.ceil(np.log10(max(ys))) + 1)
+
+    def layers(self, v: dict) -> list:
+        return [(self._decades(v["rows"]), [self.ax.yaxis]),
+                (None, [*self.bars.patches, self.paper, self.title])]
+
+    def update(self, v: dict) -> None:
+        rows = v["rows"]
+        if self.ax is None:
+            self._build(rows)
+        for bar, r in zip(self.bars.patches, rows):
+            bar.set_height(r["rmse"])
+        self.ax.set_ylim(*self._decades(rows))
+        self.title.set_text(f"outlier fraction {v['outlier_fraction']:g}, FP8 blocks of "
+                            f"{v['block']} rows, N = {v['seq_len']}, d = {v['head_dim']}")
 
 
 class RescalePicture:
     """Block maxima of one row, the true running max and the stale max FlashAttention-4
-    keeps (it moves only when the max grows by more than the threshold)."""
+    keeps (it moves only when the max grows by more than the threshold). Built once; the
+    stream sets the axes, the threshold moves only the kept max."""
 
     def __init__(self, fig):
-        self.fig = fig
-
-    def update(self, v: dict) -> None:
-        self.fig.clear()
-        ax = self.fig.add_subplot(111)
-        k = np.arange(len(v["block_maxima"]))
-        ax.plot(k, v["block_maxima"], ".", color="gray", label="max of block j")
-        ax.step(k, v["running_max"], where="post", color="#1f77b4",
-                label="running max (FlashAttention-2 rescales at every block)")
-        ax.step(k, v["kept_max"], where="post", color="#d62728",
-                label=f"max kept at threshold {v['threshold']:g}")
+        ax = self.ax = fig.add_subplot(111)
+        self.maxima, = ax.plot([], [], ".", color="gray", label="max of block j")
+        self.running, = ax.step([], [], where="post", color="#1f77b4",
+                                label="running max (FlashAttention-2 rescales at every block)")
+        self.kept, = ax.step([], [], where="post", color="#d62728",
+                             label="max kept (moves when it falls behind by > threshold)")
         ax.set_xlabel("K/V block j")
         ax.set_ylabel("logit (log2 units)")
-        ax.set_title(f"{v['stream']} logits: {v['rescaled']} rescales of {v['decisions']} "
-                     f"(skipped {v['skipped'] / max(v['decisions'], 1):.1%}); largest "
-                     f"P~ = {v['largest_p']:.3g}", fontsize=9)
-        ax.legend(fontsize=7, loc="lower right")
-        self.fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.13)
+        self.title = ax.set_title("", fontsize=9)
+        self.legend = ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+        fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.13)
+
+    def layers(self, v: dict) -> list:
+        # the legend is drawn last, over the data, as a one-pass draw would
+        return [(v["stream"], [self.ax.xaxis, self.ax.yaxis, self.maxima, self.running]),
+                (None, [self.kept, self.title, self.legend])]
+
+    def update(self, v: dict) -> None:
+        k = np.arange(len(v["block_maxima"]))
+        self.maxima.set_data(k, v["block_maxima"])
+        self.running.set_data(k, v["running_max"])
+        self.kept.set_data(k, v["kept_max"])
+        self.ax.relim()
+        self.ax.autoscale_view()
+        self.title.set_text(
+            f"{v['stream']} logits, threshold {v['threshold']:g}: {v['rescaled']} rescales of "
+            f"{v['decisions']} (skipped {v['skipped'] / max(v['decisions'], 1):.1%}); "
+            f"largest P~ = {v['largest_p']:.3g}")
 
 
 # ================================================================ panels

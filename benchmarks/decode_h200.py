@@ -1,0 +1,507 @@
+"""One decode step on one GPU, side by side: our decode kernel against PyTorch and a plain read.
+
+    python -m benchmarks.decode_h200 --out DIR            # DIR/decode_h200.json, ~4 minutes
+    python -m benchmarks.decode_h200 --out DIR --quick    # the issue's reference points only
+    python -m benchmarks.decode_h200 --sanitize           # tiny launches of every variant, no timing:
+        compute-sanitizer --tool memcheck python -m benchmarks.decode_h200 --sanitize
+        compute-sanitizer --tool racecheck python -m benchmarks.decode_h200 --sanitize
+    python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,0   # B,kv_heads,kv_len,q_len,page
+        ncu --nvtx --nvtx-include "decode/" --metrics dram__bytes_read.sum,gpu__time_duration.sum \\
+            python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,16
+
+Points: batch in {1, 8, 64}, kv_len in {4k, 32k, 128k}, H = 32 query heads with kv_heads in
+{32, 8, 1}, d = 128, q_len in {1, 4}, fp16 (a combination whose K/V cache exceeds 40 GB is
+skipped). Implementations per point, all on the same K/V values:
+  cupy_decode        ours, contiguous cache (B, kv_len, kv_heads, d), splits by the heuristic
+  cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
+  torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
+                     kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
+                     reference; the q_len - 1 hidden keys change no bandwidth)
+  torch_efficient    tried; it refuses enable_gqa (recorded in "skipped")
+  torch_flex         flex_attention, compiled once per shape, at two points after the table
+                     (its compile time)
+  flashinfer         if importable (it is not on the H200 image: noted)
+  plain_read         a kernel that reads every byte of the same K and V once: the limit
+Bandwidth = the K and V bytes a step must read (2 B kv_len kv_heads d 2) / time.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import traceback
+
+import numpy as np
+
+from benchmarks.common import Recorder, parser
+from gpu_kernels import harness
+from gpu_kernels.common import Result
+from gpu_kernels.cupy import decode
+
+H, D = 32, 128
+BATCHES, KV_LENS, KV_HEADS, Q_LENS, PAGES = (1, 8, 64), (4096, 32768, 131072), (32, 8, 1), (1, 4), (1, 16, 64)
+MAX_CACHE_BYTES = 40e9
+# The issue's reference figures (B, kv_heads, kv_len, q_len) first: the deadline cuts the rest.
+REFERENCE_POINTS = [(8, 8, 32768, 1), (1, 8, 32768, 1), (64, 8, 4096, 1), (1, 8, 131072, 1),
+                    (8, 8, 32768, 4), (8, 1, 32768, 1), (8, 32, 32768, 1), (64, 8, 32768, 1)]
+FLEX_POINTS = {(8, 8, 32768, 1), (8, 8, 32768, 4)}
+FLEX_GRACE_S = 40.0
+TUNING_POINTS = [(8, 8, 32768, 1), (64, 8, 4096, 1), (1, 8, 32768, 1)]
+MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: small points only
+
+METHOD = ("Every implementation is checked on the very inputs it is timed on before it is timed: "
+          "the float64 reference of the last (sequence, KV head) (and the first, below kv_len 32k) "
+          "for every query row, flash-attention's rule (max error <= 2 x a plain same-dtype "
+          "NumPy implementation's, harness.plain_attention), L within 1e-3 + 1e-5|L|; a point "
+          "whose check fails is still timed and recorded with check_ok false. Then the harness "
+          "(gpu_kernels.harness: warm-up, CUDA events around each call, a 2 x L2 flush before "
+          "every repeat, the median).")
+
+PLAIN_READ = r"""
+extern "C" __global__ void plain_read(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                      unsigned long long n, unsigned int* out) {
+    unsigned int acc = 0;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {      // four 16-byte loads of each in flight
+        uint4 x0 = a[i], x1 = a[i + stride], x2 = a[i + 2 * stride], x3 = a[i + 3 * stride];
+        uint4 y0 = b[i], y1 = b[i + stride], y2 = b[i + 2 * stride], y3 = b[i + 3 * stride];
+        acc ^= x0.x ^ x0.y ^ x0.z ^ x0.w ^ x1.x ^ x1.y ^ x1.z ^ x1.w ^ x2.x ^ x2.y ^ x2.z ^ x2.w
+             ^ x3.x ^ x3.y ^ x3.z ^ x3.w ^ y0.x ^ y0.y ^ y0.z ^ y0.w ^ y1.x ^ y1.y ^ y1.z ^ y1.w
+             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 x = a[i], y = b[i];
+        acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
+    }
+    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true
+}
+"""
+
+
+def cache_bytes(B, kvh, n) -> int:
+    return 2 * B * n * kvh * D * 2
+
+
+def grid_points(quick: bool) -> list[tuple]:
+    pts = list(REFERENCE_POINTS)
+    if not quick:
+        pts += [(B, kvh, n, ql) for B in BATCHES for n in KV_LENS for kvh in KV_HEADS for ql in Q_LENS]
+    return [p for p in dict.fromkeys(pts) if cache_bytes(*p[:3]) <= MAX_CACHE_BYTES]
+
+
+def paged_copy(torch, k, v, page_size: int, seed: int):
+    """The rows of contiguous k, v (B, n, kvh, d) in pages of ``page_size`` tokens, the pages
+    in a random order: (k_pages, v_pages (num_pages, P, kvh, d), block_table (B, pages) int32
+    on the host)."""
+    B, n, kvh, d = k.shape
+    per = math.ceil(n / page_size)
+    perm = np.random.default_rng(seed).permutation(B * per).astype(np.int32)
+    bt = perm.reshape(B, per)
+    idx = torch.as_tensor(bt.reshape(-1), device="cuda", dtype=torch.long)
+    out = []
+    for x in (k, v):
+        pages = torch.empty((B * per, page_size, kvh, d), dtype=x.dtype, device="cuda")
+        src = torch.zeros((B, per * page_size, kvh, d), dtype=x.dtype, device="cuda") \
+            if per * page_size != n else x
+        if src is not x:
+            src[:, :n] = x
+        pages[idx] = src.view(B * per, page_size, kvh, d)
+        del src
+        out.append(pages)
+    return out[0], out[1], bt
+
+
+class HeadRows:
+    """The cached rows (kv_len, kv_heads, d) of one sequence on the GPU, copied to the host
+    (float32) one KV head at a time as ``reference_rows`` indexes them: rows[:n, kvh]."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __getitem__(self, index):
+        rows, kvh = index
+        return self.x[rows, kvh].float().cpu().numpy()
+
+
+class Bench(Recorder):
+    def __init__(self, args):
+        import cupy
+        import torch
+
+        self.torch, self.cupy = torch, cupy
+        self.harness = harness.Harness("cupy", target_s=0.1, max_repeats=20)
+        super().__init__(args, "decode_h200.json", METHOD, timing=self.harness.method(),
+                         notes={}, tuning=[], config={}, plain_read_source=PLAIN_READ.strip())
+        self.tile = dict(block_cols=decode.BLOCK_C, stages=decode.STAGES[D])   # until tune()
+        self._plain = cupy.RawKernel(PLAIN_READ, "plain_read")
+        self._flag = cupy.zeros(1, cupy.uint32)
+        self.failures = 0
+        try:
+            import flashinfer  # noqa: F401
+            self.results["notes"]["flashinfer"] = "importable, but not wired into this benchmark yet"
+        except ImportError as exc:
+            self.results["notes"]["flashinfer"] = f"not installed here ({exc}): no FlashInfer points"
+
+    # ------------------------------------------------------------------ recording
+    def record(self, what: dict, fn, check, repeats=None, into: str = "points") -> dict | None:
+        """Check fn's output, then time fn (even if the check failed: check_ok false); the
+        row goes to results[into] and is returned (None: it raised, recorded as skipped)."""
+        try:
+            res = fn()
+            self.torch.cuda.synchronize()
+            verdict = check(res) if check is not None else {"ok": True, "note": "no output"}
+            del res
+            t = self.harness.time(fn, repeats=repeats)
+        except Exception as exc:  # OOM, a backend that refuses: skipped, with the reason
+            self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            if what["impl"].startswith("cupy"):     # ours must run: that is a failure
+                self.failures += 1
+            self.torch.cuda.empty_cache()
+            return None
+        tb = what["kv_bytes"] / t.median_s / 1e12
+        ok = bool(verdict["ok"])
+        if not ok and what["impl"].startswith("cupy"):    # a peer's miss is recorded, not ours
+            self.failures += 1
+        row = {**what, "time_s": t.median_s, "tbps": tb, "check_ok": ok,
+               "repeats": len(t.times_s), "min_s": min(t.times_s), "check": verdict}
+        self.results[into].append(row)
+        print(f"{what['impl']:>18} B={what['batch']:>2} kvh={what['kv_heads']:>2} n={what['kv_len']:>6} "
+              f"q={what['q_len']} P={what['page_size']}: {t.median_s * 1e6:9.1f} us {tb:5.2f} TB/s"
+              f"{'' if ok else '  CHECK FAILED'}", flush=True)
+        return row
+
+    # ------------------------------------------------------------------ one point
+    def inputs(self, B, kvh, n, ql):
+        """q, k, v (contiguous cache) of one point, the launch of our kernel, the float64
+        references of its checked rows (causal, and unmasked for q_len > 1), the check of our
+        output and ``run_ours(launch, k, v)`` -> a timed call writing into fixed O, L."""
+        torch = self.torch
+        g = torch.Generator(device="cuda").manual_seed(B * 7 + kvh * 3 + n + ql)
+        q = torch.randn((B, ql, H, D), device="cuda", dtype=torch.float16, generator=g)
+        k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16, generator=g)
+        v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16, generator=g)
+        launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tile)
+        pairs = [(B - 1, kvh - 1)] if n >= 32768 else [(0, 0), (B - 1, kvh - 1)]
+        qh = q.float().cpu().numpy()
+        rows = {b: HeadRows(k[b]) for b, _ in pairs}, {b: HeadRows(v[b]) for b, _ in pairs}
+        refs = {True: decode.reference_rows(launch, qh, *rows, pairs)}
+        if ql > 1:
+            refs[False] = decode.reference_rows(launch, qh, *rows, pairs, causal=False)
+        del rows
+
+        def ours_check(res):
+            return decode.check_rows(launch, refs[True], res.O.float().cpu().numpy(),
+                                     res.L.cpu().numpy())
+
+        O = torch.empty_like(q)
+        L = torch.empty((B, H, ql), device="cuda", dtype=torch.float32)
+
+        def run_ours(lch, kk, vv):
+            def fn():
+                lch.run(q, kk, vv, out=O, lse=L)
+                return Result(O, L)
+            return fn
+        return q, k, v, launch, refs, ours_check, run_ours
+
+    def tune(self):
+        """Time every (B_c, STAGES) of decode.TUNING on the contiguous cache at TUNING_POINTS;
+        the fastest correct one (geometric mean) runs the whole table."""
+        times = {c: [] for c in decode.TUNING}
+        for B, kvh, n, ql in TUNING_POINTS:
+            q, k, v, launch, refs, check, run_ours = self.inputs(B, kvh, n, ql)
+            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
+            for Bc, st in decode.TUNING:
+                lt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, block_cols=Bc, stages=st)
+                row = self.record({"impl": "cupy_decode", **base, "block_cols": Bc, "stages": st,
+                                   "splits": lt.splits}, run_ours(lt, k, v), check, into="tuning")
+                if row is not None and row["check_ok"] and (Bc, st) in times:
+                    times[(Bc, st)].append(row["time_s"])
+                else:
+                    times.pop((Bc, st), None)           # failed or did not run: not chosen
+            del q, k, v
+            self.torch.cuda.empty_cache()
+        full = {c: t for c, t in times.items() if len(t) == len(TUNING_POINTS)}
+        if full:
+            best = min(full, key=lambda c: sum(map(math.log, full[c])))
+            self.tile = dict(block_cols=best[0], stages=best[1])
+        self.results["config"] = {**self.tile, "chosen_from": [list(c) for c in decode.TUNING],
+                                  "points": [list(p) for p in TUNING_POINTS]}
+        print(f"tiles for the table: {self.tile}", flush=True)
+        self.save()
+
+    def point(self, B, kvh, n, ql):
+        torch = self.torch
+        base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
+        q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
+
+        self.record({"impl": "cupy_decode", **base, "page_size": 0, "splits": launch.splits},
+                    run_ours(launch, k, v), ours_check)
+        for P in PAGES:
+            kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
+            lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
+                                  block_table=bt, num_pages=kp.shape[0], **self.tile)
+            self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "splits": lp.splits},
+                        run_ours(lp, kp, vp), ours_check)
+            del kp, vp
+            torch.cuda.empty_cache()
+
+        self.plain_read(base, k, v)
+
+        # PyTorch's layouts: (B, H, q_len, d) and (B, kv_heads, kv_len, d)
+        qt = q.transpose(1, 2).contiguous()
+        kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        del k, v
+        torch.cuda.empty_cache()
+        for name, backend in (("torch_flash", "FLASH_ATTENTION"), ("torch_cudnn", "CUDNN_ATTENTION"),
+                              ("torch_efficient", "EFFICIENT_ATTENTION"), ("torch_math", "MATH")):
+            what = {"impl": name, **base, "page_size": 0}
+            if name == "torch_math" and base["kv_bytes"] * (H // kvh) > MATH_MAX_BYTES:
+                self.skip(what, f"math backend run only up to {MATH_MAX_BYTES / 1e9:.0f} GB of K/V "
+                                "repeated per query head (it materialises them)")
+                continue
+            fn, masked = self.sdpa(backend, qt, kt, vt)
+            if fn is None:
+                self.skip(what, masked)
+                continue
+            what["mask"] = masked
+            causal = masked != "none"
+            self.record(what, fn, lambda o, c=causal: decode.check_rows(
+                launch, refs[c or ql == 1], o.transpose(1, 2).float().cpu().numpy()),
+                repeats=3 if name == "torch_math" else None)
+        del qt, kt, vt
+        torch.cuda.empty_cache()
+        self.save()
+
+    def plain_read(self, base, k, v):
+        """The plain read of the same K and V bytes (the physical limit)."""
+        nvec = k.numel() * k.element_size() // 16
+        kc, vc = (self.cupy.from_dlpack(x.view(self.torch.int16)) for x in (k, v))
+
+        def plain():
+            self._plain((132 * 16,), (256,), (kc, vc, self.cupy.uint64(nvec), self._flag))
+        self.record({"impl": "plain_read", **base, "page_size": 0}, plain, None)
+
+    def sdpa(self, backend, q, k, v):
+        """(fn, mask) for one SDPA backend, or (None, why) if it refuses. No mask, also at
+        q_len > 1: SDPA's is_causal is top-left aligned, and causal_lower_right may dispatch
+        to another backend than the one asked for; the unmasked reference checks it."""
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        b = getattr(SDPBackend, backend)
+
+        def fn():
+            with sdpa_kernel(b):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        try:
+            fn()
+            self.torch.cuda.synchronize()
+            return fn, "none"
+        except Exception as exc:  # a backend that refuses the shape or GQA
+            return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+    def flex_points(self):
+        """flex_attention at FLEX_POINTS, after the table (its compile takes long): each
+        started only while at most FLEX_GRACE_S past the deadline."""
+        for B, kvh, n, ql in sorted(FLEX_POINTS):
+            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
+            if self.left() < -FLEX_GRACE_S:
+                self.skip({"impl": "torch_flex", **base}, "deadline")
+                continue
+            try:
+                q, k, v, launch, refs, _, _ = self.inputs(B, kvh, n, ql)
+                qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+                del q, k, v
+                self.flex(base, qt, kt, vt, launch, refs)
+                del qt, kt, vt
+            except Exception as exc:  # a peer's trouble: recorded, the run goes on
+                self.skip({"impl": "torch_flex", **base}, f"{type(exc).__name__}: {str(exc)[:300]}")
+            self.torch.cuda.empty_cache()
+            self.save()
+
+    def flex(self, base, q, k, v, launch, refs):
+        what = {"impl": "torch_flex", **base, "page_size": 0}
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            ql, n = base["q_len"], base["kv_len"]
+            shift = n - ql
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return kv_idx <= q_idx + shift
+            bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=ql, KV_LEN=n, device="cuda")
+            compiled = self.torch.compile(flex_attention)
+
+            def fn():
+                return compiled(q, k, v, block_mask=bm, enable_gqa=True)
+            fn()
+        except Exception as exc:  # compile failures, shapes flex refuses
+            self.skip(what, f"flex_attention failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            return
+        what["mask"] = "causal (bottom-right)"
+        self.record(what, fn, lambda o: decode.check_rows(launch, refs[True],
+                                                          o.transpose(1, 2).float().cpu().numpy()))
+
+    def summary(self, show: bool = True):
+        pts = self.results["points"]
+        key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
+        rows = []
+        for k in dict.fromkeys(key(p) for p in pts):
+            here = [p for p in pts if key(p) == k]
+
+            def best(pred):
+                c = [p["tbps"] for p in here if pred(p) and p["check_ok"]]
+                return max(c) if c else None
+            ours = best(lambda p: p["impl"] == "cupy_decode")
+            paged = best(lambda p: p["impl"] == "cupy_decode_paged")
+            peer = best(lambda p: p["impl"].startswith("torch"))
+            read = best(lambda p: p["impl"] == "plain_read")
+            rows.append({"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
+                         "ours_tbps": ours, "ours_paged_best_tbps": paged, "best_torch_tbps": peer,
+                         "plain_read_tbps": read,
+                         "ours_over_best_torch": ours / peer if ours and peer else None,
+                         "ours_over_plain_read": ours / read if ours and read else None})
+        for r in rows:
+            q1 = next((x for x in rows if (x["batch"], x["kv_heads"], x["kv_len"], x["q_len"]) ==
+                       (r["batch"], r["kv_heads"], r["kv_len"], 1)), None)
+            r["ours_over_q1"] = r["ours_tbps"] / q1["ours_tbps"] if r["q_len"] > 1 and q1 and \
+                q1["ours_tbps"] and r["ours_tbps"] else None
+        self.results["summary"] = rows
+        if not show:
+            return
+        f = lambda x: "   -" if x is None else f"{x:4.2f}"  # noqa: E731
+        print(f"\n{'B':>3} {'kvh':>3} {'kv_len':>6} {'q':>2} | {'ours':>4} {'paged':>5} {'torch':>5} "
+              f"{'read':>4} | ours/torch ours/read ours/q1 (TB/s)")
+        for r in rows:
+            print(f"{r['batch']:>3} {r['kv_heads']:>3} {r['kv_len']:>6} {r['q_len']:>2} | "
+                  f"{f(r['ours_tbps'])} {f(r['ours_paged_best_tbps']):>5} {f(r['best_torch_tbps']):>5} "
+                  f"{f(r['plain_read_tbps'])} | {f(r['ours_over_best_torch']):>10} "
+                  f"{f(r['ours_over_plain_read']):>9} {f(r['ours_over_q1']):>7}")
+
+
+# ---------------------------------------------------------------------- sanitizer and ncu modes
+
+def tiny_cases():
+    """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits): every variant in a few small
+    blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4, 16, ragged,
+    1, 2 and 4 row warps, 2 row chunks, bf16, d = 64."""
+    cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
+             for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
+    tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
+             for Bc, st in decode.TUNING[1:]]                       # the tuning step's tiles
+    return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, {}),   # 32 rows: 2 row warps
+                            (32, 1, 128, [100], 4, 0, "fp16", 2, {}),      # 128 rows: 2 chunks
+                            (8, 2, 128, [65, 200], 16, 16, "bf16", None, {}),
+                            (8, 8, 64, [1, 64, 129], 1, 1, "fp16", 2, {})]
+
+
+def sanitize() -> int:
+    """Run every tiny case once (no timing, no PyTorch) and check it: for compute-sanitizer.
+    CuPy's memory pool is off, so every array is its own allocation and memcheck sees an
+    access past any of them."""
+    import cupy
+
+    cupy.cuda.set_allocator(None)
+    bad = 0
+    for i, (Hh, kvh, d, lens, ql, P, dtype, splits, tiles) in enumerate(tiny_cases()):
+        label = (f"H={Hh} kv_heads={kvh} d={d} kv_lens={lens} q_len={ql} page={P} {dtype} "
+                 f"splits={splits} {tiles or ''}")
+        try:
+            case = decode.random_case(np.random.default_rng(i), len(lens), Hh, kvh, d, lens, ql, P, dtype)
+            launch, verdict = decode.run_case(case, Hh, kvh, splits, **tiles)
+            ok = verdict["ok"]
+            label += f" -> {launch.splits} splits, error {verdict['max_abs_error']:.2e} <= {verdict['bound']:.2e}"
+        except Exception:  # keep going: the sanitizer reports every case
+            traceback.print_exc()
+            ok = False
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {label}", flush=True)
+    print(f"{len(tiny_cases()) - bad} of {len(tiny_cases())} tiny launches match the reference")
+    return 1 if bad else 0
+
+
+def profile_point(spec: str, torch) -> int:
+    """One launch of our kernel inside the NVTX range "decode" (after one warm-up outside it)."""
+    import cupy
+
+    B, kvh, n, ql, P = (int(x) for x in spec.split(","))
+    q = torch.randn((B, ql, H, D), device="cuda", dtype=torch.float16)
+    k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
+    v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
+    kw = {}
+    if P:
+        k, v, bt = paged_copy(torch, k, v, P, seed=P)
+        kw = dict(page_size=P, block_table=bt, num_pages=k.shape[0])
+    launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw)
+    launch.run(q, k, v)
+    torch.cuda.synchronize()
+    cupy.cuda.nvtx.RangePush("decode")
+    launch.run(q, k, v)
+    torch.cuda.synchronize()
+    cupy.cuda.nvtx.RangePop()
+    print(f"profiled {launch.kernel} B={B} kv_heads={kvh} kv_len={n} q_len={ql} page={P}: "
+          f"splits={launch.splits}, K/V bytes {cache_bytes(B, kvh, n)}, launches "
+          f"{[(x.kernel, x.grid) for x in launch.launches()]}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__, deadline_s=200.0)
+    ap.add_argument("--quick", action="store_true", help="the reference points only")
+    ap.add_argument("--sanitize", action="store_true", help="tiny launches of every variant, no timing")
+    ap.add_argument("--profile-point", help="B,kv_heads,kv_len,q_len,page: one NVTX-marked launch")
+    ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile time)")
+    ap.add_argument("--no-tune", action="store_true", help="the default tiles, no tuning step")
+    args = ap.parse_args(argv)
+
+    if args.sanitize:
+        return sanitize()
+    try:
+        import torch
+    except ImportError:
+        print("decode_h200: the table and --profile-point need PyTorch (inputs and peers); "
+              "--sanitize runs without it", file=sys.stderr)
+        return 2
+
+    if args.profile_point:
+        return profile_point(args.profile_point, torch)
+    bench = Bench(args)
+    bench.results["provenance"] = harness.provenance(
+        extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
+    bench.results["configs"] = {"heads": H, "head_dim": D, "batches": list(BATCHES), "kv_lens": list(KV_LENS),
+                                "kv_heads": list(KV_HEADS), "q_lens": list(Q_LENS), "pages": list(PAGES),
+                                "max_cache_bytes": MAX_CACHE_BYTES}
+    try:
+        if not args.no_tune:
+            bench.tune()
+        for B, kvh, n, ql in grid_points(args.quick):
+            what = {"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql}
+            if not bench.due(what):
+                continue
+            try:
+                bench.point(B, kvh, n, ql)
+            except Exception as exc:  # one point's failure (OOM, ...) does not stop the rest
+                traceback.print_exc()
+                bench.skip(what, f"{type(exc).__name__}: {str(exc)[:300]}")
+                bench.failures += 1
+                torch.cuda.empty_cache()
+        bench.summary(show=False)
+        bench.save()
+        if not args.no_flex:
+            bench.flex_points()
+    except Exception:
+        traceback.print_exc()
+        bench.results["error"] = traceback.format_exc()
+    bench.summary()
+    bench.results["failed_checks"] = bench.failures
+    bench.results["elapsed_s"] = bench.deadline.elapsed()
+    print(f"wrote {bench.save()} in {bench.results['elapsed_s']:.0f} s; {bench.failures} failed checks")
+    return 1 if bench.failures or "error" in bench.results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+// decode.cu -- decode attention over a KV cache on tensor cores (fp16 / bf16 in, fp32 accumulate):
+// Flash-Decoding (split-KV + combine), GQA packing, paged KV through a block table.
+//
+// One step of generation: q_len new query rows per sequence (1..16, the last q_len positions of
+// the sequence, already in the cache) attend to that sequence's kv_len cached keys. The step is
+// memory-bound: K and V are read once, everything else is small. Per thread block
+// (sequence b, KV head kvh, split s, row chunk c):
+//
+//   rows    the q_len x group query rows that share KV head kvh (group = heads / kv_heads),
+//           packed row r = qi * group + hg (query position qi, head kvh * group + hg): one
+//           Q_i tile of B_r = 16 ROW_WARPS rows, so K and V are read once per KV head, not
+//           once per query head (GQA packing; more than 64 rows: row chunks, blockIdx.x)
+//   keys    split s of the sequence's T_c = ceil(kv_len / B_c) K/V tiles (balanced integer
+//           split), streamed in B_c-row tiles through STAGES shared-memory buffers by cp.async
+//   state   per query row the running max m_i, the running sum l_i and an fp32 O_i accumulator
+//           (the paper's names), rescaled by alpha = exp(m_old - m_new) as each tile arrives
+//   output  splits == 1: O = diag(l_i)^-1 O_i in fp16/bf16 and L = m_i + log l_i, directly;
+//           splits > 1: the normalized partial O_i (fp32) and its L per split to a workspace,
+//           then decode_combine merges the splits (the associative (m, l) merge):
+//           L = log sum_s exp(L_s), O = sum_s exp(L_s - L) O_s.
+//
+//   HBM traffic per (b, kvh), rows R = q_len * group, n = kv_len (chunks: K/V once per chunk):
+//     read  K, V: 2 n d 2 bytes; Q: R d 2; block table (paged): ceil(n / P) int32 entries
+//           (one lookup per key row; the repeats of a page hit the cache)
+//     write O: R d 2, L: R 4; splits S > 1: partials S R (d + 1) 4 written and read back once
+//
+// Work decomposition inside a block: 4 warps = ROW_WARPS x KEY_WARPS. Warp (wm, wn) owns the
+// 16 packed rows wm * 16 .. + 15 and the keys wn * KW .. + KW - 1 of every tile (KW = B_c /
+// KEY_WARPS): its own S = Q K^T slice (mma.sync m16n8k16), its own m_i, l_i and O_i. At the
+// end the KEY_WARPS partial states of a row are merged through shared memory, the same (m, l)
+// merge as decode_combine. Q fragments stay in registers; P goes from the S accumulators
+// straight into the A operand of P V (as flash2_tc.cu).
+//
+// Versions: one (v1): the design above. Masks: keys >= kv_len (ragged tiles, zero-filled
+// by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
+// (bottom-right aligned: the new tokens are the last q_len of the sequence).
+//
+// Compile-time constants (defaults let the file compile alone):
+//   HEAD_DIM   d, 64 or 128             IS_BF16    0: fp16, 1: bf16
+//   PAGE_SIZE  0: contiguous cache (B, capacity, kv_heads, d); P > 0: pages (num_pages, P,
+//              kv_heads, d) (vLLM "NHD") addressed through block_table (B, max_pages) int32
+//   ROW_WARPS  1, 2 or 4 (B_r = 16 ROW_WARPS)   BLOCK_C  B_c, keys per tile (multiple of 16 KEY_WARPS)
+//   STAGES     shared-memory buffers of K and V tiles in flight (2..4)
+// Grid of decode_split: (row chunks, splits, B * kv_heads); block: 128 threads; dynamic shared
+// memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block.
+// Layouts: Q, O (B, q_len, H, d); L (B, H, q_len) fp32 (natural log); workspace O_part
+// (S, B q_len H, d) fp32, L_part (S, B q_len H) fp32.
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+#ifndef PAGE_SIZE
+#define PAGE_SIZE 0
+#endif
+#ifndef ROW_WARPS
+#define ROW_WARPS 1
+#endif
+#ifndef BLOCK_C
+#define BLOCK_C 64
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+
+#define NUM_WARPS 4
+#define NUM_THREADS (32 * NUM_WARPS)
+#define KEY_WARPS (NUM_WARPS / ROW_WARPS)
+#define BLOCK_R (16 * ROW_WARPS)
+#define KW (BLOCK_C / KEY_WARPS)                     // keys of a tile per warp
+#define KV_TILE_ELEMS (BLOCK_C * HEAD_DIM)
+#define SMEM_BYTES ((BLOCK_R * HEAD_DIM + 2 * STAGES * KV_TILE_ELEMS) * 2)
+// After the loop the K/V buffers hold the KEY_WARPS partial states (O_i fp32, m_i, l_i).
+#define MERGE_BYTES (KEY_WARPS * BLOCK_R * (HEAD_DIM + 2) * 4)
+
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
+static_assert(ROW_WARPS == 1 || ROW_WARPS == 2 || ROW_WARPS == 4, "ROW_WARPS is 1, 2 or 4");
+static_assert(KW % 16 == 0 && KW >= 16, "BLOCK_C must be a multiple of 16 KEY_WARPS");
+static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
+static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
+static_assert(MERGE_BYTES <= 2 * STAGES * KV_TILE_ELEMS * 2, "merge buffers fit the K/V buffers");
+static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
+
+#include "common.cuh"
+
+// Offset (16-bit elements) of (row, col) in a d-wide tile: 16-byte chunk c of row r stored
+// at chunk c ^ (r % 8), so ldmatrix and cp.async are free of bank conflicts (flash2_tc v3).
+__device__ __forceinline__ int tile_off(int row, int col) {
+    return row * HEAD_DIM + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// K_j, V_j: keys key0 .. key0 + B_c - 1 of sequence b, KV head kvh, into one stage.
+// Keys >= kv_len are zero-filled (no bytes read; P is 0 there and 0 * 0 stays 0).
+__device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, const u16* V,
+                                        const int* bt_row, size_t seq_base, int key0, int kv_len,
+                                        int row_stride, int head_off) {
+    constexpr int CHUNKS = HEAD_DIM / 8;   // 16-byte chunks per row
+    constexpr int ITERS = BLOCK_C * CHUNKS / NUM_THREADS;
+    static_assert(BLOCK_C * CHUNKS % NUM_THREADS == 0, "whole tiles per thread sweep");
+    (void)bt_row; (void)seq_base;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int c = it * NUM_THREADS + threadIdx.x;
+        const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+        const int p = key0 + r;            // key position in the sequence
+        const bool valid = p < kv_len;
+        size_t off = 0;
+        if (valid) {
+#if PAGE_SIZE == 0
+            off = seq_base + (size_t)p * row_stride + head_off;
+#else
+            const int page = bt_row[p / PAGE_SIZE];
+            off = ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * row_stride + head_off;
+#endif
+        }
+        cp_async_16(smem_addr(K_st + tile_off(r, col)), K + off + col, valid);
+        cp_async_16(smem_addr(V_st + tile_off(r, col)), V + off + col, valid);
+    }
+}
+
+// ---------------------------------------------------------------- kernel 1: one split
+extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
+             u16* __restrict__ O, float* __restrict__ L, float* __restrict__ O_part,
+             float* __restrict__ L_part, const int* __restrict__ block_table,
+             const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
+             int max_pages, long long kv_batch_stride, int num_splits, int causal,
+             float scale_log2) {
+    constexpr int D = HEAD_DIM, B_c = BLOCK_C;
+    constexpr int NT = KW / 8;     // 8-key n-tiles of S per warp
+    constexpr int DT = D / 8;      // 8-column n-tiles of O_i
+    constexpr int KQ = D / 16;     // k-steps of Q K^T
+    constexpr int KP = KW / 16;    // k-steps of P V
+    const float NEG_INF = neg_inf();
+
+    extern __shared__ __align__(128) u16 smem[];
+    u16* Q_s = smem;                              // B_r x d
+    u16* KV_s = Q_s + BLOCK_R * D;                // STAGES x (K_j, V_j), each B_c x d
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp % ROW_WARPS, wn = warp / ROW_WARPS;
+    const int g = lane / 4, t = lane % 4;         // mma fragment row group, thread in group
+    const int chunk = blockIdx.x, split = blockIdx.y;
+    const int b = blockIdx.z / kv_heads, kvh = blockIdx.z % kv_heads;
+    const int H = kv_heads * group;
+    const int R = q_len * group;                  // packed rows of this KV head
+    const int row0 = chunk * BLOCK_R;             // first packed row of this block
+    const int kv_len = kv_lens[b];
+    const int row_stride = kv_heads * D;          // elements between consecutive keys
+    const int head_off = kvh * D;
+    const size_t seq_base = (size_t)b * (size_t)kv_batch_stride;
+    const int* bt_row = block_table + (size_t)b * max_pages;
+
+    // Key k is visible to query position qi when k <= limit(qi) (and k < kv_len).
+    const int shift = causal ? kv_len - q_len : kv_len - 1;
+    const int qi_last = (min(R, row0 + BLOCK_R) - 1) / group;
+    const int key_end = min(kv_len, shift + (causal ? qi_last : 0) + 1);
+    const int T_c = cdiv(key_end, B_c);
+    const int t_begin = (int)((long long)split * T_c / num_splits);
+    const int t_end = (int)((long long)(split + 1) * T_c / num_splits);
+
+    // ---- prologue: the first STAGES - 1 tiles in flight, then Q_i (plain 16-byte loads)
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (t_begin + st < t_end)
+            load_kv(KV_s + 2 * st * KV_TILE_ELEMS, KV_s + (2 * st + 1) * KV_TILE_ELEMS, K, V, bt_row,
+                    seq_base, (t_begin + st) * B_c, kv_len, row_stride, head_off);
+        cp_async_commit();
+    }
+    for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
+        const int r = c / (D / 8), col = (c % (D / 8)) * 8, pr = row0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (pr < R) {
+            const int qi = pr / group, hg = pr % group;
+            v = *reinterpret_cast<const uint4*>(
+                Q + ((size_t)(b * q_len + qi) * H + kvh * group + hg) * D + col);
+        }
+        *reinterpret_cast<uint4*>(Q_s + tile_off(r, col)) = v;
+    }
+    __syncthreads();
+    u32 q_frag[KQ][4];
+#pragma unroll
+    for (int kq = 0; kq < KQ; ++kq)
+        ldmatrix_x4(q_frag[kq][0], q_frag[kq][1], q_frag[kq][2], q_frag[kq][3],
+                    smem_addr(Q_s + tile_off(wm * 16 + lane % 16, kq * 16 + (lane / 16) * 8)));
+
+    // Accumulators: rows wm * 16 + g (elements 0, 1) and + 8 (2, 3) of the block.
+    float o_acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o_acc[dt][0] = o_acc[dt][1] = o_acc[dt][2] = o_acc[dt][3] = 0.f;
+    float m_i[2] = {NEG_INF, NEG_INF}, l_i[2] = {0.f, 0.f};   // base 2; l_i: this thread's columns
+    int limit[2];                                            // last visible key of rows g, g + 8
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int pr = row0 + wm * 16 + g + 8 * h;
+        limit[h] = min(kv_len - 1, shift + (causal ? pr / group : 0));
+    }
+
+    for (int j = t_begin; j < t_end; ++j) {
+        cp_async_wait<STAGES - 2>();      // tile j has landed (this thread's part) ...
+        __syncthreads();                  // ... everyone's; and tile j - 1's stage is free
+        {
+            const int jn = j + STAGES - 1, st = (jn - t_begin) % STAGES;
+            if (jn < t_end)
+                load_kv(KV_s + 2 * st * KV_TILE_ELEMS, KV_s + (2 * st + 1) * KV_TILE_ELEMS, K, V,
+                        bt_row, seq_base, jn * B_c, kv_len, row_stride, head_off);
+            cp_async_commit();
+        }
+        const int st = (j - t_begin) % STAGES;
+        const u16* K_j = KV_s + 2 * st * KV_TILE_ELEMS;
+        const u16* V_j = K_j + KV_TILE_ELEMS;
+        const int kw0 = wn * KW;          // this warp's first key row of the tile
+
+        // ---- S = Q_i K_j^T on this warp's 16 rows x KW keys (fp32)
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+        for (int kq = 0; kq < KQ; ++kq) {
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                u32 b0, b1, b2, b3;   // (b0, b1): n-tile 2np; (b2, b3): n-tile 2np + 1
+                ldmatrix_x4(b0, b1, b2, b3,
+                            smem_addr(K_j + tile_off(kw0 + np * 16 + lane % 8 + (lane / 16) * 8,
+                                                     kq * 16 + ((lane / 8) % 2) * 8)));
+                mma_16816<IS_BF16>(s[2 * np], q_frag[kq], b0, b1);
+                mma_16816<IS_BF16>(s[2 * np + 1], q_frag[kq], b2, b3);
+            }
+        }
+
+        // ---- mask: keys past a row's limit (ragged end of the sequence, causal diagonal)
+        const int key0 = j * B_c + kw0;
+        if (key0 + KW - 1 > shift) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (key0 + nt * 8 + 2 * t + (e & 1) > limit[e >> 1]) s[nt][e] = NEG_INF;
+        }
+
+        // ---- online softmax (fp32, base 2): m_new, alpha, P, l_i, O_i *= alpha
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_i[h], mx * scale_log2);
+            const float m_use = (m_new == NEG_INF) ? 0.f : m_new;   // nothing visible yet
+            const float alpha = fast_exp2(m_i[h] - m_use);
+            float rowsum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                s[nt][2 * h] = fast_exp2(fmaf(s[nt][2 * h], scale_log2, -m_use));
+                s[nt][2 * h + 1] = fast_exp2(fmaf(s[nt][2 * h + 1], scale_log2, -m_use));
+                rowsum += s[nt][2 * h] + s[nt][2 * h + 1];
+            }
+            l_i[h] = l_i[h] * alpha + rowsum;
+            m_i[h] = m_new;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                o_acc[dt][2 * h] *= alpha;
+                o_acc[dt][2 * h + 1] *= alpha;
+            }
+        }
+
+        // ---- O_i += P V_j (P from the S accumulators, A operand layout)
+#pragma unroll
+        for (int kp = 0; kp < KP; ++kp) {
+            u32 p_frag[4];
+            p_frag[0] = pack2<IS_BF16>(s[2 * kp][0], s[2 * kp][1]);
+            p_frag[1] = pack2<IS_BF16>(s[2 * kp][2], s[2 * kp][3]);
+            p_frag[2] = pack2<IS_BF16>(s[2 * kp + 1][0], s[2 * kp + 1][1]);
+            p_frag[3] = pack2<IS_BF16>(s[2 * kp + 1][2], s[2 * kp + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; ++dp) {
+                u32 b0, b1, b2, b3;   // (b0, b1): d-tile 2dp; (b2, b3): d-tile 2dp + 1
+                ldmatrix_x4_trans(b0, b1, b2, b3,
+                                  smem_addr(V_j + tile_off(kw0 + kp * 16 + lane % 16,
+                                                           dp * 16 + (lane / 16) * 8)));
+                mma_16816<IS_BF16>(o_acc[2 * dp], p_frag, b0, b1);
+                mma_16816<IS_BF16>(o_acc[2 * dp + 1], p_frag, b2, b3);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();                      // every warp is done with the K/V buffers
+
+    // ---- the KEY_WARPS partial states of each row -> shared memory (unnormalized O_i, m_i, l_i)
+    float* O_w = reinterpret_cast<float*>(KV_s);          // KEY_WARPS x B_r x d
+    float* m_w = O_w + KEY_WARPS * BLOCK_R * D;           // KEY_WARPS x B_r
+    float* l_w = m_w + KEY_WARPS * BLOCK_R;               // KEY_WARPS x B_r
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 1);
+        l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 2);
+        const int r = wm * 16 + g + 8 * h;
+        if (t == 0) {
+            m_w[wn * BLOCK_R + r] = m_i[h];
+            l_w[wn * BLOCK_R + r] = l_i[h];
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            *reinterpret_cast<float2*>(O_w + (wn * BLOCK_R + r) * D + dt * 8 + 2 * t) =
+                make_float2(o_acc[dt][2 * h], o_acc[dt][2 * h + 1]);
+    }
+    __syncthreads();
+
+    // ---- merge them: m = max_w m_w, l = sum_w 2^(m_w - m) l_w, O = sum_w 2^(m_w - m) O_w / l;
+    // write O, L (one split) or the partial O, L of this split (several)
+    const float LN2 = 0.6931471805599453f;
+    const int NR = batch * q_len * H;                       // output rows
+    for (int c = threadIdx.x; c < BLOCK_R * (D / 4); c += NUM_THREADS) {
+        const int r = c / (D / 4), col = (c % (D / 4)) * 4, pr = row0 + r;
+        if (pr >= R) continue;
+        float m = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < KEY_WARPS; ++w) m = fmaxf(m, m_w[w * BLOCK_R + r]);
+        float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < KEY_WARPS; ++w) {
+            const float mw = m_w[w * BLOCK_R + r];
+            if (mw == NEG_INF) continue;                    // saw no visible key
+            const float a = fast_exp2(mw - m);
+            l += a * l_w[w * BLOCK_R + r];
+            const float4 ow = *reinterpret_cast<const float4*>(O_w + (w * BLOCK_R + r) * D + col);
+            o[0] += a * ow.x, o[1] += a * ow.y, o[2] += a * ow.z, o[3] += a * ow.w;
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse = l > 0.f ? (m + __log2f(l)) * LN2 : NEG_INF;
+        const int qi = pr / group, h = kvh * group + pr % group;
+        const int orow = (b * q_len + qi) * H + h;
+        if (num_splits == 1) {
+            *reinterpret_cast<uint2*>(O + (size_t)orow * D + col) =
+                make_uint2(pack2<IS_BF16>(o[0] * inv, o[1] * inv), pack2<IS_BF16>(o[2] * inv, o[3] * inv));
+            if (col == 0) L[(b * H + h) * q_len + qi] = lse;
+        } else {
+            *reinterpret_cast<float4*>(O_part + ((size_t)split * NR + orow) * D + col) =
+                make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+            if (col == 0) L_part[(size_t)split * NR + orow] = lse;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- kernel 2: combine the splits
+// One warp per output row orow = (b q_len + qi) H + h; lane l owns columns l CPL .. + CPL - 1.
+// L = log sum_s exp(L_s) (empty splits: L_s = -inf, weight 0), O = sum_s exp(L_s - L) O_s.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_part,
+               u16* __restrict__ O, float* __restrict__ L, int NR, int num_splits, int H,
+               int q_len) {
+    constexpr int D = HEAD_DIM, CPL = D / 32;
+    const int orow = blockIdx.x * NUM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (orow >= NR) return;
+    const float NEG_INF = neg_inf();
+    float lmax = NEG_INF;
+    for (int s = 0; s < num_splits; ++s) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
+    float sum = 0.f, acc[CPL];
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) acc[k] = 0.f;
+    for (int s = 0; s < num_splits; ++s) {
+        const float ls = L_part[(size_t)s * NR + orow];
+        if (ls == NEG_INF) continue;
+        const float w = expf(ls - lmax);
+        sum += w;
+        const float* src = O_part + ((size_t)s * NR + orow) * D + lane * CPL;
+#pragma unroll
+        for (int k = 0; k < CPL; ++k) acc[k] += w * src[k];
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    u32 packed[CPL / 2];
+#pragma unroll
+    for (int k = 0; k < CPL / 2; ++k) packed[k] = pack2<IS_BF16>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+    u16* dst = O + (size_t)orow * D + lane * CPL;
+#if HEAD_DIM == 128
+    *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+#else
+    *reinterpret_cast<u32*>(dst) = packed[0];
+#endif
+    if (lane == 0) {
+        const int h = orow % H, qi = (orow / H) % q_len, b = orow / (H * q_len);
+        L[(b * H + h) * q_len + qi] = sum > 0.f ? lmax + logf(sum) : NEG_INF;
+    }
+}

@@ -1,0 +1,591 @@
+"""Decode attention over a KV cache on tensor cores, fp16 / bf16 (``cuda/decode.cu``):
+Flash-Decoding (split-KV and a combine kernel), GQA packing, paged KV through a block table.
+
+    launch = configure(batch=8, heads=32, kv_heads=8, head_dim=128, kv_lens=[32768] * 8,
+                       q_len=1, dtype="fp16")                      # contiguous cache
+    launch = configure(..., page_size=16, block_table=bt, num_pages=P)   # paged (vLLM)
+    O, L = launch.run(q, k_cache, v_cache)                         # many times
+
+Shapes (flash-attention's ``flash_attn_with_kvcache`` and vLLM's "NHD" cache):
+    q, O        (batch, q_len, heads, d) fp16/bf16; the q_len new tokens are the last q_len
+                positions of each sequence (their keys are already in the cache)
+    k/v_cache   contiguous: (batch, capacity, kv_heads, d); paged: (num_pages, page_size,
+                kv_heads, d) with block_table (batch, max_pages) int32: page i of sequence b
+                holds its tokens i P .. i P + P - 1
+    kv_lens     (batch,) the keys of each sequence (ragged); vLLM's cache_seqlens
+    L           (batch, heads, q_len) fp32, natural-log logsumexp of each row of tau Q K^T
+Causal (default): query position qi sees keys <= kv_len - q_len + qi (bottom-right aligned).
+
+``configure`` is FlashInfer's ``plan``: it takes the batch layout as host values (kv_lens,
+the block table), checks it (KernelInputError: heads not divisible by kv_heads, q_len >
+kv_len under causal, page size 0, a block table past the cache or repeating a page, kv_lens
+not matching the batch), picks the splits and uploads the layout once; ``run`` launches. The
+NaN/Inf check needs the cache's values: ``run(check_finite=True)`` (one extra read of the
+used cache on the device, before the launch; off by default on this fast path) and
+``gpu_kernels.decode_attention`` (on by default) make it.
+
+Splits: FlashAttention's ``num_splits_heuristic`` over the thread blocks that fit the GPU at
+once (``splits=`` overrides it). Versions: one (the .cu file's header describes it).
+``reference_rows`` / ``check_rows`` are the correctness rule: float64 reference,
+flash-attention's 2x bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..common import (SHARED_OPTIN, KernelInputError, KernelLaunch, Result, cdiv, describe, dtype_name,
+                      flashsim_dtype)
+from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
+
+CU_FILE = "decode.cu"
+HOT = ("decode_split", "decode_combine")
+HEAD_DIMS = (64, 128)
+VERSIONS = (1,)
+NUM_THREADS = 128                   # 4 warps: ROW_WARPS x KEY_WARPS
+BLOCK_C = 64                        # B_c: keys per K/V tile
+STAGES = {64: 4, 128: 3}            # K/V tiles in flight (cp.async buffers) per d
+MAX_Q_LEN = 16
+MAX_SPLITS = 128
+COMPILED_PAGE_SIZES = (0, 1, 16, 64)   # what CI compiles (any page size compiles on demand)
+SM_SHARED = 228 * 1024              # shared memory per SM on sm_90; 1 KiB of it reserved per block
+GRID_Z_LIMIT = 65535                # batch x kv_heads travel in gridDim.z
+
+
+def row_warps(rows: int) -> int:
+    """Warps along the packed query rows (16 rows each): 1, 2 or 4; more rows: row chunks."""
+    return 1 if rows <= 16 else 2 if rows <= 32 else 4
+
+
+def smem_bytes(d: int, rw: int, block_cols: int = BLOCK_C, stages: int | None = None) -> int:
+    """Dynamic shared memory of decode_split: Q_i (16 rw x d) and STAGES K_j, V_j tiles, 2-byte
+    elements (SMEM_BYTES in the .cu file)."""
+    stages = STAGES[d] if stages is None else stages
+    return (16 * rw * d + 2 * stages * block_cols * d) * 2
+
+
+# Resident blocks per SM that the registers allow (ptxas: up to 234 per thread at d = 128, 170
+# at d = 64, 128 threads a block; tests/test_decode_kernel.py holds it).
+REGISTER_BLOCKS = {64: 3, 128: 2}
+
+
+def blocks_per_sm(smem: int, d: int = 128) -> int:
+    """Resident decode_split blocks per SM: as its shared memory (1 KiB reserved per block)
+    and its registers (REGISTER_BLOCKS) allow."""
+    return max(1, min(REGISTER_BLOCKS[d], SM_SHARED // (smem + 1024)))
+
+
+def num_splits_heuristic(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX_SPLITS) -> int:
+    """FlashAttention-2's ``num_splits_heuristic``: one split when the blocks nearly fill the
+    GPU (>= 80% of ``slots``, the blocks resident at once); else the fewest splits whose wave
+    efficiency (waves / ceil(waves)) is within 85% of the best, at most min(max_splits,
+    slots, n_tiles)."""
+    if blocks >= 0.8 * slots:
+        return 1
+    top = max(1, min(max_splits, slots, n_tiles))
+    eff = []
+    for s in range(1, top + 1):
+        waves = blocks * s / slots
+        eff.append(waves / math.ceil(waves))
+    best = max(eff)
+    return next(s for s, e in enumerate(eff, 1) if e >= 0.85 * best)
+
+
+def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
+            stages: int | None = None) -> dict[str, int]:
+    return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
+            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages}
+
+
+# What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
+TUNING = ((BLOCK_C, STAGES[128]), (64, 2), (64, 4))
+
+
+@dataclass
+class DecodeLaunch(CupyLaunch):
+    """One decode step's launch. Launch's N is the longest kv_len, block_rows B_r the packed
+    query rows of a block (16 ROW_WARPS), block_cols B_c."""
+    CU_FILE = CU_FILE
+    MAIN = "decode_split"
+    kv_heads: int = 1
+    q_len: int = 1
+    kv_lens: tuple = ()
+    page_size: int = 0               # 0: contiguous cache
+    block_table: np.ndarray | None = field(default=None, repr=False)
+    num_pages: int | None = None
+    splits: int = 1
+    chunks: int = 1                  # row chunks per KV head
+    row_warps: int = 1
+    stages: int = 3                  # K/V tiles in flight
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def rows(self) -> int:
+        """Packed query rows per KV head: q_len x group."""
+        return self.q_len * self.group
+
+    @property
+    def flops(self) -> int:
+        """4 d sum_b (rows of b x kv_len of b): both matmuls, without the causal mask."""
+        return 4 * self.d * self.q_len * self.heads * sum(self.kv_lens)
+
+    @property
+    def kv_bytes(self) -> int:
+        """K and V bytes the step must read: 2 (K, V) x sum kv_len x kv_heads x d x 2 bytes."""
+        return 2 * sum(self.kv_lens) * self.kv_heads * self.d * 2
+
+    def defines(self) -> dict[str, int]:
+        return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
+                       self.stages)
+
+    def launches(self) -> list[KernelLaunch]:
+        out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
+                            NUM_THREADS, self.dynamic_smem)]
+        if self.splits > 1:
+            rows = self.batch * self.q_len * self.heads
+            out.append(KernelLaunch("decode_combine", (cdiv(rows, NUM_THREADS // 32),), NUM_THREADS))
+        return out
+
+    def plan(self, gpu=None):
+        """flashsim's plan for this step (algorithm ``flashdecoding`` or ``paged``), passing
+        the arguments its ``plan`` accepts. Until the model side of issue 14 adds those
+        algorithms this raises KernelInputError (the kernel runs without it)."""
+        import inspect
+
+        import flashsim
+        from flashsim.algorithms import ALGORITHMS
+        from flashsim.hardware.presets import DEFAULT_GPU
+
+        from ..common import planned
+
+        if self.algorithm not in ALGORITHMS:
+            raise KernelInputError(f"flashsim has no {self.algorithm!r} algorithm yet: this "
+                                   "decode launch has no plan")
+        kw = dict(batch=self.batch, heads=self.heads, dtype=self.dtype, gpu=gpu or DEFAULT_GPU,
+                  causal=self.causal, block_rows=self.block_rows, block_cols=self.block_cols,
+                  kv_heads=self.kv_heads, q_len=self.q_len, kv_len=self.N,
+                  kv_lens=list(self.kv_lens), splits=self.splits, page_size=self.page_size or None)
+        accepted = inspect.signature(flashsim.plan).parameters
+        return planned(self.algorithm, self.N, self.d,
+                       **{k: v for k, v in kw.items() if k in accepted})
+
+    def plan_record(self) -> dict:
+        return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
+                    block_cols=self.block_cols, splits=self.splits, page_size=self.page_size,
+                    kv_heads=self.kv_heads, q_len=self.q_len, row_warps=self.row_warps)
+
+    # ------------------------------------------------------------------ inputs
+    def cache_shape_ok(self, shape: tuple) -> str | None:
+        """None if a K/V cache of ``shape`` fits this launch, else why not."""
+        if len(shape) != 4 or shape[2:] != (self.kv_heads, self.d):
+            return f"expected 4 dimensions ending in (kv_heads, d) = {(self.kv_heads, self.d)}"
+        if self.page_size:
+            if shape[:2] != (self.num_pages, self.page_size):
+                return f"expected (num_pages, page_size) = {(self.num_pages, self.page_size)} first"
+        elif shape[0] != self.batch or shape[1] < self.N:
+            return f"expected (batch, capacity >= max kv_len) = ({self.batch}, >= {self.N}) first"
+        return None
+
+    def _checked(self, q, k_cache, v_cache):
+        dt = dtype_name(self.dtype)
+        views = []
+        for x, name, want in ((q, "q", (self.batch, self.q_len, self.heads, self.d)),
+                              (k_cache, "k_cache", None), (v_cache, "v_cache", None)):
+            a, got = as_cupy(x, name)
+            if got != dt and not (dt == "bfloat16" and got == "int16"):
+                raise KernelInputError(f"{name} has dtype {got}; this launch is for {dt}")
+            shape = tuple(a.shape)
+            why = (None if shape == want else f"expected {want}") if want else self.cache_shape_ok(shape)
+            if why:
+                raise KernelInputError(f"{name} has shape {shape}: {why}")
+            if not a.flags.c_contiguous:
+                raise KernelInputError(f"{name} is not C-contiguous; pass a contiguous copy")
+            views.append(a)
+        if views[1].shape != views[2].shape:
+            raise KernelInputError(f"k_cache and v_cache shapes differ: {views[1].shape}, {views[2].shape}")
+        return views
+
+    def used_rows(self, cache):
+        """The cached rows this step reads, sequence by sequence (views or gathers of ``cache``,
+        NumPy or CuPy): (kv_len_b, kv_heads, d) each."""
+        out = []
+        for b, n in enumerate(self.kv_lens):
+            if self.page_size:
+                pages = self.block_table[b, :cdiv(n, self.page_size)]
+                if type(cache).__module__.startswith("torch"):
+                    import torch
+
+                    pages = torch.as_tensor(pages, device=cache.device, dtype=torch.long)
+                elif not isinstance(cache, np.ndarray):
+                    import cupy
+
+                    pages = cupy.asarray(pages)
+                out.append(cache[pages].reshape(-1, self.kv_heads, self.d)[:n])
+            else:
+                out.append(cache[b, :n])
+        return out
+
+    def check_finite(self, q, k_cache, v_cache) -> None:
+        """KernelInputError if q or a cached row this step reads holds NaN or Inf (NumPy
+        arrays on the host; CuPy/torch on the device: one read of the used rows)."""
+        xp = np
+        if describe(q, "q").kind != "numpy":
+            import cupy as xp
+            q, k_cache, v_cache = (as_cupy(x, n)[0] for x, n in
+                                   ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+        if self.dtype == "bf16" and q.dtype == xp.int16:
+            def bad(x):    # bf16 bits: exponent all ones is Inf or NaN
+                return bool(((x.view(xp.uint16) & 0x7F80) == 0x7F80).any())
+        else:
+            def bad(x):
+                return not bool(xp.isfinite(x).all())
+        if bad(q):
+            raise KernelInputError("q holds NaN or Inf")
+        for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+            for b, rows in enumerate(self.used_rows(cache)):
+                if bad(rows):
+                    raise KernelInputError(f"{name} holds NaN or Inf in the rows of sequence {b}")
+
+    def _device_layout(self):
+        """kv_lens and the block table on the device, uploaded once."""
+        import cupy
+
+        if "kv_lens" not in self.workspace:
+            self.workspace["kv_lens"] = cupy.asarray(np.asarray(self.kv_lens, np.int32))
+            bt = self.block_table if self.page_size else np.zeros((self.batch, 1), np.int32)
+            self.workspace["block_table"] = cupy.asarray(np.ascontiguousarray(bt, np.int32))
+        return self.workspace["kv_lens"], self.workspace["block_table"]
+
+    def _partials(self):
+        import cupy
+
+        if "O_part" not in self.workspace:
+            rows = self.batch * self.q_len * self.heads
+            self.workspace["O_part"] = cupy.empty((self.splits, rows, self.d), cupy.float32)
+            self.workspace["L_part"] = cupy.empty((self.splits, rows), cupy.float32)
+        return self.workspace["O_part"], self.workspace["L_part"]
+
+    def run(self, q, k_cache, v_cache, out=None, lse=None, check_finite: bool = False) -> Result:
+        """q (B, q_len, H, d), k_cache / v_cache as configured (CuPy arrays or torch CUDA
+        tensors) -> Result(O like q, L (B, H, q_len) float32). ``out`` / ``lse``: buffers to
+        write into. Everything is checked before anything is launched."""
+        import cupy
+
+        q, k, v = self._checked(q, k_cache, v_cache)
+        if check_finite:
+            self.check_finite(q, k, v)
+        dt = dtype_name(self.dtype)
+        if out is not None and dt == "bfloat16" and as_cupy(out, "out")[1] == "int16":
+            dt = "int16"                      # a CuPy buffer of bf16 bits
+        O = output(out, "out", tuple(q.shape), dt, like=q)
+        L = output(lse, "lse", (self.batch, self.heads, self.q_len), "float32")
+        kv_lens, bt = self._device_layout()
+        O_part, L_part = self._partials() if self.splits > 1 else (O, L)   # unused when 1 split
+        for kl, args in zip(self.launches(), self.kernel_args(cupy, q, k, v, O, L, O_part, L_part,
+                                                              bt, kv_lens)):
+            self.launch_kernel(kl, args)
+        return Result(O, L)
+
+    def kernel_args(self, xp, q, k, v, O, L, O_part, L_part, block_table, kv_lens) -> list:
+        """The argument tuples of ``launches()`` in order (decode_split's, then
+        decode_combine's), the scalars as ``xp``'s (CuPy, or NumPy for an emulation) types."""
+        stride = 0 if self.page_size else k.shape[1] * self.kv_heads * self.d
+        i32 = xp.int32
+        split = (q, k, v, O, L, O_part, L_part, block_table, kv_lens, i32(self.batch),
+                 i32(self.q_len), i32(self.group), i32(self.kv_heads), i32(block_table.shape[1]),
+                 xp.int64(stride), i32(self.splits), i32(self.causal), xp.float32(self.tau * LOG2E))
+        combine = (O_part, L_part, O, L, i32(self.batch * self.q_len * self.heads),
+                   i32(self.splits), i32(self.heads), i32(self.q_len))
+        return [split, combine][:len(self.launches())]
+
+
+# ---------------------------------------------------------------------- configure (FlashInfer's plan)
+
+def _int(value, name: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise KernelInputError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def host_values(x, name: str) -> np.ndarray:
+    """``x`` (a sequence, NumPy, CuPy or torch array) as a NumPy array on the host (a device
+    array is copied: the batch layout is planned on the host, as FlashInfer's plan does)."""
+    if hasattr(x, "get") and not isinstance(x, np.ndarray):      # CuPy
+        return x.get()
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().numpy()
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError):
+        raise KernelInputError(f"{name} must be integers (a list or an array)") from None
+
+
+def check_layout(batch: int, kv_lens, q_len: int, causal: bool, page_size: int,
+                 block_table, num_pages) -> tuple[tuple, np.ndarray | None]:
+    """(kv_lens, block table) checked: one kv_len >= 1 per sequence, q_len <= kv_len under the
+    causal mask, and (paged) every page a sequence uses inside the cache and used once."""
+    lens = host_values(kv_lens, "kv_lens").reshape(-1)
+    if lens.size != batch:
+        raise KernelInputError(f"kv_lens has {lens.size} entries; the batch has {batch} sequences")
+    if lens.dtype.kind not in "iu" or (lens < 1).any():
+        raise KernelInputError(f"kv_lens must be integers >= 1, got {lens.tolist()[:8]}")
+    if causal and (lens < q_len).any():
+        b = int(np.argmax(lens < q_len))
+        raise KernelInputError(f"q_len = {q_len} > kv_len = {int(lens[b])} of sequence {b} under "
+                               "the causal mask (the new tokens must be in the cache)")
+    if lens.max() >= 2**31:
+        raise KernelInputError("kv_len must be below 2^31")
+    lens = tuple(int(n) for n in lens)
+    if not page_size:
+        if block_table is not None:
+            raise KernelInputError("block_table is for a paged cache: give page_size too")
+        return lens, None
+    if block_table is None or num_pages is None:
+        raise KernelInputError("a paged cache needs block_table and num_pages")
+    num_pages = _int(num_pages, "num_pages")
+    bt = host_values(block_table, "block_table")
+    if bt.ndim != 2 or bt.shape[0] != batch or bt.dtype.kind not in "iu":
+        raise KernelInputError(f"block_table must be integers of shape (batch, max_pages) = "
+                               f"({batch}, ...), got {bt.dtype} {bt.shape}")
+    used = []
+    for b, n in enumerate(lens):
+        need = cdiv(n, page_size)
+        if need > bt.shape[1]:
+            raise KernelInputError(f"sequence {b} needs {need} pages of {page_size}; block_table "
+                                   f"has {bt.shape[1]} columns")
+        row = bt[b, :need]
+        if (row < 0).any() or (row >= num_pages).any():
+            raise KernelInputError(f"block_table row {b} points past the cache of {num_pages} pages")
+        used.append(row)
+    used = np.concatenate(used)
+    if np.unique(used).size != used.size:
+        vals, counts = np.unique(used, return_counts=True)
+        raise KernelInputError(f"block_table repeats page {int(vals[counts > 1][0])}: each page "
+                               "holds one sequence's tokens")
+    return lens, np.ascontiguousarray(bt, np.int32)
+
+
+def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, q_len: int = 1,
+              dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
+              num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
+              stages=None) -> DecodeLaunch:
+    """The launch for one decode step of this batch layout, checked (KernelInputError) before
+    anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
+    ``block_table`` and ``num_pages``. ``splits`` None: the heuristic for ``sm_count`` SMs.
+    ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
+    STAGES[d])."""
+    from ..common import check_flag
+
+    batch, heads = _int(batch, "batch"), _int(heads, "heads")
+    kv_heads, q_len = _int(kv_heads, "kv_heads"), _int(q_len, "q_len")
+    check_flag(causal, "causal")
+    if heads % kv_heads:
+        raise KernelInputError(f"heads = {heads} is not divisible by kv_heads = {kv_heads}")
+    if head_dim not in HEAD_DIMS:
+        raise KernelInputError(f"head dimension d = {head_dim} is not supported; this kernel takes "
+                               f"d in {HEAD_DIMS}")
+    if q_len > MAX_Q_LEN:
+        raise KernelInputError(f"q_len = {q_len}: the decode kernel takes 1 to {MAX_Q_LEN} new tokens")
+    dtype = flashsim_dtype(dtype)
+    if dtype not in ("fp16", "bf16"):
+        raise KernelInputError(f"dtype {dtype}: the decode kernel takes fp16 or bf16")
+    if page_size is not None:
+        page_size = _int(page_size, "page_size")
+    if batch * kv_heads > GRID_Z_LIMIT:
+        raise KernelInputError(f"batch x kv_heads = {batch * kv_heads} exceeds the grid's z limit "
+                               f"of {GRID_Z_LIMIT}")
+    lens, bt = check_layout(batch, kv_lens, q_len, causal, page_size or 0, block_table, num_pages)
+    rows = q_len * (heads // kv_heads)
+    rw = row_warps(rows)
+    chunks = cdiv(rows, 16 * rw)
+    Bc = BLOCK_C if block_cols is None else _int(block_cols, "block_cols")
+    stages = STAGES[head_dim] if stages is None else _int(stages, "stages")
+    if Bc % (16 * (4 // rw)) or not 2 <= stages <= 4:
+        raise KernelInputError(f"block_cols = {Bc} must be a multiple of {16 * (4 // rw)} (16 keys per "
+                               f"warp, {4 // rw} key warps) and stages = {stages} in 2..4")
+    smem = smem_bytes(head_dim, rw, Bc, stages)
+    if smem > SHARED_OPTIN:
+        raise KernelInputError(f"block_cols = {Bc}, stages = {stages} need {smem} bytes of shared "
+                               "memory; a block has at most 227 KiB")
+    n_tiles = cdiv(max(lens), Bc)
+    if splits is None:
+        splits = num_splits_heuristic(batch * kv_heads * chunks, sm_count * blocks_per_sm(smem, head_dim),
+                                      n_tiles)
+    else:
+        splits = _int(splits, "splits")
+        if splits > MAX_SPLITS:
+            raise KernelInputError(f"splits = {splits}: at most {MAX_SPLITS}")
+    name, algorithm = ("cupy_decode_paged", "paged") if page_size else ("cupy_decode", "flashdecoding")
+    return DecodeLaunch(name, algorithm, batch, heads, max(lens), head_dim, dtype, causal,
+                        16 * rw, Bc, NUM_THREADS, 0, smem, None, kv_heads=kv_heads,
+                        q_len=q_len, kv_lens=lens, page_size=page_size or 0, block_table=bt,
+                        num_pages=None if not page_size else int(num_pages), splits=splits,
+                        chunks=chunks, row_warps=rw, stages=stages)
+
+
+def compile_variants():
+    """(file, defines, dynamic smem, hot kernels) that CI compiles: d x dtype x the page sizes
+    the benchmark runs (0: contiguous) x row warps."""
+    out = []
+    for d in HEAD_DIMS:
+        for dtype in ("fp16", "bf16"):
+            for page in COMPILED_PAGE_SIZES:
+                for rw in (1, 2, 4):
+                    out.append((CU_FILE, defines(d, dtype, page, rw), smem_bytes(d, rw), HOT))
+    for Bc, st in TUNING[1:]:                # the tuning candidates, as the benchmark runs them
+        for rw in (1, 2, 4):
+            out.append((CU_FILE, defines(128, "fp16", 0, rw, Bc, st), smem_bytes(128, rw, Bc, st), HOT))
+    return out
+
+
+def kernel(launch: DecodeLaunch, name: str = "decode_split"):
+    """The compiled RawKernel of a launch (registers etc. through kernel_resources)."""
+    return get_kernel(CU_FILE, name, launch.defines(), launch.dynamic_smem)
+
+
+# ---------------------------------------------------------------------- the correctness rule (host)
+
+def reference_rows(launch: DecodeLaunch, q, k_rows, v_rows, pairs=None, causal=None) -> list:
+    """The float64 reference of the (sequence, KV head) ``pairs`` (None: all), once, for
+    ``check_rows`` to hold any implementation's output to. ``q``: (B, q_len, H, d) float32
+    values; ``k_rows`` / ``v_rows``: per sequence (indexable by b) its (kv_len, kv_heads, d)
+    cached rows (``used_rows``), float32 values. ``causal``: None is the launch's.
+
+    Every query row is plain attention over the keys it sees (kv_len - q_len + qi + 1 under
+    the causal mask), so each (b, kvh, qi) is ``harness.Reference`` of its group's query rows:
+    returns [(b, kvh, qi, Reference, float64 logsumexp)]."""
+    import flashsim
+
+    from ..harness import Reference
+
+    causal = launch.causal if causal is None else causal
+    g = launch.group
+    pairs = [(b, h) for b in range(launch.batch) for h in range(launch.kv_heads)] if pairs is None else pairs
+    out = []
+    for b, kvh in dict.fromkeys(pairs):
+        n = launch.kv_lens[b]
+        K64, V64 = (np.asarray(x[:n, kvh], np.float64) for x in (k_rows[b], v_rows[b]))
+        for qi in range(launch.q_len):
+            seen = n - launch.q_len + qi + 1 if causal else n
+            Qg = np.asarray(q[b, qi, kvh * g:(kvh + 1) * g], np.float64)       # (group, d)
+            ref = Reference.of(Qg, K64[:seen], V64[:seen], causal=False, dtype=launch.dtype)
+            out.append((b, kvh, qi, ref, flashsim.reference.logsumexp(Qg, K64[:seen])[..., 0]))
+    return out
+
+
+def check_rows(launch: DecodeLaunch, refs: list, O, L=None) -> dict:
+    """O (B, q_len, H, d) and L (B, H, q_len) or None (host float32 values) against
+    ``reference_rows``: flash-attention's rule, max |O - ref| <= 2 x the error of a plain
+    same-dtype implementation (``harness.plain_attention``) over the checked rows; L within
+    1e-3 + 1e-5 |L| of the float64 logsumexp."""
+    from ..harness import max_error_rule
+
+    g = launch.group
+    err = base = 0.0
+    lerr = -math.inf if L is not None else None
+    for b, kvh, qi, ref, L_ref in refs:
+        got = np.asarray(O[b, qi, kvh * g:(kvh + 1) * g], np.float64)
+        err = max(err, float(np.abs(got - ref.ref).max()) if np.isfinite(got).all() else math.inf)
+        base = max(base, ref.baseline_error)
+        if L is not None:
+            L_got = np.asarray(L[b, kvh * g:(kvh + 1) * g, qi], np.float64)
+            excess = np.abs(L_got - L_ref) - (1e-3 + 1e-5 * np.abs(L_ref))
+            lerr = max(lerr, float(excess.max()) if np.isfinite(L_got).all() else math.inf)
+    verdict = max_error_rule(err, 2 * base, baseline_error=base, dtype=launch.dtype,
+                             rows_checked=len(refs))
+    if L is not None:
+        verdict["lse_excess"] = lerr
+        verdict["ok"] = bool(verdict["ok"] and lerr <= 0)
+    return verdict
+
+
+def storage(x, dtype: str) -> np.ndarray:
+    """float values -> what the kernel reads: fp16, or bf16 as its int16 bits (round to
+    nearest even)."""
+    if dtype == "fp16":
+        return np.asarray(x).astype(np.float16)
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).view(np.int16)
+
+
+def random_case(rng, batch: int, heads: int, kv_heads: int, d: int, kv_lens, q_len: int,
+                page_size: int, dtype: str = "fp16", spike: bool = True) -> dict:
+    """Host inputs of one decode step for tests and the sanitizer: standard normal q, K, V
+    rounded to ``dtype``; the cache contiguous (page_size 0) or in pages shuffled in memory,
+    three pages nobody uses, and NaN in every slot past a sequence's kv_len (the kernel must
+    never read them). With ``spike`` a few keys per sequence align with the last query rows
+    (large logits), so the running maximum changes between tiles and splits.
+
+    Returns q (B, q_len, H, d), k_cache, v_cache (storage: fp16 or bf16 bits), rows_k, rows_v
+    (per sequence its (kv_len, kv_heads, d) float32 values) and ``configure`` keywords."""
+    from ..harness import round_to
+
+    B, H, g = batch, heads, heads // kv_heads
+    cap = max(kv_lens)
+    q = rng.standard_normal((B, q_len, H, d))
+    k = rng.standard_normal((B, cap, kv_heads, d))
+    v = rng.standard_normal((B, cap, kv_heads, d))
+    if spike:
+        for b, n in enumerate(kv_lens):
+            for p in rng.choice(n, size=max(1, n // 40), replace=False):
+                k[b, p] = 3.0 * q[b, -1, ::g]
+    q, k, v = (round_to(x, dtype) for x in (q, k, v))
+    rows_k = [k[b, :n] for b, n in enumerate(kv_lens)]
+    rows_v = [v[b, :n] for b, n in enumerate(kv_lens)]
+    kw = dict(kv_lens=list(kv_lens), q_len=q_len, dtype=dtype)
+    if page_size:
+        per = [cdiv(n, page_size) for n in kv_lens]
+        perm = rng.permutation(sum(per) + 3)
+        bt = np.full((B, max(per) + 1), -1, np.int32)        # -1: past the used columns
+        caches = [np.full((len(perm), page_size, kv_heads, d), np.nan, np.float32) for _ in "kv"]
+        i = 0
+        for b, n in enumerate(kv_lens):
+            for j in range(per[b]):
+                bt[b, j] = perm[i]
+                i += 1
+                m = min(page_size, n - j * page_size)
+                for cache, x in zip(caches, (k, v)):
+                    cache[bt[b, j], :m] = x[b, j * page_size:j * page_size + m]
+        k, v = caches
+        kw.update(page_size=page_size, block_table=bt, num_pages=len(perm))
+    else:
+        for b, n in enumerate(kv_lens):
+            k[b, n:] = np.nan
+            v[b, n:] = np.nan
+    return dict(q=storage(q, dtype), k_cache=storage(k, dtype), v_cache=storage(v, dtype),
+                q_values=q, rows_k=rows_k, rows_v=rows_v, configure=kw)
+
+
+def run_case(case: dict, heads: int, kv_heads: int, splits=None, **tiles) -> tuple[DecodeLaunch, dict]:
+    """Configure (``tiles``: block_cols, stages) and run ``random_case`` on the GPU (CuPy),
+    outputs poisoned with NaN first;
+    returns the launch and the verdict of ``check_rows`` (with "all_written": every O and L
+    entry finite)."""
+    import cupy
+
+    B, q_len, _, d = case["q"].shape
+    launch = configure(B, heads, kv_heads, d, splits=splits, **case["configure"], **tiles)
+    dq, dk, dv = (cupy.asarray(case[n]) for n in ("q", "k_cache", "v_cache"))
+    out = cupy.full(dq.shape, np.nan if launch.dtype == "fp16" else 0x7FC0, dq.dtype)
+    lse = cupy.full((B, heads, q_len), np.nan, cupy.float32)
+    O, L = launch.run(dq, dk, dv, out=out, lse=lse)
+    Oh, Lh = to_float32(O), L.get()
+    refs = reference_rows(launch, case["q_values"], case["rows_k"], case["rows_v"])
+    verdict = check_rows(launch, refs, Oh, Lh)
+    verdict["all_written"] = bool(np.isfinite(Oh).all() and np.isfinite(Lh).all())
+    verdict["ok"] = bool(verdict["ok"] and verdict["all_written"] and O is out and L is lse)
+    return launch, verdict
+
+
+def to_float32(x) -> np.ndarray:
+    """A host or device fp16/bf16 (bf16 as int16 bits) array as float32 NumPy values."""
+    a = x.get() if hasattr(x, "get") else np.asarray(x)
+    if a.dtype == np.int16:
+        return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)

@@ -1,0 +1,558 @@
+"""The decode kernel (gpu_kernels/cuda/decode.cu, loaded by gpu_kernels/cupy/decode.py).
+
+Without a GPU: every variant CI registers compiles for sm_90 (NVRTC through cuda.core) with
+its registers, shared memory and spills printed into the log; no spills, shared memory within
+the opt-in limit and equal to the loader's formula; the header lists the versions; the split
+heuristic is FlashAttention's rule; every launch covers its rows, keys and splits; bad input
+raises KernelInputError (one line) before anything touches a GPU; the correctness rule fails
+a wrong output; and both kernels, emulated statement for statement in NumPy on the launch's
+own argument tuples (grid, layouts, block table, split ranges, masks, merges, combine), match
+the float64 reference.
+
+On a GPU (``@pytest.mark.gpu``): ragged batches, contiguous and paged caches (page sizes
+1, 16, 64 and one that divides nothing), q_len 1 to 16 under the causal mask, GQA groups
+1, 4, 8, 32, one split and several, fp16 and bf16, d = 64 and 128: O within flash-attention's
+rule of the float64 reference (2 x a plain same-dtype implementation's error), L within
+1e-3 + 1e-5 |L|; outputs fully written; NaN in the cache refused with nothing written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+import flashsim
+import gpu_kernels
+from gpu_kernels import KernelInputError, registry
+from gpu_kernels.cupy import decode
+from gpu_kernels.cupy.common import KERNEL_DIR, read_source
+from gpu_kernels.harness import round_to
+
+# ------------------------------------------------------------------ compile checks (no GPU)
+
+
+@pytest.fixture(scope="module")
+def resources(request):
+    pytest.importorskip("cuda.core")
+    from gpu_kernels import compile as cuda_compile
+
+    rows = []
+    for cu_file, defines, dyn, _hot in decode.compile_variants():
+        rows.extend(cuda_compile.compile_variant(cu_file, defines, dyn))
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\n" + cuda_compile.format_table(rows))
+    return rows
+
+
+def test_every_variant_compiles_for_sm90(resources):
+    variants = decode.compile_variants()
+    assert len(resources) == 2 * len(variants)           # decode_split and decode_combine each
+    assert {r.kernel for r in resources} == set(decode.HOT)
+    pages = {int(re.search(r"PAGE_SIZE=(\d+)", r.variant).group(1)) for r in resources}
+    assert pages == set(decode.COMPILED_PAGE_SIZES)
+    assert all(r.registers > 0 for r in resources)
+
+
+def test_no_spills_and_shared_memory_within_limits(resources):
+    from gpu_kernels.compile import SMEM_LIMIT_OPTIN
+
+    for r in resources:
+        assert not r.spills and r.stack_frame == 0, r
+        assert r.static_smem == 0 and r.smem <= SMEM_LIMIT_OPTIN, r
+
+
+def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
+    """The split heuristic counts blocks_per_sm resident blocks: the registers ptxas gave
+    (8 per thread, 256 per warp granules; 4 warps a block) must allow that many, and two fit
+    an SM in the default configuration at d = 128."""
+    for r in resources:
+        if r.kernel != "decode_split":
+            continue
+        d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
+        warp_regs = math.ceil(math.ceil(r.registers / 8) * 8 * 32 / 256) * 256
+        assert decode.blocks_per_sm(r.dynamic_smem, d) <= 65536 // (4 * warp_regs), r
+        if d == 128 and f"BLOCK_C={decode.BLOCK_C} STAGES={decode.STAGES[128]}" in r.variant:
+            assert decode.blocks_per_sm(r.dynamic_smem, d) == 2, r
+
+
+def test_smem_formula_is_the_kernels():
+    src = read_source("decode.cu")
+    assert "#define SMEM_BYTES ((BLOCK_R * HEAD_DIM + 2 * STAGES * KV_TILE_ELEMS) * 2)" in src
+    assert "#define BLOCK_R (16 * ROW_WARPS)" in src and "#define KV_TILE_ELEMS (BLOCK_C * HEAD_DIM)" in src
+    for d in decode.HEAD_DIMS:
+        for rw in (1, 2, 4):
+            assert decode.smem_bytes(d, rw) == (16 * rw * d + 2 * decode.STAGES[d] * decode.BLOCK_C * d) * 2
+
+
+def test_file_compiles_alone_and_lists_its_versions():
+    pytest.importorskip("cuda.core")
+    from gpu_kernels.compile import compile_cubin
+
+    src = read_source("decode.cu")
+    cubin, _ = compile_cubin(src, {}, name="decode.cu")
+    for name in decode.HOT:
+        assert name.encode() in cubin
+    header = src.split("#ifndef")[0]
+    assert [int(v) for v in re.findall(r"\(v(\d+)\)", header)] == list(decode.VERSIONS)
+    for word in ("m_i", "l_i", "alpha", "B_c", "B_r"):
+        assert word in header, word
+
+
+def test_includes_common_and_repeats_none_of_it():
+    common = open(f"{KERNEL_DIR}/common.cuh").read()
+    helpers = set(re.findall(r"__device__ __forceinline__ \w+\s+(\w+)\(", common))
+    raw = open(f"{KERNEL_DIR}/decode.cu").read()
+    assert '#include "common.cuh"' in raw
+    assert not set(re.findall(r"__device__ __forceinline__ \w+\s+(\w+)\(", raw)) & helpers
+
+
+# ------------------------------------------------------------------ the launch (no GPU)
+
+def _efficiency(blocks, slots, s):
+    waves = blocks * s / slots
+    return waves / math.ceil(waves)
+
+
+@pytest.mark.parametrize("blocks", [1, 8, 29, 64, 200, 211, 212, 2048])
+@pytest.mark.parametrize("n_tiles", [1, 7, 64, 2048])
+def test_split_heuristic_is_flashattentions_rule(blocks, n_tiles):
+    slots = 264
+    s = decode.num_splits_heuristic(blocks, slots, n_tiles)
+    if blocks >= 0.8 * slots:
+        assert s == 1
+        return
+    top = min(decode.MAX_SPLITS, slots, n_tiles)
+    best = max(_efficiency(blocks, slots, x) for x in range(1, top + 1))
+    assert 1 <= s <= top and _efficiency(blocks, slots, s) >= 0.85 * best
+    assert all(_efficiency(blocks, slots, x) < 0.85 * best for x in range(1, s))
+
+
+@pytest.mark.parametrize("q_len", [1, 4, 16])
+@pytest.mark.parametrize("kv_heads", [32, 8, 4, 1])
+def test_launch_covers_every_row_once(q_len, kv_heads):
+    """Row chunks x 16 ROW_WARPS rows cover q_len x group packed rows, with less than one
+    chunk to spare; the grid is (chunks, splits, B kv_heads); the combine runs iff splits > 1."""
+    launch = decode.configure(3, 32, kv_heads, 128, kv_lens=[100, 5000, 70000], q_len=q_len)
+    rows = q_len * 32 // kv_heads
+    assert launch.rows == rows and launch.block_rows == 16 * launch.row_warps
+    assert launch.chunks * launch.block_rows >= rows > (launch.chunks - 1) * launch.block_rows
+    assert launch.row_warps == (1 if rows <= 16 else 2 if rows <= 32 else 4)
+    split, *combine = launch.launches()
+    assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads) and split.threads == 128
+    assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps)
+    assert len(combine) == (launch.splits > 1)
+    for s in (1, 5):
+        one = decode.configure(3, 32, kv_heads, 128, kv_lens=[100, 5000, 70000], q_len=q_len, splits=s)
+        assert one.splits == s and len(one.launches()) == (2 if s > 1 else 1)
+
+
+def test_kernel_split_ranges_cover_every_tile_once():
+    """The kernel's balanced split of T_c tiles (t_begin = s T_c / S): every tile in exactly one
+    split, in order, for any T_c and S (empty splits where T_c < S)."""
+    for T_c in (1, 2, 7, 64, 513):
+        for S in (1, 2, 3, 29, 128):
+            ranges = [(s * T_c // S, (s + 1) * T_c // S) for s in range(S)]
+            assert [t for a, b in ranges for t in range(a, b)] == list(range(T_c))
+    src = read_source("decode.cu")
+    assert "t_begin = (int)((long long)split * T_c / num_splits)" in src
+    assert "t_end = (int)((long long)(split + 1) * T_c / num_splits)" in src
+
+
+def test_registry_entries():
+    contiguous, paged = registry.get("cupy_decode"), registry.get("cupy_decode_paged")
+    assert (contiguous.algorithm, paged.algorithm) == ("flashdecoding", "paged")
+    bt = np.arange(8).reshape(2, 4)
+    lp = paged.launch(batch=2, heads=8, kv_heads=2, head_dim=64, kv_lens=[60, 64], page_size=16,
+                      block_table=bt, num_pages=8)
+    assert lp.kernel == "cupy_decode_paged" and lp.defines()["PAGE_SIZE"] == 16
+    lc = contiguous.launch(batch=2, heads=8, kv_heads=2, head_dim=64, kv_lens=[60, 64])
+    assert lc.defines()["PAGE_SIZE"] == 0 and lc.kv_bytes == 2 * (60 + 64) * 2 * 64 * 2
+    _refused(paged.launch, batch=2, heads=8, kv_heads=2, head_dim=64, kv_lens=[6, 6], match="page_size")
+    _refused(contiguous.launch, batch=2, heads=8, kv_heads=2, head_dim=64, kv_lens=[6, 6],
+             page_size=16, block_table=bt, num_pages=8, match="contiguous")
+    _refused(registry.get, "cupy_decode9", match="no kernel")
+
+
+def test_plan_is_flashsims_or_says_it_is_missing():
+    """Until flashsim has ``flashdecoding``/``paged`` (issue 14's model side), plan() says so
+    in one line; once it has, the plan is for this step's algorithm."""
+    from flashsim.algorithms import ALGORITHMS
+
+    launch = decode.configure(1, 32, 8, 128, kv_lens=[4096])
+    if "flashdecoding" not in ALGORITHMS:
+        _refused(launch.plan, match="no 'flashdecoding' algorithm")
+    else:
+        assert launch.plan().algorithm == "flashdecoding"
+
+
+# ------------------------------------------------------------------ bad input (no GPU)
+
+def _refused(fn, *args, match=None, **kw):
+    with pytest.raises(KernelInputError, match=match) as info:
+        fn(*args, **kw)
+    assert isinstance(info.value, flashsim.FlashsimError) and "\n" not in str(info.value)
+
+
+def test_bad_layouts_are_refused_before_any_launch():
+    c = decode.configure
+    bt = np.arange(8, dtype=np.int32).reshape(2, 4)
+    _refused(c, 2, 30, 8, 128, kv_lens=[10, 10], match="not divisible by kv_heads")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 3], q_len=4, match="q_len = 4 > kv_len = 3")
+    c(2, 32, 8, 128, kv_lens=[10, 3], q_len=4, causal=False)       # no mask: no such limit
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 10], page_size=0, block_table=bt, num_pages=8,
+             match="page_size must be an integer >= 1")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 64], page_size=16, block_table=bt, num_pages=7,
+             match="past the cache of 7 pages")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 64], page_size=16, block_table=[[0, 1, 2, 3], [4, 5, 6, -1]],
+             num_pages=8, match="past the cache")
+    _refused(c, 2, 32, 8, 128, kv_lens=[20, 64], page_size=16, block_table=[[0, 1, 2, 3], [4, 5, 1, 7]],
+             num_pages=8, match="repeats page 1")
+    c(2, 32, 8, 128, kv_lens=[10, 64], page_size=16, block_table=[[0, 1, 2, 3], [4, 5, 6, 7]],
+      num_pages=8)                        # unused entries (1, 2, 3 of row 0) are not read
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 80], page_size=16, block_table=bt, num_pages=8,
+             match="needs 5 pages")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 10, 10], match="3 entries; the batch has 2")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 0], match=">= 1")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 10], page_size=16, match="needs block_table")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 10], block_table=bt, match="give page_size")
+    _refused(c, 2, 32, 8, 96, kv_lens=[10, 10], match="d = 96")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 10], dtype="fp32", match="fp16 or bf16")
+    _refused(c, 2, 32, 8, 128, kv_lens=[20, 20], q_len=17, match="1 to 16")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 10], splits=0, match="splits")
+    _refused(c, 2, 32, 8, 128, kv_lens=[10, 10], splits=500, match="at most")
+    _refused(c, 70000, 32, 8, 128, kv_lens=[10] * 70000, match="z limit")
+
+
+def test_decode_attention_checks_values_on_the_host_first():
+    """NumPy inputs: shapes, the layout and NaN/Inf in the used cache rows are refused before
+    anything is copied to a GPU (there is none here: a copy would raise a CUDA error)."""
+    f = gpu_kernels.decode_attention
+    q = np.zeros((2, 1, 8, 64), np.float16)
+    k = np.zeros((2, 40, 2, 64), np.float16)
+    k_nan = k.copy()
+    k_nan[1, 20, 1, 3] = np.nan
+    _refused(f, q, k_nan, k, [30, 30], match="k_cache holds NaN or Inf in the rows of sequence 1")
+    _refused(f, q, k, np.full_like(k, np.nan), [30, 30], match="v_cache holds NaN")
+    _refused(f, np.full_like(q, np.inf), k, k, [30, 30], match="q holds NaN")
+    try:                                        # NaN past kv_len is never read: not refused
+        f(q, k_nan, k, [20, 20])                # (here: no GPU to copy to, a CUDA error)
+    except Exception as exc:  # noqa: BLE001
+        assert not isinstance(exc, KernelInputError), exc
+    _refused(f, q, k, k, [30, 50], match="capacity")
+    k3 = np.zeros((2, 40, 3, 64), np.float16)
+    _refused(f, q, k3, k3, [30, 30], match="not divisible")
+    _refused(f, q.astype(np.float32), k, k, [30, 30], match="float32")
+    _refused(f, q, k, k, [30], match="1 entries; the batch has 2")
+    pages = np.zeros((6, 16, 2, 64), np.float16)
+    pages[5, 3, 0, 0] = np.inf
+    _refused(f, q, pages, pages, [30, 20], block_table=[[0, 1], [2, 5]], match="sequence 1")
+    _refused(f, q, pages, pages, [30, 20], block_table=[[0, 1], [2, 6]], match="past the cache of 6")
+
+
+def test_correctness_rule_fails_a_wrong_output():
+    rng = np.random.default_rng(0)
+    launch = decode.configure(2, 8, 2, 64, kv_lens=[5, 130], q_len=4)
+    q = round_to(rng.standard_normal((2, 4, 8, 64)), "fp16")
+    ks = [round_to(rng.standard_normal((n, 2, 64)), "fp16") for n in (5, 130)]
+    vs = [round_to(rng.standard_normal((n, 2, 64)), "fp16") for n in (5, 130)]
+    refs = decode.reference_rows(launch, q, ks, vs)
+    assert len(refs) == 2 * 2 * 4
+    O = np.zeros((2, 4, 8, 64))
+    L = np.zeros((2, 8, 4))
+    for b, kvh, qi, ref, L_ref in refs:
+        O[b, qi, 4 * kvh:4 * kvh + 4] = ref.ref
+        L[b, 4 * kvh:4 * kvh + 4, qi] = L_ref
+    assert decode.check_rows(launch, refs, O, L)["ok"]
+    bad = O.copy()
+    bad[1, 3, 7, 5] += 1.0                               # one element of the last row
+    assert not decode.check_rows(launch, refs, bad, L)["ok"]
+    assert not decode.check_rows(launch, refs, O, L + 0.01)["ok"]
+    unmasked = decode.reference_rows(launch, q, ks, vs, causal=False)
+    assert not decode.check_rows(launch, unmasked, O)["ok"]   # the mask matters at q_len 4
+
+
+@pytest.mark.parametrize("page", [0, 1, 16, 48])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_the_cases_hold_each_sequences_rows_where_the_kernel_reads_them(page, dtype):
+    """random_case (the GPU tests' and the sanitizer's inputs): the rows the launch reads
+    through its block table (used_rows) are each sequence's rows, and every slot the kernel
+    must not read holds NaN, which check_finite does not see."""
+    lens = [1, 47, 130]
+    case = decode.random_case(np.random.default_rng(page), 3, 8, 2, 64, lens, 1, page, dtype)
+    launch = decode.configure(3, 8, 2, 64, **case["configure"])
+    for cache, rows in ((case["k_cache"], case["rows_k"]), (case["v_cache"], case["rows_v"])):
+        got = [decode.to_float32(r) for r in launch.used_rows(cache)]
+        assert all(np.array_equal(a, b) for a, b in zip(got, rows))
+        assert np.isnan(decode.to_float32(cache)).sum() == cache.size - sum(lens) * 2 * 64
+    launch.check_finite(case["q"], case["k_cache"], case["v_cache"])
+
+
+# ------------------------------------------------------------------ the kernels' arithmetic, emulated
+
+def _values(x, bf16):
+    return decode.to_float32(x.view(np.int16) if bf16 else x).reshape(-1)
+
+
+def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
+    """decode.cu's decode_split, statement for statement at block and warp level in NumPy
+    (the mma fragments aside): the same grid, indices, tile split, masks, online softmax per
+    key warp (P rounded to the input dtype before P V, as pack2 does), merge and writes into
+    the flat arrays the kernel gets. Its output must pass the same reference check."""
+    d, bf16, P, rw, B_c = (D[k] for k in ("HEAD_DIM", "IS_BF16", "PAGE_SIZE", "ROW_WARPS", "BLOCK_C"))
+    (Q, K, V, O, L, O_part, L_part, bt, kv_lens, batch, q_len, group, kv_heads, max_pages,
+     kv_batch_stride, num_splits, causal, scale_log2) = args
+    dt = "bf16" if bf16 else "fp16"
+    Qf, Kf, Vf = (_values(x, bf16) for x in (Q, K, V))
+    Of, Lf, Opf, Lpf, btf = (x.reshape(-1) for x in (O, L, O_part, L_part, bt))
+    KEY_WARPS, B_r = 4 // rw, 16 * rw
+    KW = B_c // KEY_WARPS
+    H, R, NR = kv_heads * group, q_len * group, batch * q_len * kv_heads * group
+    for z in range(grid[2]):
+        b, kvh = divmod(z, int(kv_heads))
+        for split in range(grid[1]):
+            for chunk in range(grid[0]):
+                row0, kv_len = chunk * B_r, int(kv_lens[b])
+                shift = kv_len - q_len if causal else kv_len - 1
+                qi_last = (min(R, row0 + B_r) - 1) // group
+                key_end = min(kv_len, shift + (qi_last if causal else 0) + 1)
+                T_c = -(-key_end // B_c)
+                t_begin, t_end = split * T_c // num_splits, (split + 1) * T_c // num_splits
+                Qs = np.zeros((B_r, d), np.float32)
+                limit = np.zeros(B_r, np.int64)
+                for r in range(B_r):
+                    pr = row0 + r
+                    if pr < R:
+                        qi, hg = divmod(pr, group)
+                        base = ((b * q_len + qi) * H + kvh * group + hg) * d
+                        Qs[r] = Qf[base:base + d]
+                    limit[r] = min(kv_len - 1, shift + (pr // group if causal else 0))
+                m = np.full((KEY_WARPS, B_r), -np.inf, np.float32)
+                l = np.zeros((KEY_WARPS, B_r), np.float32)
+                o = np.zeros((KEY_WARPS, B_r, d), np.float32)
+                for j in range(t_begin, t_end):
+                    for wn in range(KEY_WARPS):
+                        key0 = j * B_c + wn * KW
+                        Kt, Vt = np.zeros((KW, d), np.float32), np.zeros((KW, d), np.float32)
+                        for c in range(KW):
+                            p = key0 + c
+                            if p < kv_len:
+                                if P == 0:
+                                    off = b * kv_batch_stride + p * kv_heads * d + kvh * d
+                                else:
+                                    page = int(btf[b * max_pages + p // P])
+                                    off = (page * P + p % P) * kv_heads * d + kvh * d
+                                Kt[c], Vt[c] = Kf[off:off + d], Vf[off:off + d]
+                        S = Qs @ Kt.T
+                        if key0 + KW - 1 > shift:
+                            S[(key0 + np.arange(KW))[None, :] > limit[:, None]] = -np.inf
+                        with np.errstate(invalid="ignore"):
+                            m_new = np.maximum(m[wn], S.max(1) * np.float32(scale_log2))
+                            m_use = np.where(m_new == -np.inf, np.float32(0), m_new)
+                            alpha = np.exp2(m[wn] - m_use)
+                            Pij = np.exp2(S * np.float32(scale_log2) - m_use[:, None])
+                        l[wn] = l[wn] * alpha + Pij.sum(1)
+                        m[wn] = m_new
+                        o[wn] = o[wn] * alpha[:, None] + round_to(Pij, dt) @ Vt
+                M = np.fmax.reduce(m, axis=0)
+                with np.errstate(invalid="ignore"):
+                    a = np.where(m == -np.inf, np.float32(0), np.exp2(m - M[None]))
+                lsum = (a * l).sum(0)
+                osum = (a[:, :, None] * o).sum(0)
+                for r in range(B_r):
+                    pr = row0 + r
+                    if pr >= R:
+                        continue
+                    inv = 1 / lsum[r] if lsum[r] > 0 else 0.0
+                    lse = (M[r] + np.log2(lsum[r])) * np.log(2) if lsum[r] > 0 else -np.inf
+                    qi, h = pr // group, kvh * group + pr % group
+                    orow = (b * q_len + qi) * H + h
+                    if num_splits == 1:
+                        Of[orow * d:(orow + 1) * d] = decode.storage(osum[r] * inv, dt).view(Of.dtype)
+                        Lf[(b * H + h) * q_len + qi] = lse
+                    else:
+                        Opf[(split * NR + orow) * d:(split * NR + orow + 1) * d] = osum[r] * inv
+                        Lpf[split * NR + orow] = lse
+
+
+def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
+    """decode.cu's decode_combine in NumPy: one (warp, output row) at a time."""
+    d, bf16 = D["HEAD_DIM"], D["IS_BF16"]
+    O_part, L_part, O, L, NR, num_splits, H, q_len = args
+    Opf, Lpf, Of, Lf = (x.reshape(-1) for x in (O_part, L_part, O, L))
+    for orow in range(min(grid[0] * 4, NR)):
+        ls = np.array([Lpf[s * NR + orow] for s in range(num_splits)])
+        lmax = np.fmax.reduce(ls)
+        acc, total = np.zeros(d, np.float32), np.float32(0)
+        for s in range(num_splits):
+            if ls[s] == -np.inf:
+                continue
+            w = np.exp(ls[s] - lmax)
+            total += w
+            acc += w * Opf[(s * NR + orow) * d:(s * NR + orow + 1) * d]
+        inv = 1 / total if total > 0 else 0.0
+        Of[orow * d:(orow + 1) * d] = decode.storage(acc * inv, "bf16" if bf16 else "fp16").view(Of.dtype)
+        h, qi, b = orow % H, (orow // H) % q_len, orow // (H * q_len)
+        Lf[(b * H + h) * q_len + qi] = lmax + np.log(total) if total > 0 else -np.inf
+
+
+EMULATED = [
+    # H, kv_heads, d, kv_lens, q_len, page, dtype, splits
+    (4, 2, 64, [37, 130], 1, 0, "fp16", 1),
+    (4, 2, 64, [37, 130], 4, 0, "fp16", 3),
+    (8, 2, 64, [65, 200], 16, 16, "bf16", None),       # 64 rows: 4 row warps
+    (32, 1, 64, [70, 9], 1, 1, "fp16", 2),              # 32 rows: 2 row warps
+    (8, 1, 64, [100], 16, 64, "fp16", 2),               # 128 rows: 2 chunks
+    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7),         # more splits than tiles
+]
+
+
+@pytest.mark.parametrize("H,kvh,d,lens,q_len,page,dtype,splits", EMULATED, ids=str)
+def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, dtype, splits):
+    """The launch's own argument tuples (kernel_args), run through the emulation with every
+    output and workspace entry poisoned: the grid, the layouts, the block table, the split
+    ranges, the masks, the merges and the combine give the reference's answer."""
+    case = decode.random_case(np.random.default_rng(len(lens) + q_len), len(lens), H, kvh, d, lens,
+                              q_len, page, dtype)
+    launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"])
+    B, rows = len(lens), len(lens) * q_len * H
+    O = np.full(case["q"].shape, np.nan, np.float32).astype(case["q"].dtype) if dtype == "fp16" \
+        else np.full(case["q"].shape, 0x7FC0, np.int16)
+    L = np.full((B, H, q_len), np.nan, np.float32)
+    O_part = np.full((launch.splits, rows, d), np.nan, np.float32)
+    L_part = np.full((launch.splits, rows), np.nan, np.float32)
+    bt = launch.block_table if page else np.zeros((B, 1), np.int32)
+    args = launch.kernel_args(np, case["q"], case["k_cache"], case["v_cache"], O, L,
+                              *((O_part, L_part) if launch.splits > 1 else (O, L)), bt,
+                              np.asarray(lens, np.int32))
+    run = {"decode_split": emulate_decode_split, "decode_combine": emulate_decode_combine}
+    for kl, a in zip(launch.launches(), args):
+        run[kl.kernel](launch.defines(), kl.grid, a)
+    Of = decode.to_float32(O)
+    assert np.isfinite(Of).all() and np.isfinite(L).all()
+    refs = decode.reference_rows(launch, case["q_values"], case["rows_k"], case["rows_v"])
+    verdict = decode.check_rows(launch, refs, Of, L)
+    assert verdict["ok"], verdict
+
+
+# ------------------------------------------------------------------ on the GPU
+
+def _cupy_or_skip():
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+        if int(cupy.cuda.Device().compute_capability) < 80:
+            pytest.skip("needs sm_80 or newer (mma.sync bf16, cp.async)")
+    except Exception as exc:  # no driver, no device
+        pytest.skip(f"no usable CUDA device ({exc})")
+    return cupy
+
+
+def _run_and_check(cupy, B, H, kvh, d, lens, q_len, page, dtype, splits=None, seed=0):
+    case = decode.random_case(np.random.default_rng(seed), B, H, kvh, d, lens, q_len, page, dtype)
+    launch, verdict = decode.run_case(case, H, kvh, splits)
+    assert verdict["ok"], verdict
+    return launch
+
+
+GPU_CASES = [
+    # B, H, kv_heads, d, kv_lens, q_len, page, dtype, splits
+    (2, 4, 2, 128, [37, 130], 1, 0, "fp16", 1),
+    (2, 4, 2, 128, [37, 130], 1, 0, "fp16", 3),
+    (3, 32, 8, 128, [1000, 64, 4100], 1, 0, "fp16", None),
+    (3, 32, 8, 128, [1000, 64, 4100], 4, 16, "fp16", None),
+    (2, 32, 32, 128, [513, 77], 1, 1, "fp16", 4),
+    (2, 32, 1, 128, [300, 2000], 1, 64, "fp16", None),                 # MQA: 32 rows
+    (1, 32, 1, 128, [700], 4, 0, "fp16", 5),                           # 128 rows: 2 chunks
+    (2, 16, 2, 128, [40, 333], 16, 16, "bf16", 2),                     # q_len 16, 128 rows
+    (2, 32, 8, 128, [129, 4000], 4, 48, "bf16", None),                 # page size 48
+    (3, 8, 8, 64, [1, 64, 129], 1, 1, "fp16", 2),
+    (2, 32, 4, 64, [65, 1900], 4, 64, "bf16", None),
+    (2, 8, 1, 64, [50, 17], 16, 0, "fp16", 1),                         # 128 rows, 1 split
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,kvh,d,lens,q_len,page,dtype,splits", GPU_CASES, ids=str)
+def test_kernel_matches_float64_reference(B, H, kvh, d, lens, q_len, page, dtype, splits):
+    cupy = _cupy_or_skip()
+    launch = _run_and_check(cupy, B, H, kvh, d, lens, q_len, page, dtype, splits)
+    if splits is not None:
+        assert launch.splits == splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", decode.TUNING[1:], ids=str)
+def test_tuning_tiles(tiles):
+    """The tiles the benchmark's tuning step may choose for the whole table."""
+    _cupy_or_skip()
+    for lens, q_len, page in (([37, 300], 4, 0), ([1000, 64], 1, 16), ([129, 700], 16, 1)):
+        case = decode.random_case(np.random.default_rng(q_len), 2, 32, 8, 128, lens, q_len, page, "fp16")
+        _, verdict = decode.run_case(case, 32, 8, 3, block_cols=tiles[0], stages=tiles[1])
+        assert verdict["ok"], (lens, q_len, page, verdict)
+
+
+@pytest.mark.gpu
+def test_splits_give_the_same_output_as_one():
+    """Split-KV and the combine change only the rounding: every split count within the rule,
+    up to more splits than tiles (empty splits)."""
+    cupy = _cupy_or_skip()
+    for s in (1, 2, 7, 40):
+        _run_and_check(cupy, 2, 32, 8, 128, [2500, 300], 1, 16, "fp16", splits=s, seed=s)
+
+
+@pytest.mark.gpu
+def test_nan_in_the_cache_is_refused_on_the_device_and_nothing_written():
+    cupy = _cupy_or_skip()
+    launch = decode.configure(1, 8, 2, 64, kv_lens=[30])
+    q = cupy.zeros((1, 1, 8, 64), cupy.float16)
+    k = cupy.zeros((1, 32, 2, 64), cupy.float16)
+    k[0, 31] = cupy.nan                                     # past kv_len: not read
+    out = cupy.full(q.shape, 7, cupy.float16)
+    launch.run(q, k, k, out=out, check_finite=True)
+    k[0, 12, 1, 0] = cupy.inf
+    out[...] = 7
+    with pytest.raises(KernelInputError, match="k_cache holds NaN or Inf"):
+        launch.run(q, k, cupy.zeros_like(k), out=out, check_finite=True)
+    assert bool((out == 7).all())
+
+
+@pytest.mark.gpu
+def test_decode_attention_with_torch_tensors():
+    _cupy_or_skip()
+    torch = pytest.importorskip("torch")
+    q = torch.randn(2, 4, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 100, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 100, 2, 128, device="cuda", dtype=torch.bfloat16)
+    O, L = gpu_kernels.decode_attention(q, k, v, torch.tensor([100, 57], dtype=torch.int32))
+    assert isinstance(O, torch.Tensor) and O.dtype == torch.bfloat16 and O.shape == q.shape
+    assert L.shape == (2, 8, 4) and L.dtype == torch.float32
+    # PyTorch's own answer for sequence 1 (57 keys, bottom-right causal): same within bf16
+    import torch.nn.functional as F
+
+    qf, kf, vf = q[1:].float().transpose(1, 2), k[1:, :57].float().transpose(1, 2), v[1:, :57].float().transpose(1, 2)
+    mask = torch.ones(4, 57, dtype=torch.bool, device="cuda").tril(57 - 4)
+    ref = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, enable_gqa=True)
+    assert (O[1:].float().transpose(1, 2) - ref).abs().max().item() < 3e-2
+
+
+# ------------------------------------------------------------------ the benchmark's plan (no GPU)
+
+def test_benchmark_points_are_the_issues_grid():
+    from benchmarks import decode_h200 as bench
+
+    full, quick = bench.grid_points(False), bench.grid_points(True)
+    assert full[:len(bench.REFERENCE_POINTS)] == bench.REFERENCE_POINTS == quick
+    grid = {(B, kvh, n, q) for B in (1, 8, 64) for kvh in (32, 8, 1) for n in (4096, 32768, 131072)
+            for q in (1, 4)}
+    fits = {p for p in grid if 2 * p[0] * p[2] * p[1] * 128 * 2 <= 40e9}
+    assert set(full) == fits and len(full) == len(set(full))
+    assert grid - fits == {(64, 32, 131072, 1), (64, 32, 131072, 4)}        # 137 GB of K/V
+    for P in bench.PAGES:
+        assert P in decode.COMPILED_PAGE_SIZES
+    names = [c[:8] for c in bench.tiny_cases()]
+    assert {c[5] for c in names} == {0, 1, 16, 64} and {c[4] for c in names} >= {1, 4, 16}

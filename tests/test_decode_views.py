@@ -1,0 +1,95 @@
+"""Notebook 08's logic (flashsim.views.decode): every figure it shows comes from a counted
+decode plan; measured points are drawn when the data exist and absent otherwise."""
+
+import pytest
+
+import flashsim
+from flashsim import measured
+from flashsim.views import decode as dv
+
+
+def test_view_numbers_are_the_plans():
+    v = dv.decode_view(kv_len=4096, batch=2, heads=32, kv_heads=8, page_size=16, splits=4)
+    p = flashsim.plan("paged", q_len=1, kv_len=4096, head_dim=128, heads=32, kv_heads=8,
+                      batch=2, dtype="fp16", splits=4, page_size=16)
+    rep = p.count()
+    assert v["bytes_per_token"] == rep.requested_bytes / 2
+    assert sum(v["bytes_by_kind"].values()) == rep.requested_bytes
+    assert v["bytes_by_kind"]["K/V cache"] == rep.kv_bytes == 2 * 2 * 8 * 4096 * 128 * 2
+    assert v["cache_bytes_per_seq"] == 4096 * 2 * 8 * 128 * 2
+    assert v["time_s"] == pytest.approx(p.predict_seconds())
+    assert v["busy_sms"] == sum(n > 0 for n in v["sm_blocks"][0])
+    assert sum(v["sm_blocks"][0]) == p.predict()[0].blocks == 2 * 8 * 4
+
+
+def test_kv_heads_settings_mean_mha_gqa_mqa_mla():
+    kinds = {k: dv.decode_view(kv_len=1024, heads=32, kv_heads=k)["kind"]
+             for k in (0, 8, 1, -1)}
+    assert kinds == {0: "mha", 8: "gqa", 1: "mqa", -1: "mla"}
+    per = dv.decode_view(kv_len=1024, heads=32, kv_heads=-1)["cache_bytes_per_token"]
+    assert per["mha"] > per["gqa"] > per["mla"] > per["mqa"]
+    with pytest.raises(flashsim.FlashsimError, match="more than"):
+        dv.decode_view(heads=8, kv_heads=16)
+
+
+def test_splits_fill_the_sms_at_batch_1():
+    one = dv.decode_view(kv_len=32768, batch=1, heads=32, kv_heads=8, splits=1)
+    auto = dv.decode_view(kv_len=32768, batch=1, heads=32, kv_heads=8, splits=0)
+    assert one["busy_sms"] == 8 and auto["busy_sms"] == 132
+    assert one["time_s"] >= 4 * auto["time_s"]
+    assert auto["unsplit_s"] == pytest.approx(one["time_s"])
+
+
+def test_without_data_the_points_are_absent_and_said_to_be(monkeypatch):
+    def missing(name):
+        raise FileNotFoundError(name)
+    monkeypatch.setattr(measured, "load", missing)
+    v = dv.decode_view(kv_len=4096)
+    assert v["measured"] == [] and "not measured yet" in v["measured_note"]
+    assert dv.measured_table() == [] and "not measured yet" in dv.format_measured([])
+
+
+def test_with_data_the_matching_points_are_drawn(monkeypatch):
+    pt = dict(impl="ours", batch=1, heads=32, kv_heads=8, kv_len=4096, q_len=1,
+              head_dim=128, page_size=None, dtype="fp16", time_s=2e-5, kv_bytes=16777216,
+              tbps=0.84, check_ok=True)
+    other = {**pt, "kv_heads": 1}
+    monkeypatch.setattr(measured, "load", lambda name: {"points": [pt, other]})
+    v = dv.decode_view(kv_len=4096, batch=1, heads=32, kv_heads=8)
+    assert v["measured"] == [pt]
+    rows = dv.measured_table()
+    assert len(rows) == 2 and rows[0]["predicted_s"] > 0
+    assert "ours" in dv.format_measured(rows)
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from flashsim.views import pictures
+    fig = pictures.figure((10, 6), 60)
+    pic = dv.DecodePicture(fig)
+    pic.update(v)
+    xs, ys = pic.points.get_data()
+    assert list(xs) == [4096] and list(ys) == [pytest.approx(20.0)]
+    assert pic.note.get_text() == "1 measured points"
+
+
+def test_panel_caption_and_view_follow_the_controls():
+    pytest.importorskip("ipywidgets")
+    panel = dv.decode_panel(kv_len=4096)
+    s = panel.controls["kv_heads"]
+    s.index = [o[1] for o in s.options].index(-1)            # as the browser does
+    assert panel.view["kind"] == "mla" and "KV heads = MLA" in panel.caption
+    panel.controls["heads"].value = 8
+    panel.controls["kv_heads"].value = 16
+    assert panel.error and "more than" in panel.error and panel.view["kind"] == "mla"
+    for c in panel.controls.values():
+        assert c.description in panel.caption
+
+
+def test_tables_the_notebook_prints():
+    rows = {r["kind"]: r for r in dv.intensity_table(kv_len=4096)}
+    assert rows["MLA"]["cache_bytes_per_token"] == 576 * 2
+    assert rows["MHA"]["flops_per_byte"] < rows["GQA-8"]["flops_per_byte"] < rows["MLA"]["flops_per_byte"]
+    g = dv.gqa_table(kv_len=4096, batch=8)
+    assert g[0]["kv_bytes"] == 4 * g[1]["kv_bytes"] and g[0]["time_s"] > g[1]["time_s"]
+    f = dv.fragmentation_table(kv_lens=(100, 3000), page_sizes=(1, 16), capacity=4096)
+    assert f[0]["paged_waste"] == 0 and f[1]["paged_waste"] > 0
+    assert f[0]["table_bytes"] > f[1]["table_bytes"]
