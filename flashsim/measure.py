@@ -17,9 +17,9 @@ N = 2048, d = 64 and each kernel's first dtype):
 * **predicted** (``predict``): flashsim's plan for that launch (``launch.plan()``: the same
   tiles, N, d, batch, heads, dtype and mask), its DRAM and L2 request bytes from the L2 model
   (``flashsim.hardware.l2``) and its time from the time model (``flashsim.hardware.timing``)
-  on the H200 preset, at the kernel's compute efficiency as the committed Nsight Compute
-  dataset states it (``stated_efficiency``), as ``flashsim.measured.validation`` predicts
-  that dataset.
+  on the H200 preset, as ``flashsim predict`` gives it (``flashsim.predict``: the kernel's
+  stated efficiency, fitted on the calibration points), as ``flashsim.measured.validation``
+  predicts the datasets.
 
 Exit status: 0 when every launch passed its check, 1 when one failed (or could not run), 2
 for bad input or no GPU to run on: without the ``gpu`` extra, without an NVIDIA GPU, or
@@ -30,7 +30,6 @@ command runs.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
@@ -75,55 +74,23 @@ def add_arguments(p, *, seq_len, head_dim, batch, heads, tile, dtype, repeats) -
 
 
 # ------------------------------------------------------------------ the prediction
-@functools.lru_cache(maxsize=None)
-def _dataset_efficiencies() -> dict:
-    from .measured import validation
-
-    return {(r["point"]["kernel"], r["point"]["d"]): r["efficiency"]
-            for r in validation.stored_rows()}
-
-
-def stated_efficiency(kernel: str, d: int) -> tuple[float | None, str]:
-    """(compute efficiency, where it comes from): the one the committed Nsight Compute dataset
-    states for (kernel, d) (``flashsim.measured.validation``: read off its reference point);
-    at the nearest d it has for the kernel otherwise; None (no time predicted, not a guess)
-    for a kernel the dataset does not hold."""
-    known = {dd: e for (k, dd), e in _dataset_efficiencies().items() if k == kernel}
-    if d in known:
-        return known[d], f"ncu_h200.json, {kernel} at d = {d}"
-    if known:
-        near = min(known, key=lambda x: (abs(x - d), x))
-        return known[near], f"ncu_h200.json, {kernel} at d = {near} (none at d = {d})"
-    return None, f"no efficiency stated: {kernel} is not in ncu_h200.json, so no time predicted"
-
-
 def predict(launch) -> dict:
-    """flashsim's prediction for exactly ``launch`` (a ``gpu_kernels`` Launch) on the H200
-    preset: ``predicted_time_s``, ``dram_read_bytes``/``_write_bytes``, ``l2_read_bytes``/
-    ``_write_bytes`` (the L2 model, blocks per SM from the plan's working set, warps from the
-    launch's threads), ``two_level_bytes``, ``efficiency`` and its source. The keys are
-    ``flashsim.predict.predict``'s, so this one function can become
-    ``predict(launch.kernel, batch=launch.batch, heads=launch.heads, seq_len=launch.N,
-    head_dim=launch.d, dtype=launch.dtype, causal=launch.causal,
-    block_rows=launch.block_rows, block_cols=launch.block_cols, gpu=DEFAULT_GPU)``."""
-    from .hardware import l2, timing
+    """``flashsim predict``'s answer for exactly ``launch`` (a ``gpu_kernels`` Launch) on the
+    H200 preset (``flashsim.predict.predict``: the kernel's tiles, occupancy from its compiled
+    resources, the L2 and time models at its stated efficiency), with the launch's plan
+    record. Past the L2 model's work limit the time and DRAM bytes are left out, with why in
+    ``note``; with no stated efficiency ``predicted_time_s`` is None (not a guess)."""
+    from . import predict as _predict
 
-    p = launch.plan(DEFAULT_GPU)
-    eff, source = stated_efficiency(launch.kernel, launch.d)
-    out = {"gpu": DEFAULT_GPU, "efficiency": eff, "efficiency_source": source,
-           "two_level_bytes": p.count().hbm_bytes, "plan": launch.plan_record()}
     try:
-        rep = l2.simulate(p)
-    except FlashsimError as e:          # past the L2 model's work limit: absent, with why
-        out["note"] = f"time and DRAM bytes left out: {e}"
-        return out
-    out.update(dram_read_bytes=rep.dram_read_bytes, dram_write_bytes=rep.dram_write_bytes,
-               l2_read_bytes=rep.l2_read_bytes, l2_write_bytes=rep.l2_write_bytes)
-    if eff is not None:
-        t = timing.predict(p, timing.Efficiency.for_dtype(p.dtype, eff), l2=rep,
-                           warps_per_block=launch.threads // 32)
-        out["predicted_time_s"] = sum(x.seconds for x in t)
-    return out
+        out = _predict.predict(launch.kernel, batch=launch.batch, heads=launch.heads,
+                               seq_len=launch.N, head_dim=launch.d, dtype=launch.dtype,
+                               causal=launch.causal, block_rows=launch.block_rows,
+                               block_cols=launch.block_cols, gpu=DEFAULT_GPU)
+    except FlashsimError as e:
+        return {"gpu": DEFAULT_GPU, "plan": launch.plan_record(),
+                "note": f"time and DRAM bytes left out: {e}"}
+    return dict(out, plan=launch.plan_record())
 
 
 # ------------------------------------------------------------------ before any work
@@ -414,7 +381,7 @@ def format_rows(rows: list, skipped: list) -> str:
         p = r.get("predicted", {})
         if "note" in p:
             lines.append(f"{r['kernel']}: {p['note']}")
-        elif p and "predicted_time_s" not in p:
+        elif p and p.get("predicted_time_s") is None:
             lines.append(f"{r['kernel']}: {p['efficiency_source']}")
     lines += [f"{s['kernel']}: skipped: {s['skipped']}" for s in skipped]
     return "\n".join(lines)
