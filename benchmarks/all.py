@@ -18,6 +18,7 @@ Run from the repository root. The steps, in order, each its own process with a t
                                                                 fit the default 10)
     ncu_sweep      python -m benchmarks.ncu_sweep run        -> DIR/ncu_h200.json, raw CSV (--ncu)
     sfu_check      python -m benchmarks.sfu_check run        -> DIR/sfu_h200.json (--ncu)
+    measure_all    python -m benchmarks.measure_all --no-tests -> DIR/measure_h200.json (--ncu)
     core_speed, slider_latency                               -> DIR/*.json (--cpu)
     gpu_tests      FLASHSIM_REAL_GPU=1 pytest -m gpu tests   -> DIR/gpu_tests.xml (JUnit)
 
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import parser, write_json
+from benchmarks.common import Progress, parser, write_json
 from gpu_kernels import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,6 +75,8 @@ def steps(args) -> list[tuple[str, list[str], float, dict]]:
                           + (["--quick"] if quick else []), 1800 * k, {}))
         out_steps.append(("sfu_check", [py, "-m", "benchmarks.sfu_check", "run", "--out", out]
                           + (["--quick"] if quick else []), 240 * k, {}))
+        # flashsim measure --all --ncu (its GPU tests run in gpu_tests below)
+        out_steps.append(bench("measure_all", "--no-tests", limit=240))
     if args.cpu:
         out_steps += [bench("core_speed", limit=120), bench("slider_latency", limit=300)]
     # last: a test run cut short by its limit costs no measurement (and finds the kernels
@@ -126,7 +129,8 @@ def main(argv=None) -> int:
     os.makedirs(log_dir, exist_ok=True)
     t0 = time.time()
     results = []
-    for name, step_argv, limit, env in steps(args):
+    for name, step_argv, limit, env in Progress(steps(args), quiet=args.quiet,
+                                                desc="benchmarks.all"):
         if name == "gpu_tests" and args.no_tests:
             continue
         if name == "gpu_tests" and importlib.util.find_spec("pytest") is None:

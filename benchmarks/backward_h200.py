@@ -43,7 +43,7 @@ import traceback
 
 import numpy
 
-from benchmarks.common import Recorder, parser
+from benchmarks.common import Progress, Recorder, parser
 from flashsim import reference
 from gpu_kernels import harness, registry
 
@@ -210,7 +210,8 @@ class Bench(Recorder):
     def run(self):
         self.results["provenance"] = harness.provenance()
         print("provenance:", json.dumps(self.results["provenance"]), flush=True)
-        for B, H, N, d, causal in (SMOKE_SHAPES if self.args.smoke else SHAPES):
+        for B, H, N, d, causal in Progress(SMOKE_SHAPES if self.args.smoke else SHAPES,
+                                           quiet=self.args.quiet, desc="backward_h200"):
             if not self.due({"batch": B, "heads": H, "N": N, "d": d, "causal": causal}):
                 continue
             print(f"shape B={B} H={H} N={N} d={d} causal={causal}", flush=True)

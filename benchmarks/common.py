@@ -1,5 +1,7 @@
-"""What the benchmark scripts share: the command line (``--out DIR``), writing the JSON
-file, and a deadline after which remaining points are skipped (and recorded as skipped)."""
+"""What the benchmark scripts share: the command line (``--out DIR``, ``--quiet``), writing
+the JSON file, a deadline after which remaining points are skipped (and recorded as
+skipped), and the progress bar over a script's points (``Progress``: tqdm on stderr, none
+with ``--quiet`` or when stderr is no terminal)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import time
 
 from flashsim import measured
+from flashsim.measure import Progress  # noqa: F401  (the scripts' progress bar)
 
 
 def parser(doc: str, out_required: bool = False, deadline_s: float | None = None,
@@ -17,6 +20,7 @@ def parser(doc: str, out_required: bool = False, deadline_s: float | None = None
     asked, ``--deadline-s`` (default ``deadline_s``) and ``--smoke`` (tiny sizes under the
     CUDA simulator: checks the script on a machine without a GPU, times nothing)."""
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
     if out_required:
         ap.add_argument("--out", required=True, help="folder for the JSON files and logs")
     else:

@@ -29,7 +29,7 @@ import tempfile
 import numpy as np
 
 import flashsim
-from benchmarks.common import parser, write_json
+from benchmarks.common import Progress, parser, write_json
 from gpu_kernels.harness import provenance, wall_median_s as median_seconds
 
 PACKAGES = ("numpy",)
@@ -127,7 +127,8 @@ def main(argv=None) -> None:
         r["met"] = r["seconds"] < r["target_s"]
         print(f"{r['seconds'] * 1e3:9.1f} ms  (target {r['target_s'] * 1e3:.0f} ms)  {r['what']}")
     cli = []
-    for what, args, target_s, target_mem, statuses in CLI:
+    for what, args, target_s, target_mem, statuses in Progress(CLI, quiet=args.quiet,
+                                                                desc="core_speed CLI"):
         load = os.getloadavg()[0]
         m = run_cli(args)
         m.update({"what": what, "argv": "flashsim " + args if len(args) < 200 else

@@ -31,7 +31,7 @@ import math
 import sys
 import traceback
 
-from benchmarks.common import Recorder, parser
+from benchmarks.common import Progress, Recorder, parser
 from gpu_kernels import harness, registry
 from gpu_kernels.cupy import flash2_tc
 from gpu_kernels.cupy.common import get_kernel, kernel_resources
@@ -133,7 +133,7 @@ class Bench(Recorder):
         """Time every tensor-core configuration that passes its check; pick one per d."""
         torch = self.torch
 
-        for d in HEAD_DIMS:
+        for d in Progress(HEAD_DIMS, quiet=self.args.quiet, desc="cupy_h200 tc sweep"):
             configs = {}
             for config in flash2_tc.tuning_configs(d):
                 key = " ".join(f"{k}={v}" for k, v in config.items())
@@ -187,10 +187,13 @@ class Bench(Recorder):
         impls_fast = [("torch_flash", self.sdpa("FLASH_ATTENTION")),
                       ("torch_efficient", self.sdpa("EFFICIENT_ATTENTION")),
                       ("torch_cudnn", self.sdpa("CUDNN_ATTENTION"))]
+        bar = Progress(total=len(HEAD_DIMS) * 2 * len(PAPER_N), quiet=self.args.quiet,
+                       desc="cupy_h200 fp16 table")
         for d in HEAD_DIMS:
             tc_fn = self.tc(self.results["tc_configs"][str(d)]["config"])
             for causal in (False, True):
                 for N in PAPER_N:
+                    bar.update()
                     B, H = TOTAL_TOKENS // N, HIDDEN // d
                     base = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "dtype": "float16"}
                     q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -215,6 +218,7 @@ class Bench(Recorder):
                     del q, k, v, ref
                     torch.cuda.empty_cache()
                     self.save()
+        bar.close()
 
     def fp32_table(self):
         ours = [(f"cupy_{a}_fp32", self.ours(f"cupy_{a}")) for a in ("standard", "flash1", "flash2")]
@@ -242,9 +246,12 @@ class Bench(Recorder):
         torch = self.torch
         import cupy
 
+        bar = Progress(total=len(HEAD_DIMS) * 2 * len(self.args.fp32_n), quiet=self.args.quiet,
+                       desc=f"cupy_h200 fp32 {impls[0][0].split('_')[0]}")
         for d in HEAD_DIMS:
             for causal in (False, True):
                 for N in self.args.fp32_n:
+                    bar.update()
                     B, H = TOTAL_TOKENS // N, HIDDEN // d
                     base = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "dtype": "float32"}
                     q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float32) for _ in range(3))
@@ -269,6 +276,7 @@ class Bench(Recorder):
                     cupy.get_default_memory_pool().free_all_blocks()  # S, P of the standard kernels
                     torch.cuda.empty_cache()
                     self.save()
+        bar.close()
 
     def ref_fp64(self, q, k, v, causal):
         """float64 softmax(Q K^T / sqrt(d)) V on the GPU, a few heads at a time."""

@@ -30,21 +30,16 @@ Each point's launch comes from ``gpu_kernels.registry`` (its "plan": the launch'
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import subprocess
 import sys
 
 from benchmarks.common import write_json
-from gpu_kernels import harness, registry
+from gpu_kernels import harness, ncu, registry
 
 TOTAL_TOKENS, HIDDEN = 16384, 2048
-METRICS = [
-    "dram__bytes_read.sum", "dram__bytes_write.sum",
-    "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_sectors_srcunit_tex_op_write.sum",
-    "gpu__time_duration.sum",
+METRICS = ncu.COUNTERS + [
     "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
     "launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic",
     "launch__occupancy_limit_blocks", "launch__occupancy_limit_registers",
@@ -69,7 +64,6 @@ OPTIONAL_METRICS = [
     "lrc__lrc2xbar_sectors_op_read.sum",
     "lrc__xbar2lrc_requests_op_read.sum",
 ]
-MARKER = "flashsim_point_marker"
 
 
 def sweep(quick: bool = False, heldout: bool = False) -> list[dict]:
@@ -122,8 +116,7 @@ class Runner:
         import cupy
 
         self.cp = cupy
-        self.marker = cupy.ElementwiseKernel("float32 x", "float32 y", "y = x + 1", MARKER)
-        self.scratch = cupy.zeros(32, dtype=cupy.float32)
+        self.mark = ncu.Marker()
 
     def inputs(self, p, dtype):
         cp = self.cp
@@ -140,9 +133,6 @@ class Runner:
         # numba kernels take the CuPy arrays as they are (CUDA Array Interface, no copy)
         Q, K, V = self.inputs(p, self.cp.float16 if launch.dtype == "fp16" else self.cp.float32)
         return (lambda: launch.run(Q, K, V)), launch.plan_record()
-
-    def mark(self):
-        self.marker(self.scratch, self.scratch)
 
 
 def check_correctness(runner, heldout: bool = False) -> list[dict]:
@@ -181,7 +171,6 @@ def workload(manifest_path: str, quick: bool, heldout: bool = False) -> None:
     runner = Runner()
     manifest = {"correctness": check_correctness(runner, heldout), "points": [], "skipped": []}
     bad = {c["kernel"] for c in manifest["correctness"] if c.get("ok") is False}
-    pool = cupy.get_default_memory_pool()
     for p in sweep(quick, heldout):
         if p["kernel"] in bad:
             manifest["skipped"].append(dict(p, reason="failed its correctness check"))
@@ -196,7 +185,7 @@ def workload(manifest_path: str, quick: bool, heldout: bool = False) -> None:
         if fn is not None:
             entry = dict(p, plan=plan)
             manifest["points"].append(entry)
-            cupy.cuda.nvtx.RangePush("m")
+            cupy.cuda.nvtx.RangePush(ncu.RANGE)
             runner.mark()
             try:
                 fn()
@@ -205,11 +194,7 @@ def workload(manifest_path: str, quick: bool, heldout: bool = False) -> None:
                 entry["error"] = f"{type(e).__name__}: {e}"
             cupy.cuda.nvtx.RangePop()
         fn = None
-        pool.free_all_blocks()
-        if "numba.cuda" in sys.modules:        # numba frees device memory lazily
-            import gc
-            gc.collect()
-            sys.modules["numba.cuda"].current_context().deallocations.clear()
+        ncu.free_device_memory()
     with open(manifest_path, "w") as f:
         json.dump(manifest, f)
 
@@ -225,62 +210,16 @@ def known_metrics(out_dir: str) -> list[str]:
     return METRICS + [m for m in OPTIONAL_METRICS if m.rsplit(".", 1)[0] in names]
 
 
-def parse_ncu_csv(text: str, metrics=METRICS) -> list[dict]:
-    """Rows of ``ncu --csv --page raw``: one per profiled kernel, metric columns."""
-    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    rows = list(csv.reader(io.StringIO("\n".join(lines))))
-    header, units, body = rows[0], rows[1], rows[2:]
-    out = []
-    for r in body:
-        rec = dict(zip(header, r))
-        row = {"kernel_name": rec.get("Kernel Name"), "id": rec.get("ID")}
-        for m in metrics:
-            v = rec.get(m)
-            if v is None or v == "":
-                row[m] = None
-                continue
-            try:
-                row[m] = float(v.replace(",", ""))
-            except ValueError:
-                row[m] = v
-        row["units"] = {m: units[header.index(m)] for m in metrics if m in header}
-        out.append(row)
-    return out
-
-
-def assign(rows: list[dict], points: list[dict]) -> list[dict]:
-    """Kernel rows between markers belong to the point the marker opened."""
-    out, cur = [], None
-    for row in rows:
-        if MARKER in (row["kernel_name"] or ""):
-            cur = len(out)
-            if cur >= len(points):
-                raise RuntimeError("more markers than points")
-            out.append(dict(points[cur], launches=[]))
-            continue
-        if cur is None:
-            raise RuntimeError(f"kernel {row['kernel_name']} before the first marker")
-        out[-1]["launches"].append(row)
-    if len(out) != len(points):
-        raise RuntimeError(f"{len(out)} markers for {len(points)} points")
-    return out
-
-
 def run(out_dir: str, quick: bool, heldout: bool = False) -> None:
     os.makedirs(out_dir, exist_ok=True)
     name = "ncu_h200_heldout" if heldout else "ncu_h200"
     manifest = os.path.join(out_dir, f"{name}_manifest.json")
     metrics = known_metrics(out_dir)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env, root = ncu.child_env(), ncu.ROOT
 
     def command(metrics):
-        cmd = ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "m/",
-               "--metrics", ",".join(metrics), "--csv", "--page", "raw",
-               sys.executable, "-m", "benchmarks.ncu_sweep", "workload", "--manifest", manifest]
+        cmd = ncu.command(metrics, [sys.executable, "-m", "benchmarks.ncu_sweep", "workload",
+                                    "--manifest", manifest])
         return cmd + ["--quick"] * quick + ["--heldout"] * heldout
     cmd = command(metrics)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
@@ -299,11 +238,10 @@ def run(out_dir: str, quick: bool, heldout: bool = False) -> None:
         raise SystemExit(f"ncu exited {proc.returncode}")
     with open(manifest) as f:
         man = json.load(f)
-    points = assign(parse_ncu_csv(proc.stdout, metrics), man["points"])
-    ncu_version = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout
+    points = ncu.assign(ncu.parse_csv(proc.stdout, metrics), man["points"])
     prov = harness.provenance(extra={
         "sms": harness.gpu_info().get("sm_count"),
-        "ncu": ncu_version.strip().splitlines()[-1] if ncu_version else None,
+        "ncu": ncu.version(),
         "ncu_command": " ".join(cmd)})
     data = {"provenance": prov, "metrics": metrics, "correctness": man["correctness"],
             "skipped": man.get("skipped", []), "points": points}

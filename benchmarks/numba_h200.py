@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import Deadline, parser, write_json
+from benchmarks.common import Deadline, Progress, parser, write_json
 from gpu_kernels import harness, registry
 
 ALGORITHMS = ("standard", "flash1", "flash2")
@@ -132,10 +132,12 @@ def sweep(args, h: harness.Harness, deadline: Deadline):
     rng = np.random.default_rng(0)
     Ns = QUICK_SEQ_LENS if args.quick else SEQ_LENS
     rows, failures, skipped = [], [], []
+    bar = Progress(total=len(HEAD_DIMS) * len(Ns), quiet=args.quiet, desc="numba_h200 sweep")
     for d in HEAD_DIMS:
         for N in Ns:
             if failures:
                 break
+            bar.update()
             B, H = shape_for(N, d)
             if deadline.left() < 0:
                 skipped.append(dict(N=N, d=d, batch=B, heads=H, reason="deadline"))
@@ -179,6 +181,7 @@ def sweep(args, h: harness.Harness, deadline: Deadline):
                 launch.workspace.clear()
             del Q, K, V, O
             print(f"(N={N}, d={d}) done in {time.time() - t0:.1f} s", flush=True)
+    bar.close()
     return rows, failures, skipped
 
 
@@ -249,7 +252,7 @@ def explore(args, h: harness.Harness) -> list:
     cu = cuda()
     rng = np.random.default_rng(1)
     out = []
-    for d in HEAD_DIMS:
+    for d in Progress(HEAD_DIMS, quiet=args.quiet, desc="numba_h200 explore"):
         N = EXPLORE_N
         B, H = shape_for(N, d)
         Qh, Kh, Vh = (rng.standard_normal((B * H, N, d), dtype=np.float32) for _ in range(3))

@@ -60,6 +60,7 @@ import traceback  # noqa: E402
 
 from gpu_kernels.harness import provenance  # noqa: E402
 from flashsim import context_parallel as cpm  # noqa: E402
+from flashsim.measure import Progress  # noqa: E402
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 REF_ROWS = 64
@@ -380,10 +381,13 @@ def worker(rank, P, args, backend, results_path):
                             **({"device_id": device} if device.type == "cuda" else {}))
     points, skipped = [], []
     t_start = time.time()
+    bar = Progress(total=len(args.seq_len) * len(args.schedule) * len(args.causal),
+                   quiet=args.quiet or rank != 0, desc="ring_attention")
     try:
         for N in args.seq_len:
             for schedule in args.schedule:
                 for causal in args.causal:
+                    bar.update()
                     if time.time() - t_start > args.deadline_s:
                         skipped.append({"N": N, "schedule": schedule, "causal": causal,
                                         "reason": "deadline"})
@@ -398,6 +402,7 @@ def worker(rank, P, args, backend, results_path):
                             {**rec, "N": N, "schedule": schedule, "causal": causal})
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
+        bar.close()
         if rank == 0:
             write(results_path, args, points, skipped, backend, device)
     finally:
@@ -565,6 +570,7 @@ def main(argv=None):
     ap.add_argument("--deadline-s", type=float, default=400.0)
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes, float64, 2 repeats (CPU test)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                   "ring_attention.json"))
     args = ap.parse_args(argv)

@@ -23,7 +23,7 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-from benchmarks.common import parser, write_json  # noqa: E402
+from benchmarks.common import Progress, parser, write_json  # noqa: E402
 from flashsim.views import widgets  # noqa: E402
 from gpu_kernels.harness import provenance  # noqa: E402
 
@@ -83,7 +83,8 @@ def main(argv=None) -> None:
     args = parser(__doc__).parse_args(argv)
     load_before = os.getloadavg()
     results = []
-    for what, make, control, values, clear in scenarios():
+    for what, make, control, values, clear in Progress(scenarios(), quiet=args.quiet,
+                                                        desc="slider_latency"):
         panel = make()
         times = time_moves(panel, control, values, clear)
         med = statistics.median(times)

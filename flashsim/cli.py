@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from . import context_parallel, decode, nest as _nest, reference, validate
+from . import context_parallel, decode, masks, measure as _measure, nest as _nest, reference, validate
 from .algorithms import ALGORITHMS
 from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError
@@ -79,6 +79,16 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
     return value
 
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:                      # NaN fails here too
+        raise argparse.ArgumentTypeError(f"must be a probability p with 0 <= p < 1, got "
+                                         f"{text!r}")
+    return value
+
 # numerics runs seven emulated methods in float64 on the CPU: heads x N^2 x d at most 2^33
 # (16 times the default recipe's work; about a minute here)
 NUMERICS_MAX_WORK = 2**33
@@ -117,6 +127,14 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-rows", type=_count, help="B_r (default: the algorithm's rule)")
     p.add_argument("--block-cols", type=_count, help="B_c (default: the algorithm's rule)")
     p.add_argument("--causal", action="store_true", help="causal mask; masked tiles skipped")
+    p.add_argument("--mask", help="a mask (flashsim/masks.py, docs/masks.md): causal, "
+                                  "sliding:W, document:L1,L2,...[:causal], prefix:P, "
+                                  "padding:V, blocksparse:DENSITY:SEED; flash2 skips the "
+                                  "tiles it hides, standard reads it as a dense N x N bool")
+    p.add_argument("--dropout", type=_probability, default=0.0,
+                   help="dropout probability p on P: standard stores its keep mask, flash2 "
+                        "regenerates it from --dropout-seed")
+    p.add_argument("--dropout-seed", type=_seed, default=0)
     p.add_argument("--pass", dest="pass_", type=_name(PASSES), default="fwd",
                    help="fwd (default), bwd (the backward alone: the forward's saved tensors "
                         "are inputs) or fwd+bwd (both, traffic added tensor by tensor)")
@@ -161,6 +179,19 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="standard, flash1 and flash2 side by side")
     _shape_args(cmp_)
     sub.add_parser("gpus", help="list the hardware presets")
+    pred = sub.add_parser("predict", help="one launch of one registered kernel: tiles, "
+                                          "occupancy, L2 and DRAM bytes, time (flashsim.predict)")
+    pred.add_argument("--kernel", required=True, help="a gpu_kernels.registry name")
+    pred.add_argument("--batch", type=_batch, default=1)
+    pred.add_argument("--heads", type=_heads, default=1)
+    pred.add_argument("--seq-len", "-N", type=_seq_len, required=True)
+    pred.add_argument("--head-dim", "-d", type=_head_dim, required=True)
+    pred.add_argument("--dtype", type=_name(DTYPE_BYTES), help="default: the kernel's first")
+    pred.add_argument("--causal", action="store_true")
+    pred.add_argument("--block-rows", type=_count, help="B_r (default: the kernel's rule)")
+    pred.add_argument("--block-cols", type=_count, help="B_c (default: the kernel's rule)")
+    pred.add_argument("--gpu", type=_name(GPUS), required=True, help=", ".join(GPUS))
+    pred.add_argument("--json", action="store_true", help="print one JSON object")
     num = sub.add_parser("numerics", help="the FlashAttention-3 paper's FP16/FP8 error table "
                                           "(Table 3), on emulated numbers")
     r = Recipe()
@@ -179,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     num.add_argument("--seed", type=_reader(validate.whole, lo=0, hi=2**32 - 1),
                      default=r.seed)
     num.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    ms = sub.add_parser("measure", help="run our kernels on this machine's GPU: predicted "
+                        "beside measured (flashsim/measure.py)")
+    _measure.add_arguments(ms, seq_len=_seq_len, head_dim=_head_dim, batch=_batch, heads=_heads,
+                           tile=_count, dtype=_name(DTYPE_BYTES),
+                           repeats=_reader(validate.whole, hi=1000))
     return parser
 
 
@@ -228,7 +264,8 @@ def _plan(args, algorithm: str):
     return plan(algorithm, args.seq_len, args.head_dim, batch=args.batch, heads=args.heads,
                 dtype=args.dtype, sram=args.sram, gpu=args.gpu, block_rows=args.block_rows,
                 block_cols=args.block_cols, causal=args.causal, extra_passes=passes,
-                pass_=args.pass_, placement=args.placement)
+                pass_=args.pass_, placement=args.placement, mask=args.mask,
+                dropout=args.dropout, dropout_seed=args.dropout_seed)
 
 
 def _check_verify(plans, args) -> None:
@@ -242,7 +279,9 @@ def _check_verify(plans, args) -> None:
     # The reference holds a few N x N matrices at once (S, P, and in the backward dP, dS
     # and their products); the causal mask is one N x N bool matrix and its copy.
     # (measured: about 3 N x N forward at N = 8192; one more is kept for safety).
-    reference_peak = (7 if backward else 4) * nn + (2 * N * N if args.causal else 0)
+    masked = args.causal or args.mask is not None or args.dropout
+    reference_peak = (7 if backward else 4) * nn + (2 * nn if args.dropout else 0) + (
+        2 * N * N if masked else 0)
     transfers, flops, run_peak = 0, heads * N * N * d * (12 if backward else 4), 0
     for p in plans:
         nests = [p.nest()] + ([p.module.build(p)] if args.pass_ == "bwd" else [])
@@ -290,17 +329,19 @@ def _report(p, args, inputs):
     return rep
 
 
-def _inputs(args):
-    """Random Q, K, V (and dO with a backward pass) and their float64 references."""
+def _inputs(args, p):
+    """Random Q, K, V (and dO with a backward pass) and their float64 references (with
+    plan ``p``'s mask and dropout, when it has them)."""
     rng = np.random.default_rng(args.seed)
     shape = (args.batch, args.heads, args.seq_len, args.head_dim)
     Q, K, V = (rng.standard_normal(shape) for _ in range(3))
-    ref = {"O": reference.attention(Q, K, V, causal=args.causal)}
+    extra = masks.reference_args(p)
+    ref = {"O": reference.attention(Q, K, V, causal=args.causal, **extra)}
     dO = None
     if args.pass_ != "fwd":
         dO = rng.standard_normal(shape)
         ref.update(zip(("dQ", "dK", "dV"),
-                       reference.attention_backward(Q, K, V, dO, causal=args.causal)))
+                       reference.attention_backward(Q, K, V, dO, causal=args.causal, **extra)))
     return Q, K, V, dO, ref
 
 
@@ -322,8 +363,20 @@ def answer(argv=None) -> str:
         return _gpus()
     if args.command == "numerics":
         return _numerics(args)
+    if args.command == "measure":
+        return _measure.answer(args)
+    if args.command == "predict":
+        from . import predict
+        r = predict.predict(args.kernel, batch=args.batch, heads=args.heads,
+                            seq_len=args.seq_len, head_dim=args.head_dim, dtype=args.dtype,
+                            causal=args.causal, block_rows=args.block_rows,
+                            block_cols=args.block_cols, gpu=args.gpu)
+        return json.dumps(r) if args.json else predict.format_prediction(r)
     io = args.command == "io"
     if io and decode.is_decode_cli(args):
+        if args.mask is not None or args.dropout:
+            raise FlashsimError("--mask and --dropout are for prefill plans (-N), not "
+                                "decoding (--q-len, --kv-len)")
         return decode.cli_answer(args)
     for value, option in ((args.seq_len, "--seq-len/-N"), (args.head_dim, "--head-dim/-d")):
         if value is None:
@@ -333,6 +386,8 @@ def answer(argv=None) -> str:
     if io and args.schedule is None and (args.loads != "producer" or args.stages != 2):
         raise FlashsimError("--loads and --stages shape the schedule model: add --schedule")
     algorithms = [args.algorithm] if io else list(ALGORITHMS)
+    if not io and (args.mask is not None or args.dropout):   # flash1 takes neither
+        algorithms = list(masks.MASKED_ALGORITHMS)
     plans = [_plan(args, a) for a in algorithms]
     # The L2 model runs when asked for (--gpu, --l2) and, implicitly, whenever a preset
     # applies; an implicit run past the model's work limit is left out with a note.
@@ -341,12 +396,15 @@ def answer(argv=None) -> str:
     if args.blocks_per_sm is not None and not three_levels:
         raise FlashsimError("--blocks-per-sm sets the L2 model's occupancy, which runs with "
                             "a GPU preset or --l2 SIZE; add --gpu NAME or --l2")
+    if (args.mask is not None or args.dropout) and io and (args.devices or args.schedule):
+        raise FlashsimError("--mask and --dropout are not modelled with --devices or "
+                            "--schedule; leave one out")
     cp = (context_parallel.cp_plan(plans[0], args.devices, args.cp_schedule or "ring")
           if io and args.devices else None)
     sched = _schedule(plans[0], args) if io and args.schedule else None
     if args.verify:
         _check_verify(plans, args)
-    inputs = _inputs(args) if args.verify else None
+    inputs = _inputs(args, plans[0]) if args.verify else None
     reps = [_report(p, args, inputs) for p in plans]
     notes = []
     if three_levels:
@@ -375,6 +433,8 @@ def answer(argv=None) -> str:
             f"{sched['predicted_time_s'] * 1e3:.4f} ms, {sched['tflops']:.0f} TFLOP/s; "
             "per K/V block " + ", ".join(f"{k} {v:.0f}" for k, v in sched["phase_cycles"].items())
             + " cycles")
+    fields.update(masks.cli_fields(plans[0]))
+    lines += masks.cli_lines(plans[0])
     if notes:
         fields["notes"] = notes
     if args.json:
@@ -404,7 +464,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()
     except BrokenPipeError:             # | head: the reader left; not an error of ours
         sys.stderr.close()
-    return 0
+    return getattr(text, "exit_status", 0)      # measure: 1 when a check failed
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -117,7 +117,9 @@ class Compute:
 class Loop:
     """``for var in range(start(ctx), stop(ctx))`` over blocks of ``block`` rows of an
     ``extent``-row dimension. ``start``/``stop`` default to all blocks; causal algorithms
-    use them to skip fully masked tiles. ``parallel`` marks a loop whose iterations are
+    use them to skip fully masked tiles. ``visit(ctx)``, when given, replaces both: the
+    ascending block indices to visit, any subset (a mask that skips tiles in the middle of
+    a row: ``flashsim.masks``). ``parallel`` marks a loop whose iterations are
     separate thread blocks on a GPU (a top-level loop is one kernel launch); the traffic
     counts do not depend on it, the L2 and time models do."""
     var: str
@@ -128,6 +130,7 @@ class Loop:
     stop: Callable[["Ctx"], int] | None = None
     label: str = ""
     parallel: bool = False
+    visit: Callable[["Ctx"], "Visited"] | None = None
 
     @property
     def blocks(self) -> int:
@@ -187,8 +190,25 @@ def span(ctx: Ctx, var: str | None, full: int) -> tuple[int, int]:
     return (0, full) if var is None else ctx.range(var)
 
 
-def loop_range(loop: Loop, ctx: Ctx) -> range:
-    """The block indices ``loop`` visits in context ``ctx`` (its causal bounds applied)."""
+class Visited(tuple):
+    """Ascending block indices a loop visits (from ``Loop.visit``), with a range's
+    ``start`` and ``stop`` (the first index, one past the last), so readers written for
+    ``[start, stop)`` bounds still find the ends."""
+
+    @property
+    def start(self) -> int:
+        return self[0] if self else 0
+
+    @property
+    def stop(self) -> int:
+        return self[-1] + 1 if self else 0
+
+
+def loop_range(loop: Loop, ctx: Ctx):
+    """The block indices ``loop`` visits in context ``ctx`` (its causal bounds applied): a
+    range, or the loop's ``visit`` list."""
+    if loop.visit is not None:
+        return loop.visit(ctx)
     start = 0 if loop.start is None else loop.start(ctx)
     stop = loop.blocks if loop.stop is None else loop.stop(ctx)
     return range(max(start, 0), min(stop, loop.blocks))
@@ -385,10 +405,11 @@ def _plus(resident: tuple, held: list) -> tuple:
 
 
 def has_bounds(ops: tuple) -> bool:
-    """Whether any loop in ``ops`` (at any depth) has a ``start`` or ``stop`` bound."""
+    """Whether any loop in ``ops`` (at any depth) has a ``start``, ``stop`` or ``visit``
+    bound."""
     for op in ops:
         if isinstance(op, Loop) and (op.start is not None or op.stop is not None
-                                     or has_bounds(op.body)):
+                                     or op.visit is not None or has_bounds(op.body)):
             return True
     return False
 
@@ -401,9 +422,13 @@ def full_blocks(loop: Loop) -> int:
 def _classes(loop: Loop, blocks: range) -> list[tuple[int, int]]:
     """``[(representative index, how many)]``: the iterations in ``blocks`` split into full
     blocks and the ragged last one (whose extent is smaller)."""
+    last = loop.blocks - 1
+    if not isinstance(blocks, range):       # a visit list: only its last may be ragged
+        ragged = bool(blocks) and blocks[-1] == last and last >= full_blocks(loop)
+        full = len(blocks) - ragged
+        return ([(blocks[0], full)] if full else []) + ([(last, 1)] if ragged else [])
     full = max(0, min(blocks.stop, full_blocks(loop)) - blocks.start)
     out = [(blocks.start, full)] if full > 0 else []
-    last = loop.blocks - 1
     if last >= full_blocks(loop) and blocks.start <= last < blocks.stop:
         out.append((last, 1))
     return out
@@ -473,7 +498,7 @@ def _count_bounded(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: C
     inner = [o for o in loop.body if isinstance(o, Loop)]
     sums: dict = {}                         # own class -> [index, iterations, [_Summed]]
     nfull = full_blocks(loop)
-    specs = [(o.start, o.stop, full_blocks(o), o.blocks) for o in inner]
+    specs = [(o.start, o.stop, full_blocks(o), o.blocks, o.visit) for o in inner]
     for o in inner:
         ctx.loops[o.var] = o
     idx = ctx.idx
@@ -484,7 +509,13 @@ def _count_bounded(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: C
         if entry is None:
             entry = sums[key] = [i, 0, [_Summed() for _ in inner]]
         entry[1] += 1
-        for (start, stop, nf, nb), s in zip(specs, entry[2]):
+        for (start, stop, nf, nb, visit), s in zip(specs, entry[2]):
+            if visit is not None:           # ascending: only the last can be ragged
+                v = visit(ctx)
+                ragged = int(bool(v) and v[-1] == nb - 1 and nb - 1 >= nf)
+                s.full += len(v) - ragged
+                s.ragged += ragged
+                continue
             lo = 0 if start is None else max(start(ctx), 0)
             hi = nb if stop is None else min(stop(ctx), nb)
             if hi > lo:                     # as loop_range: range(lo, hi)
@@ -552,7 +583,8 @@ def _count_leaf(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Coun
                 resident: tuple) -> None:
     """All iterations of an innermost loop at once: each extent of ``loop.var`` becomes a
     NumPy array over the iterations and every count is a sum over it."""
-    idx = np.arange(blocks.start, blocks.stop, dtype=np.int64)
+    idx = (np.arange(blocks.start, blocks.stop, dtype=np.int64) if isinstance(blocks, range)
+           else np.asarray(blocks, dtype=np.int64))
     lo = idx * loop.block
     ext_var = np.minimum(lo + loop.block, loop.extent) - lo
 

@@ -31,7 +31,7 @@ from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError, SramOverflowError
 from .hardware.presets import DEFAULT_GPU, GPU, gpu as _gpu, roofline_time
 from .report import Report
-from . import validate
+from . import masks as _masks, validate
 from .units import DTYPE_BYTES, dtype_bytes
 
 # What a plan runs: the forward, the backward (the forward's saved tensors are its inputs),
@@ -63,6 +63,9 @@ class Plan:
     softmax_rows: int = 0          # standard only: whole rows of S per softmax block
     pass_: str = "fwd"             # "fwd", "bwd" or "fwd+bwd"
     placement: str = "two-level"   # "two-level" (all in SRAM) or "registers" (as kernels)
+    mask: object = None            # a flashsim.masks.Mask, or None (see ``causal`` too)
+    dropout: float = 0.0           # dropout probability p on P, 0 <= p < 1
+    dropout_seed: int = 0          # the seed its random numbers are regenerated from
 
     @property
     def register_budget(self) -> int | None:
@@ -156,6 +159,10 @@ class Plan:
                 f"inputs hold {int(np.prod(Q.shape[:-2]))} heads (shape {Q.shape}) but the "
                 f"plan has batch x heads = {self.batch * self.heads}")
         hbm = dict(arrays)
+        if self.mask is not None and self.algorithm == "standard":   # the baseline reads it
+            hbm["mask"] = np.broadcast_to(
+                self.mask.dense(self.block_rows, self.block_cols).astype(np.float64),
+                Q.shape[:-2] + (self.seq_len, self.seq_len))
         if self.pass_ == "bwd":
             _execute(self.module.build(self), hbm, self.sram_bytes,    # saved tensors only
                      self.register_budget)
@@ -212,7 +219,8 @@ def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None
          block_rows: int | None = None, block_cols: int | None = None,
          causal: bool | None = None,
          extra_passes=(), pass_: str = "fwd", placement: str | None = None,
-         warps: int | None = None, **decode_args) -> Plan:
+         warps: int | None = None, mask=None, dropout: float = 0.0,
+         dropout_seed: int = 0, **decode_args) -> Plan:
     """Validate a configuration and choose block sizes.
 
     Decoding (``flashsim.decode``): algorithm ``flashdecoding``, ``paged`` or ``mla``, or
@@ -241,6 +249,13 @@ def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None
     N is capped at N, and a plan that overflows either level raises SramOverflowError with
     the breakdown.
 
+    ``mask``: a spec (``"causal"``, ``"sliding:W"``, ``"document:L1,L2[:causal]"``,
+    ``"prefix:P"``, ``"padding:V"``, ``"blocksparse:DENSITY:SEED"``) or a
+    :class:`flashsim.masks.Mask` (FlashMask's vectors); flash2 skips the tiles it hides,
+    standard attention reads it as a dense N x N boolean (``flashsim/masks.py``). ``dropout``
+    p in [0, 1) with ``dropout_seed``: standard attention runs a separate pass that stores
+    its keep mask, flash2 regenerates the random numbers (``docs/masks.md``).
+
     ``warps`` (warps per block, 1 to 32) sets the register budget of a kernel whose blocks
     are larger than the preset's ``warps_per_block`` (4, as FlashAttention-2's forward).
 
@@ -252,10 +267,10 @@ def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None
     if decode_args or (isinstance(algorithm, str) and algorithm.lower() in decode.ALGORITHMS
                        and algorithm.lower() != "flash2"):
         if seq_len is not None or sram is not None or extra_passes or pass_ != "fwd" \
-                or placement not in (None, "registers"):
+                or placement not in (None, "registers") or mask is not None or dropout:
             raise FlashsimError("a decode plan takes q_len and kv_len (or kv_lens) in place "
                                 "of seq_len, a GPU preset in place of sram, and the forward "
-                                "pass only")
+                                "pass only (no mask or dropout)")
         given = {"batch": batch, "dtype": dtype, "causal": causal}   # None: decode's default
         return decode.plan(algorithm, head_dim=head_dim, heads=heads, gpu=gpu,
                            block_rows=block_rows, block_cols=block_cols, warps=warps,
@@ -292,18 +307,22 @@ def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None
             f"extra passes ({','.join(passes)}) are for standard attention; "
             f"{algorithm} fuses scaling and masking")
     pass_ = validate.choice(pass_, PASSES, "pass_")
+    mask, dropout, dropout_seed = _masks.check(algorithm, N, causal, mask, dropout,
+                                               dropout_seed)
     fixed = [None if x is None else validate.tiles(
         N, validate.whole(x, name, hi=validate.MAX_SEQ_LEN), name)
         for x, name in ((block_rows, "block_rows"), (block_cols, "block_cols"))]
     module = ALGORITHMS[algorithm] if pass_ == "fwd" else BACKWARD[algorithm]
-    rows = standard.softmax_rows(N, M, b) if algorithm == "standard" else 0
+    rows = (standard.softmax_rows(N, M, b, mask is not None and "mask" not in passes)
+            if algorithm == "standard" else 0)
 
     made: dict = {}
 
     def make(Br: int, Bc: int) -> Plan:         # each candidate built (and its nest) once
         if (Br, Bc) not in made:
             made[(Br, Bc)] = Plan(algorithm, N, d, batch, heads, dtype, M, Br, Bc, causal,
-                                  passes, preset, rows, pass_, placement)
+                                  passes, preset, rows, pass_, placement, mask, dropout,
+                                  dropout_seed)
         return made[(Br, Bc)]
 
     def overflows(p: Plan) -> list[str]:

@@ -5,19 +5,31 @@ from __future__ import annotations
 import numpy as np
 
 
-def attention(Q, K, V, causal: bool = False) -> np.ndarray:
+def attention(Q, K, V, causal: bool = False, mask=None, dropout=None) -> np.ndarray:
     """softmax(Q K^T / sqrt(d)) V in float64, directly (the whole N x N matrix at once).
 
-    Q, K, V: (..., N, d). Returns O: (..., N, d). With ``causal``, query r sees keys <= r.
+    Q, K, V: (..., N, d). Returns O: (..., N, d). With ``causal``, query r sees keys <= r;
+    ``mask`` (N, N) bool: query r sees key c where True (a row that sees nothing gives
+    O = 0, as FlashAttention writes it); ``dropout`` (N, N): the factor Z / (1 - p) applied
+    to P after the softmax (``flashsim.masks.dropout_scale``).
     """
     Q, K, V = (np.asarray(x, dtype=np.float64) for x in (Q, K, V))
+    return _probabilities(Q, K, causal, mask, dropout) @ V
+
+
+def _probabilities(Q, K, causal=False, mask=None, dropout=None) -> np.ndarray:
+    """P = softmax(S) (..., N, N), rows that see nothing 0; times ``dropout`` if given."""
     S = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])            # (..., N, N)
     if causal:
         n = S.shape[-1]
         S = np.where(np.tril(np.ones((S.shape[-2], n), dtype=bool)), S, -np.inf)
-    S = S - S.max(axis=-1, keepdims=True)
-    P = np.exp(S)
-    return (P / P.sum(axis=-1, keepdims=True)) @ V
+    if mask is not None:
+        S = np.where(np.asarray(mask, dtype=bool), S, -np.inf)
+    m = S.max(axis=-1, keepdims=True)
+    P = np.exp(S - np.where(np.isneginf(m), 0.0, m))
+    l = P.sum(axis=-1, keepdims=True)
+    P = P / np.where(l > 0, l, 1.0)
+    return P if dropout is None else P * dropout
 
 
 def logsumexp(Q, K, causal: bool = False) -> np.ndarray:
@@ -30,7 +42,7 @@ def logsumexp(Q, K, causal: bool = False) -> np.ndarray:
     return m + np.log(np.exp(S - m).sum(axis=-1, keepdims=True))
 
 
-def attention_backward(Q, K, V, dO, causal: bool = False):
+def attention_backward(Q, K, V, dO, causal: bool = False, mask=None, dropout=None):
     """(dQ, dK, dV) of ``phi`` with dO = d phi / dO, for O = softmax(Q K^T / sqrt(d)) V,
     in float64, directly (FlashAttention paper, Appendix B.2).
 
@@ -38,7 +50,19 @@ def attention_backward(Q, K, V, dO, causal: bool = False):
 
         P = softmax(S), S = tau Q K^T      dV = P^T dO       dP = dO V^T
         dS = P o (dP - rowsum(P o dP))     dQ = tau dS K     dK = tau dS^T Q
+
+    ``mask`` and ``dropout`` as for :func:`attention`; with dropout Z~ = Z / (1 - p):
+    dV = (P o Z~)^T dO, dP = (dO V^T) o Z~.
     """
+    if mask is not None or dropout is not None:
+        Q, K, V, dO = (np.asarray(x, dtype=np.float64) for x in (Q, K, V, dO))
+        tau = 1.0 / np.sqrt(Q.shape[-1])
+        P = _probabilities(Q, K, causal, mask)
+        Zs = 1.0 if dropout is None else dropout
+        dV = np.swapaxes(P * Zs, -1, -2) @ dO
+        dP = (dO @ np.swapaxes(V, -1, -2)) * Zs
+        dS = P * (dP - (P * dP).sum(axis=-1, keepdims=True))
+        return tau * (dS @ K), tau * (np.swapaxes(dS, -1, -2) @ Q), dV
     Q, K, V, dO = (np.asarray(x, dtype=np.float64) for x in (Q, K, V, dO))
     tau = 1.0 / np.sqrt(Q.shape[-1])
     S = tau * (Q @ np.swapaxes(K, -1, -2))                             # (..., N, N)

@@ -17,8 +17,9 @@ SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py")
 
 
 def test_the_scripts():
-    assert SCRIPTS == ["backward_h200", "core_speed", "cupy_h200", "decode_h200", "ncu_sweep",
-                       "numba_h200", "ring_attention", "sfu_check", "slider_latency", "sm_placement"]
+    assert SCRIPTS == ["backward_h200", "core_speed", "cupy_h200", "decode_h200", "measure_all",
+                       "ncu_sweep", "numba_h200", "ring_attention", "sfu_check",
+                       "slider_latency", "sm_placement"]
 
 
 @pytest.mark.parametrize("name", SCRIPTS + ["all"])

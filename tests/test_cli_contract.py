@@ -35,7 +35,11 @@ OPTIONS = ["-a", "--algorithm", "-N", "--seq-len", "-d", "--head-dim", "--batch"
            "--dtype", "--gpu", "--sram", "--l2", "--block-rows", "--block-cols", "--causal",
            "--pass", "--verify", "--seed", "--extra-passes", "--blocks-per-sm", "--json",
            "--help", "--seq", "-x", "--q-len", "--kv-len", "--kv-lens", "--kv-heads",
-           "--splits", "--page-size", "--gqa-schedule", "--no-causal"]
+           "--splits", "--page-size", "--gqa-schedule", "--no-causal", "--mask", "--dropout"]
+
+MASKS = ["causal", "sliding:16", "sliding:0", "document:10,20", "document:5,5:causal",
+         "prefix:8", "padding:4", "blocksparse:0.5:1", "blocksparse:0:1", "blocksparse:nan:1",
+         "sliding:-1", "prefix:0", "CAUSAL", "document:", "blocksparse:1:-2"]
 
 token = st.one_of(
     st.sampled_from(OPTIONS), st.sampled_from(NAMES), st.sampled_from(NUMBERS),
@@ -64,6 +68,8 @@ def argv(draw):
                      "--blocks-per-sm", "--q-len", "--kv-len", "--kv-heads", "--splits",
                      "--page-size"):
             args.append(draw(st.integers(-2, 40).map(str) | st.sampled_from(NUMBERS)))
+        elif opt == "--mask":
+            args.append(draw(st.sampled_from(MASKS) | st.text(max_size=8)))
         else:
             args.append(draw(st.sampled_from(NAMES) | st.text(max_size=8)))
     args += draw(st.lists(token, max_size=2))
@@ -115,6 +121,52 @@ ISSUE = [
     ["io", "-a", "flash2", "-N", "64\n", "-d", "8"],
     ["io", "-a", "flash2\nflash1", "-N", "64", "-d", "8"],
 ]
+
+
+# Issue 16's bad masks and dropout: one line, exit 2, before any work.
+BAD_MASKS = [
+    ["--mask", "sliding:0"], ["--mask", "sliding:-5"], ["--mask", "sliding:x"],
+    ["--mask", "document:30,30"], ["--mask", "document:64,0"], ["--mask", "document:a,b"],
+    ["--mask", "document:32,32:bidirectional"], ["--mask", "blocksparse:0:1"],
+    ["--mask", "blocksparse:1.01:1"], ["--mask", "blocksparse:-0.5:1"],
+    ["--mask", "blocksparse:nan:1"], ["--mask", "blocksparse:0.5"], ["--mask", "prefix:65"],
+    ["--mask", "padding:0"], ["--mask", "gaussian:3"], ["--mask", ""], ["--dropout", "1"],
+    ["--dropout", "-0.1"], ["--dropout", "nan"], ["--mask", "causal", "--causal"],
+    ["-a", "flash1", "--mask", "causal"], ["-a", "flash1", "--dropout", "0.1"],
+    ["--mask", "sliding:8", "--devices", "2"],
+    ["--mask", "sliding:8", "--q-len", "1", "--kv-len", "64"],
+]
+
+
+@pytest.mark.parametrize("extra", BAD_MASKS)
+def test_bad_masks_end_with_one_line(extra):
+    args = ["io", "-a", "flash2", "-N", "64", "-d", "8", "--sram", "64KiB"]
+    if extra[0] == "-a":
+        args[2] = extra[1]
+        extra = extra[2:]
+    code, out, err, seconds = call(args + extra)
+    check(args + extra, code, out, err)
+    assert code == 2 and seconds < IN_PROCESS_S
+
+
+def test_flashmask_vectors_out_of_range_or_inverted_are_one_error():
+    from flashsim import masks
+    n = 8
+    good = [np.full(n, n), np.full(n, n), np.zeros(n, int), np.arange(n)]
+    masks.from_vectors(*good)
+    for k, bad in [(0, n + 1), (1, -1), (3, n + 3)]:
+        vecs = [v.copy() for v in good]
+        vecs[k][2] = bad
+        with pytest.raises(flashsim.FlashsimError, match="out of range"):
+            masks.from_vectors(*vecs)
+    vecs = [v.copy() for v in good]
+    vecs[0][1], vecs[1][1] = 6, 3                       # LTS > LTE
+    with pytest.raises(flashsim.FlashsimError, match="inverted"):
+        masks.from_vectors(*vecs)
+    with pytest.raises(flashsim.FlashsimError, match="length"):
+        masks.from_vectors(good[0][:4], *good[1:])
+    with pytest.raises(flashsim.FlashsimError, match="whole numbers"):
+        masks.from_vectors(good[0] + 0.5, *good[1:])
 
 
 # Decoding's bad inputs (issue 14): each one line, exit 2.
@@ -211,7 +263,7 @@ anything = st.one_of(
     st.just(np.int64(64)), st.just(np.bool_(True)), st.just(np.float32(1.5)),
 )
 KWARGS = ["batch", "heads", "dtype", "sram", "gpu", "block_rows", "block_cols", "causal",
-          "extra_passes", "pass_"]
+          "extra_passes", "pass_", "mask", "dropout"]
 
 
 @settings(max_examples=200, deadline=IN_PROCESS_S * 1000)

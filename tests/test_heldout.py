@@ -35,3 +35,71 @@ def test_the_ncu_sweep_profiles_exactly_the_drawn_launches():
     assert ncu_sweep.sweep(heldout=True) == heldout.draw()
     quick = ncu_sweep.sweep(quick=True, heldout=True)
     assert [c["kernel"] for c in quick] == list(heldout.KERNELS)
+
+
+# -- the model on the held-out sweep: stored predictions recomputed, targets per split ----
+
+import json  # noqa: E402
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+from flashsim.measured import validation  # noqa: E402
+
+
+def _stored() -> dict:
+    with open(validation.HELDOUT_PREDICTIONS) as f:
+        return json.load(f)
+
+
+def _same(stored_row, row):
+    assert stored_row["efficiency"] == row["efficiency"]
+    for key, value in row["predicted"].items():
+        assert math.isclose(stored_row["predicted"][key], value, rel_tol=1e-12), key
+
+
+@pytest.fixture(scope="module")
+def heldout_rows():
+    """All 72 rows recomputed when what they are a pure function of changed (minutes);
+    else the stored ones."""
+    if _stored().get("inputs_sha256") == validation.inputs_sha256(validation.HELDOUT):
+        return validation.stored_rows(validation.HELDOUT, validation.HELDOUT_PREDICTIONS)
+    return validation.compare(validation.load(validation.HELDOUT))
+
+
+def test_stored_heldout_predictions_are_what_flashsim_predict_computes(heldout_rows):
+    stored = _stored()
+    assert len(stored["rows"]) == len(heldout_rows) == len(heldout.draw())
+    if stored.get("inputs_sha256") != validation.inputs_sha256(validation.HELDOUT):
+        for row, s in zip(heldout_rows, stored["rows"]):
+            _same(s, row)
+    assert stored["summary"] == validation.summary(heldout_rows)
+    for split, s in stored["summary_by_split"].items():
+        assert s == validation.summary([r for r in heldout_rows if r["point"]["split"] == split])
+
+
+def test_a_sample_of_heldout_predictions_is_recomputed_on_every_run():
+    """The smallest point of every kernel and split, whatever the hash says."""
+    pts = [p for p in validation.load(validation.HELDOUT)["points"] if p["launches"]]
+    stored = _stored()["rows"]
+    smallest: dict = {}
+    for k, pt in enumerate(pts):
+        key = (pt["kernel"], pt["split"])
+        size = pt["N"] ** 2 * pt["batch"] * pt["heads"]
+        if key not in smallest or size < smallest[key][1]:
+            smallest[key] = (k, size)
+    assert len(smallest) == 2 * len(heldout.KERNELS)
+    for k, _ in smallest.values():
+        _same(stored[k], {"efficiency": stored[k]["efficiency"],
+                          "predicted": validation.predicted(pts[k], stored[k]["efficiency"])})
+
+
+def test_every_split_is_summarised_and_the_heldout_points_fitted_nothing(heldout_rows):
+    """No constant is fitted on a held-out point: the efficiencies are flashsim.predict's
+    stated ones (fitted on the 107 in-sample points), the same for every split."""
+    from flashsim import predict
+    for r in heldout_rows:
+        assert r["efficiency"] == predict.efficiency_for(r["point"]["kernel"], r["point"]["d"])[0]
+    table = validation.summary_table(validation.split_summaries(validation.stored_rows(),
+                                                                heldout_rows))
+    assert [row[0] for row in table] == [t[0] for t in validation.HELDOUT_TARGETS]

@@ -29,6 +29,12 @@ j < stop(i) (``visible_stop_j``), cols(i) = min(N_k, stop(i) B_c), and a Q block
 no key at all is neither read nor written (so Q, O and L move R = the rows of the Q blocks
 that see something, not N_q). A row that sees nothing in a block it shares gets O = 0 and
 L = -inf: the empty state, which the merge of partial results ignores.
+With a mask (``plan.mask``, ``flashsim.masks``) Q block i visits only its non-skipped tiles
+j in visits(i) (a list, not a prefix), cols(i) = sum of their columns, tiles(i) = how many;
+every Q block is still loaded and its O_i, L_i written (a row that sees nothing: O = 0,
+L = -inf). With dropout (``plan.dropout`` = p) the kept entries of P_ij are scaled by
+1/(1 - p) before P_ij V_j, from random numbers regenerated from (seed, row, column): no
+byte more, E more operations (the scale); l_i sums P_ij undropped.
 Placed as FlashAttention-2/3 kernels place it (``placement="registers"``, ``REGISTERS``):
 Q_i, K_j, V_j in shared memory, b (B_r d + 2 B_c d); the S_ij tile (P_ij takes its
 registers), the fp32 O_i accumulator and m_i, l_i in registers, 4 B_r B_c + 4 B_r d + 8 B_r.
@@ -40,10 +46,12 @@ import math
 
 import numpy as np
 
+from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
 from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff,
                       largest_square_block, matmul_flops, registers, visible_stop_j)
+from ..masks import dropout_scale
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
 REGISTERS = {"S_ij": ACC_BYTES, "O_i": ACC_BYTES, "m_i": STAT_BYTES, "l_i": STAT_BYTES,
@@ -92,13 +100,25 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
     }
     stop = visible_stop_j(q_pos, k_pos, Br, Bc) if causal else None
     first_i = int((stop == 0).sum()) if causal else 0     # Q blocks that see no key
+    mask, p_drop = getattr(plan, "mask", None), getattr(plan, "dropout", 0.0)
+    if (mask is not None or p_drop) and (kv_len is not None or q_pos is not None
+                                         or k_pos is not None):
+        raise FlashsimError("masks and dropout are not modelled with context parallelism")
 
     def s_tile(sram, ctx):
         S = tau * (sram["Q_i"] @ np.swapaxes(sram["K_j"], -1, -2))    # (.., B_r, B_c)
         if causal:
             (r0, r1), (c0, c1) = ctx.range("i"), ctx.range("j")
             apply_position_mask(S, q_pos[r0:r1], k_pos[c0:c1])
+        if mask is not None:
+            S[..., ~mask.visible(ctx.range("i"), ctx.range("j"), Br, Bc)] = -np.inf
         sram["S_ij"] = S
+
+    def dropped(P, ctx):
+        """P_ij with dropout: kept entries scaled by 1/(1 - p), regenerated from the seed."""
+        if not p_drop:
+            return P
+        return P * dropout_scale(plan.dropout_seed, p_drop, ctx.range("i"), ctx.range("j"))
 
     def online_update(sram, ctx):
         m_i, S = sram["m_i"], sram["S_ij"]
@@ -106,7 +126,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
         P = exp_diff(S, m_new)                                       # P~_ij, unnormalised
         alpha = exp_diff(m_i, m_new)                                 # rescale old state
         sram["l_i"] = alpha * sram["l_i"] + P.sum(axis=-1, keepdims=True)
-        sram["O_i"] = alpha * sram["O_i"] + P @ sram["V_j"]
+        sram["O_i"] = alpha * sram["O_i"] + dropped(P, ctx) @ sram["V_j"]
         sram["m_i"] = m_new
         sram["S_ij"] = P
 
@@ -118,6 +138,8 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
 
     inner = Loop("j", Bc, N_k, label="K/V blocks streamed through SRAM",
                  stop=(lambda ctx: int(stop[ctx.idx["i"]])) if causal else None,
+                 visit=(lambda ctx: mask.visited_cols(Br, Bc)[ctx.idx["i"]])   # classified
+                 if mask is not None else None,                         # when first run
                  body=(
                      Load("K_j", "K", rows="j"),
                      Load("V_j", "V", rows="j"),
@@ -131,7 +153,8 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                              "O_i = alpha O_i + P_ij V_j; m_i = m_new",
                              online_update, matmul_flops("i", "j", d),
                              exps=lambda e: e("i") * e("j") + e("i"),
-                             nonmatmul=lambda e: 4 * e("i") * e("j") + 3 * e("i") + e("i") * d),
+                             nonmatmul=lambda e: ((4 + bool(p_drop)) * e("i") * e("j")
+                                                  + 3 * e("i") + e("i") * d)),   # + dropout
                  ))
     body = (Loop("i", Br, N, label="Q blocks (one thread block each)", parallel=True,
                  start=(lambda ctx: first_i) if first_i else None, body=(
@@ -154,6 +177,13 @@ def closed_form(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None
     """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
     N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
     i = np.arange(cdiv(N, Br))
+    if getattr(plan, "mask", None) is not None:
+        cols = _mask_cols(plan)[0]
+        rows = block_extent(i, Br, N)                     # every Q block read and written
+        R, C = int(rows.sum()), int(cols.sum())
+        read = {"Q": R * d * b, "K": C * d * b, "V": C * d * b, "O": 0, "L": 0}
+        write = {"Q": 0, "K": 0, "V": 0, "O": R * d * b, "L": STAT_BYTES * R}
+        return read, write, int(4 * d * (rows * cols).sum())
     if plan.causal and q_pos is None and k_pos is None and kv_len is None:
         last_row = np.minimum((i + 1) * Br, N) - 1
         cols = np.minimum(N, (last_row // Bc + 1) * Bc)
@@ -174,7 +204,9 @@ def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
     N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
     i = np.arange(cdiv(N, Br))
-    if plan.causal:
+    if getattr(plan, "mask", None) is not None:
+        cols, tiles = _mask_cols(plan)
+    elif plan.causal:
         last_row = np.minimum((i + 1) * Br, N) - 1
         tiles = last_row // Bc + 1
         cols = np.minimum(N, tiles * Bc)
@@ -182,4 +214,13 @@ def closed_form_nonmatmul(plan) -> tuple[int, int]:
         tiles, cols = np.full(len(i), cdiv(N, Bc)), np.full(len(i), N)
     r = block_extent(i, Br, N)
     E, R = int((r * cols).sum()), int((r * tiles).sum())
-    return E + R, 5 * E + (3 + d) * R + (d + 2) * N
+    drop = E if getattr(plan, "dropout", 0.0) else 0       # the 1/(1 - p) scale
+    return E + R, 5 * E + (3 + d) * R + (d + 2) * N + drop
+
+
+def _mask_cols(plan) -> tuple[np.ndarray, np.ndarray]:
+    """(cols(i), tiles(i)) under ``plan.mask``: the columns and the number of the tiles
+    Q block i does not skip, from the tile classes (``flashsim.masks``)."""
+    keep = plan.mask.classify(plan.block_rows, plan.block_cols) != 0
+    widths = block_extent(np.arange(keep.shape[1]), plan.block_cols, plan.seq_len)
+    return keep @ widths, keep.sum(axis=1)

@@ -47,6 +47,11 @@ As the forward, the nest runs one step of context parallelism's backward: N_q qu
 (``visible_start_i``), so rows(j) = N_q - min(start(j) B_r, N_q) with N_q for N above and
 N_k for N in the K, V, dK, dV terms; a K/V block that no query sees still writes its
 zero dK_j, dV_j, as flash-attn's kernel does.
+With a mask (``plan.mask``) K/V block j visits only the Q blocks of its non-skipped tiles
+(``Mask.visited_rows``): rows(j) = their rows, tiles(j) = how many. With dropout the
+scale Z / (1 - p) of each tile is regenerated from the seed (nothing read): dV_j +=
+(P_ij o Z)^T dO_i, dP_ij = (dO_i V_j^T) o Z, 2 E more operations; D = rowsum(dO o O) holds
+as without dropout.
 Placed as FlashAttention-2's backward kernel places it (``placement="registers"``,
 ``REGISTERS``): K_j, V_j, Q_i, dO_i and the P_ij, dS_ij tiles (matmul operands, needed
 transposed too) in shared memory, b (2 B_c d + 2 B_r d + 2 B_r B_c); the fp32 accumulators
@@ -59,11 +64,13 @@ import math
 
 import numpy as np
 
+from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
 from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff,
                       largest_square_block, matmul_flops, registers, visible_start_i)
 from .flash2 import _positions
+from ..masks import dropout_scale
 
 # dQ is accumulated in fp32 (atomic adds): ACC_BYTES. The buffers a kernel keeps in
 # registers, with their bytes per element there:
@@ -107,7 +114,14 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
     tensors.update({"L": Tensor("L", N, 1, STAT_BYTES), "D": Tensor("D", N, 1, STAT_BYTES),
                     acc: Tensor(acc, N, d, ACC_BYTES)})
     start = visible_start_i(q_pos, k_pos, Br, Bc) if causal else None
+    mask, p_drop = getattr(plan, "mask", None), getattr(plan, "dropout", 0.0)
+    if (mask is not None or p_drop) and (kv_len is not None or q_pos is not None
+                                         or k_pos is not None):
+        raise FlashsimError("masks and dropout are not modelled with context parallelism")
     T = np.swapaxes
+
+    def zscale(ctx):
+        return dropout_scale(plan.dropout_seed, p_drop, ctx.range("i"), ctx.range("j"))
 
     def rowsum_do_o(sram, ctx):
         sram["D_i"] = (sram["dO_i"] * sram["O_i"]).sum(axis=-1, keepdims=True)
@@ -128,13 +142,18 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
         if causal:
             (r0, r1), (c0, c1) = ctx.range("i"), ctx.range("j")
             apply_position_mask(S, q_pos[r0:r1], k_pos[c0:c1])
+        if mask is not None:
+            S[..., ~mask.visible(ctx.range("i"), ctx.range("j"), Br, Bc)] = -np.inf
         sram["S_ij"] = exp_diff(S, sram["L_i"])                        # P_ij = exp(S_ij - L_i)
 
     def dv(sram, ctx):
-        sram["dV_j"] = sram["dV_j"] + T(sram["S_ij"], -1, -2) @ sram["dO_i"]
+        P = sram["S_ij"] * zscale(ctx) if p_drop else sram["S_ij"]
+        sram["dV_j"] = sram["dV_j"] + T(P, -1, -2) @ sram["dO_i"]
 
     def dp_ds(sram, ctx):
         dP = sram["dO_i"] @ T(sram["V_j"], -1, -2)
+        if p_drop:
+            dP = dP * zscale(ctx)
         sram["dS_ij"] = sram["S_ij"] * (dP - sram["D_i"])
 
     def dq(sram, ctx):
@@ -145,6 +164,8 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
 
     inner = Loop("i", Br, N, label="Q blocks streamed; dQ_i added to in HBM",
                  start=(lambda ctx: int(start[ctx.idx["j"]])) if causal else None,
+                 visit=(lambda ctx: mask.visited_rows(Br, Bc)[ctx.idx["j"]])   # classified
+                 if mask is not None else None,                         # when first run
                  body=(
                      Load("Q_i", "Q", rows="i"),
                      Load("dO_i", "dO", rows="i"),
@@ -156,10 +177,11 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                              recompute_p, matmul_flops("i", "j", d),
                              exps=lambda e: e("i") * e("j"),          # tau x, -, exp
                              nonmatmul=lambda e: 3 * e("i") * e("j")),
-                     Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),
+                     Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d),
+                             nonmatmul=(lambda e: e("i") * e("j")) if p_drop else None),
                      Compute("dP_ij = dO_i V_j^T; dS_ij = P_ij o (dP_ij - D_i)", dp_ds,
                              matmul_flops("i", "j", d),
-                             nonmatmul=lambda e: 2 * e("i") * e("j")),  # -, x
+                             nonmatmul=lambda e: (2 + bool(p_drop)) * e("i") * e("j")),
                      Load("dQ_i", acc, rows="i"),
                      Compute("dQ_i += tau dS_ij K_j (atomic add)", dq, matmul_flops("i", "j", d),
                              nonmatmul=lambda e: e("i") * d),          # tau x
@@ -197,7 +219,9 @@ def closed_form(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None
     N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
     N_k = N if kv_len is None else kv_len
     j = np.arange(cdiv(N_k, Bc))
-    if plan.causal and q_pos is None and k_pos is None and kv_len is None:
+    if getattr(plan, "mask", None) is not None:
+        rows = _mask_rows(plan)[0]
+    elif plan.causal and q_pos is None and k_pos is None and kv_len is None:
         rows = N - (j * Bc // Br) * Br
     elif plan.causal:
         N, N_k, q_pos, k_pos = _positions(plan, kv_len, q_pos, k_pos)
@@ -225,5 +249,16 @@ def closed_form_nonmatmul(plan) -> tuple[int, int]:
     j = np.arange(cdiv(N, Bc))
     first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
     rows, tiles, c = N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+    if getattr(plan, "mask", None) is not None:
+        rows, tiles = _mask_rows(plan)
     E, R, C = int((c * rows).sum()), int(rows.sum()), int((c * tiles).sum())
-    return E, 2 * N * d + 5 * E + d * R + d * C
+    drop = 2 * E if getattr(plan, "dropout", 0.0) else 0    # Z scale on P_ij and dP_ij
+    return E, 2 * N * d + 5 * E + d * R + d * C + drop
+
+
+def _mask_rows(plan) -> tuple[np.ndarray, np.ndarray]:
+    """(rows(j), tiles(j)) under ``plan.mask``: the rows and the number of the tiles K/V
+    block j does not skip, from the tile classes (``flashsim.masks``)."""
+    keep = plan.mask.classify(plan.block_rows, plan.block_cols) != 0
+    heights = block_extent(np.arange(keep.shape[0]), plan.block_rows, plan.seq_len)
+    return heights @ keep, keep.sum(axis=0)

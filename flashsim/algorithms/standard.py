@@ -35,6 +35,12 @@ Outside the matmuls (``flashsim.nest.Compute`` says what counts): the 1/sqrt(d) 
 (max, subtract, exp, sum, divide), causal or not (the mask hides nothing from the work).
 When a row does not fit, the softmax streams twice: exponentials 2 N^2 + N T_c, operations
 7 N^2 + 3 N T_c, T_c = ceil(N / B_c) (the online pass rescales its sum once per tile).
+With a mask (``plan.mask``, ``flashsim.masks``) nothing is skipped either: the masked
+softmax (or the ``mask`` pass, when given) reads a dense N x N boolean ``mask`` from HBM,
+N^2 bytes, as ``masked_fill`` and SDPA with a boolean mask do; a row that sees nothing gets
+P = 0. With dropout (``plan.dropout`` = p) a separate pass reads P, writes the keep mask
+Z (N^2 bytes, bool) and P_drop = P o Z / (1 - p) (N^2 b), and kernel 3 reads P_drop: the
+forward moves N^2 (2 b + 1) bytes more and does N^2 more operations (the scale).
 Placed as GEMM kernels place it (``placement="registers"``, ``REGISTERS``): the operand
 tiles in shared memory, b (B_c d + B_r max(d, B_c)); the fp32 accumulators S_ij (kernel 1)
 and O_i (kernel 3), and the tiles of an elementwise pass, in registers, 4 B_r max(B_c, d).
@@ -51,6 +57,9 @@ from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
 from ._common import ACC_BYTES, apply_causal_mask, exp_diff, matmul_flops, registers
+from ..masks import dropout_scale
+
+MASK_BYTES = 1          # a boolean mask or dropout keep-mask element, as PyTorch stores it
 
 PASSES = ("scale", "mask")
 # The buffers a kernel keeps in registers, with their bytes per element there (None: as in
@@ -80,9 +89,10 @@ def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     return min(B, n), min(B, n)
 
 
-def softmax_rows(n: int, sram: int, b: int) -> int:
-    """Whole rows of S that kernel 2 holds at once (0: a row does not fit)."""
-    return min(n, sram // (n * b + 2 * STAT_BYTES))
+def softmax_rows(n: int, sram: int, b: int, masked: bool = False) -> int:
+    """Whole rows of S that kernel 2 holds at once (0: a row does not fit); ``masked``: a
+    row of the dense boolean mask beside each (the fused masked softmax)."""
+    return min(n, sram // (n * (b + masked * MASK_BYTES) + 2 * STAT_BYTES))
 
 
 def matrices(extra_passes) -> list[str]:
@@ -98,6 +108,17 @@ def build(plan) -> Nest:
     tensors = {"Q": Tensor("Q", N, d, b), "K": Tensor("K", N, d, b),
                "V": Tensor("V", N, d, b), "O": Tensor("O", N, d, b)}
     tensors.update({name: Tensor(name, N, N, b) for name in mats})
+    mask, p_drop = getattr(plan, "mask", None), getattr(plan, "dropout", 0.0)
+    if mask is not None:
+        tensors["mask"] = Tensor("mask", N, N, MASK_BYTES)
+    if p_drop:
+        tensors["Z"] = Tensor("Z", N, N, MASK_BYTES)
+        tensors["P_drop"] = Tensor("P_drop", N, N, b)
+    fused_mask = mask is not None and "mask" not in passes    # read by the softmax
+
+    def hide(S, sram, buf):
+        """-inf where the dense mask in SRAM buffer ``buf`` says hidden, in place."""
+        S[..., ~sram[buf].astype(bool)] = -np.inf
     scale_in_matmul = 1.0 if "scale" in passes else tau
 
     def s_tile(sram, ctx):
@@ -118,6 +139,8 @@ def build(plan) -> Nest:
         def fn(sram, ctx):
             if name == "scale":
                 sram["X_ij"] = tau * sram["X_ij"]
+            elif mask is not None:    # mask: masked_fill with the dense mask read
+                hide(sram["X_ij"], sram, "M_ij")
             elif causal:      # mask: masked_fill with the causal mask
                 apply_causal_mask(sram["X_ij"], ctx.range("i"), ctx.range("j"))
         return fn
@@ -125,6 +148,8 @@ def build(plan) -> Nest:
     pass_loops = tuple(
         Loop("i", Br, N, label=f"pass: {name}", parallel=True, body=(Loop("j", Bc, N, body=(
             Load("X_ij", src, rows="i", cols="j"),
+            *((Load("M_ij", "mask", rows="i", cols="j"),)
+              if name == "mask" and mask is not None else ()),
             Compute(f"{name} S_ij", elementwise(name),       # masking is a select: no op
                     nonmatmul=(lambda e: e("i") * e("j")) if name == "scale" else None),
             Store("X_ij", dst, rows="i", cols="j"),
@@ -138,14 +163,18 @@ def build(plan) -> Nest:
             S = sram["S_r"]
             if causal:
                 apply_causal_mask(S, ctx.range("r"), (0, N))
+            if fused_mask:
+                hide(S, sram, "M_r")
             sram["m_r"] = S.max(axis=-1, keepdims=True)
-            P = np.exp(S - sram["m_r"])
+            P = exp_diff(S, sram["m_r"])
             sram["l_r"] = P.sum(axis=-1, keepdims=True)
-            sram["S_r"] = P / sram["l_r"]
+            with np.errstate(invalid="ignore"):               # l_r = 0: a row sees nothing
+                sram["S_r"] = np.where(sram["l_r"] > 0, P / sram["l_r"], 0.0)
 
         kernel2 = Loop("r", R, N, label="kernel 2: P = softmax(S), whole rows",
                        parallel=True, body=(
             Load("S_r", last, rows="r"),
+            *((Load("M_r", "mask", rows="r"),) if fused_mask else ()),
             Alloc("m_r", "r", 1, STAT_BYTES),
             Alloc("l_r", "r", 1, STAT_BYTES),
             Compute("m_r = rowmax S_r; l_r = rowsum exp(S_r - m_r); P_r = exp(S_r - m_r) / l_r",
@@ -158,6 +187,8 @@ def build(plan) -> Nest:
             S = sram["S_ij"]
             if causal:
                 apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
+            if fused_mask:
+                hide(S, sram, "M_ij")
             m_new = np.maximum(sram["m_i"], S.max(axis=-1, keepdims=True))
             sram["l_i"] = (exp_diff(sram["m_i"], m_new) * sram["l_i"]
                            + exp_diff(S, m_new).sum(axis=-1, keepdims=True))
@@ -167,7 +198,13 @@ def build(plan) -> Nest:
             S = sram["S_ij"]
             if causal:
                 apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
-            sram["S_ij"] = exp_diff(S, sram["m_i"]) / sram["l_i"]
+            if fused_mask:
+                hide(S, sram, "M_ij")
+            with np.errstate(invalid="ignore", divide="ignore"):
+                sram["S_ij"] = np.where(sram["l_i"] > 0, exp_diff(S, sram["m_i"]) / sram["l_i"],
+                                        0.0)
+
+        mload = (Load("M_ij", "mask", rows="i", cols="j"),) if fused_mask else ()
 
         kernel2 = Loop("i", Br, N, label="kernel 2: P = softmax(S), rows too long for SRAM",
                        parallel=True, body=(
@@ -175,12 +212,14 @@ def build(plan) -> Nest:
                            Alloc("l_i", "i", 1, STAT_BYTES, 0.0),
                            Loop("j", Bc, N, body=(
                                Load("S_ij", last, rows="i", cols="j"),
+                               *mload,
                                Compute("online m_i, l_i over S_ij", stats,
                                        exps=lambda e: e("i") * e("j") + e("i"),
                                        nonmatmul=lambda e: 4 * e("i") * e("j") + 3 * e("i")),
                            )),
                            Loop("j", Bc, N, body=(
                                Load("S_ij", last, rows="i", cols="j"),
+                               *mload,
                                Compute("P_ij = exp(S_ij - m_i) / l_i", normalise,
                                        exps=lambda e: e("i") * e("j"),
                                        nonmatmul=lambda e: 3 * e("i") * e("j")),
@@ -191,16 +230,31 @@ def build(plan) -> Nest:
     def pv(sram, ctx):
         sram["O_i"] = sram["O_i"] + sram["P_ij"] @ sram["V_j"]
 
+    def drop(sram, ctx):
+        Zs = dropout_scale(plan.dropout_seed, p_drop, ctx.range("i"), ctx.range("j"))
+        sram["Z_ij"] = (Zs > 0).astype(np.float64) + 0 * sram["X_ij"]
+        sram["X_ij"] = sram["X_ij"] * Zs
+
+    dropout = (Loop("i", Br, N, label="pass: dropout", parallel=True, body=(
+        Loop("j", Bc, N, body=(
+            Load("X_ij", "P", rows="i", cols="j"),
+            Alloc("Z_ij", "i", "j", MASK_BYTES),
+            Compute("Z_ij = keep(seed, offset); P_drop_ij = P_ij o Z_ij / (1 - p)", drop,
+                    nonmatmul=lambda e: e("i") * e("j")),
+            Store("Z_ij", "Z", rows="i", cols="j"),
+            Store("X_ij", "P_drop", rows="i", cols="j"),
+        )),)),) if p_drop else ()
+
     kernel3 = Loop("i", Br, N, label="kernel 3: O = P V", parallel=True, body=(
         Alloc("O_i", "i", d, b, 0.0),
         Loop("j", Bc, N, body=(
-            Load("P_ij", "P", rows="i", cols="j"),
+            Load("P_ij", "P_drop" if p_drop else "P", rows="i", cols="j"),
             Load("V_j", "V", rows="j"),
             Compute("O_i += P_ij V_j", pv, matmul_flops("i", "j", d)),
         )),
         Store("O_i", "O", rows="i"),
     ))
-    return Nest(tensors, place((kernel1,) + pass_loops + (kernel2, kernel3),
+    return Nest(tensors, place((kernel1,) + pass_loops + (kernel2,) + dropout + (kernel3,),
                                registers(plan, REGISTERS)))
 
 
@@ -215,16 +269,24 @@ def closed_form(plan) -> tuple[dict, dict, int]:
         read[name], write[name] = nn, nn
     if plan.softmax_rows == 0:
         read[mats[-2]] = 2 * nn
+    mm = N * N * MASK_BYTES
+    if getattr(plan, "mask", None) is not None:       # the dense mask, read once or twice
+        fused = "mask" not in plan.extra_passes
+        read["mask"], write["mask"] = mm * (2 if fused and plan.softmax_rows == 0 else 1), 0
+    if getattr(plan, "dropout", 0.0):                 # the dropout pass; kernel 3 reads P_drop
+        read["Z"], write["Z"] = 0, mm
+        read["P_drop"], write["P_drop"] = nn, nn
     return read, write, 4 * N * N * d
 
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
     N, nn = plan.seq_len, plan.seq_len ** 2
+    drop = nn if getattr(plan, "dropout", 0.0) else 0      # the dropout pass's scale
     if plan.softmax_rows >= 1:
-        return nn, nn + 5 * nn
+        return nn, nn + 5 * nn + drop
     tiles = N * cdiv(N, plan.block_cols)
-    return 2 * nn + tiles, nn + 7 * nn + 3 * tiles
+    return 2 * nn + tiles, nn + 7 * nn + 3 * tiles + drop
 
 
 def check_passes(extra_passes) -> tuple:

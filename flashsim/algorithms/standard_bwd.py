@@ -40,6 +40,12 @@ counts): no exponentials (P is read, not recomputed); the softmax backward 4 N^2
 kernels 4 and 5 as the code applies it, N d (T_c + T_r).
 SRAM working set: b (B_r d + B_c d + B_r B_c) for the matmul kernels; R (2 N b + 4) for
 kernel 3, or 2 b B_r B_c + 4 B_r when it streams tiles.
+With a mask (``plan.mask``) the ``mask`` pass's backward reads the dense boolean mask again
+(N^2 bytes); without that pass nothing more is read (P is 0 where masked, so dS is). With
+dropout (``plan.dropout``) kernel 1 reads P_drop (the forward's P o Z / (1 - p)) instead of
+P, kernel 2 writes dP_drop, and a dropout-backward pass reads dP_drop and the stored keep
+mask Z (N^2 bytes) and writes dP = dP_drop o Z / (1 - p): N^2 (2 b + 1) bytes more, and N^2
+operations.
 Placed as GEMM kernels place it (``placement="registers"``, ``REGISTERS``): operand tiles in
 shared memory, b max(B_r B_c + B_r d, B_r d + B_c d, B_r B_c + B_c d) for the matmul kernels
 and b B_r B_c + 4 B_r (P_ij, D_i) when kernel 3 streams tiles; the fp32 accumulators dV_j,
@@ -57,6 +63,7 @@ from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
 from . import standard
 from ._common import ACC_BYTES, matmul_flops, registers
+from .standard import MASK_BYTES
 
 # The buffers a kernel keeps in registers, with their bytes per element there (None: as in
 # HBM). Kernel 3's streamed dP_ij tile shares kernel 2's name and place.
@@ -112,6 +119,12 @@ def build(plan) -> Nest:
     grads = gradients(passes)
     tensors = {name: Tensor(name, N, d, b) for name in ("Q", "K", "V", "dO", "dQ", "dK", "dV")}
     tensors.update({name: Tensor(name, N, N, b) for name in ["P", "dP"] + grads})
+    mask, p_drop = getattr(plan, "mask", None), getattr(plan, "dropout", 0.0)
+    if mask is not None and "mask" in passes:
+        tensors["mask"] = Tensor("mask", N, N, MASK_BYTES)
+    if p_drop:
+        tensors.update({"P_drop": Tensor("P_drop", N, N, b), "Z": Tensor("Z", N, N, MASK_BYTES),
+                        "dP_drop": Tensor("dP_drop", N, N, b)})
     alpha = 1.0 if "scale" in passes else tau       # the matmul's scale for dQ and dK
     T = np.swapaxes
 
@@ -121,7 +134,7 @@ def build(plan) -> Nest:
     kernel1 = Loop("j", Bc, N, label="kernel 1: dV = P^T dO", parallel=True, body=(
         Alloc("dV_j", "j", d, b, 0.0),
         Loop("i", Br, N, body=(
-            Load("P_ij", "P", rows="i", cols="j"),
+            Load("P_ij", "P_drop" if p_drop else "P", rows="i", cols="j"),
             Load("dO_i", "dO", rows="i"),
             Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),
         )),
@@ -137,9 +150,21 @@ def build(plan) -> Nest:
             Load("V_j", "V", rows="j"),
             Alloc("dP_ij", "i", "j", b),
             Compute("dP_ij = dO_i V_j^T", dp, matmul_flops("i", "j", d)),
-            Store("dP_ij", "dP", rows="i", cols="j"),
+            Store("dP_ij", "dP_drop" if p_drop else "dP", rows="i", cols="j"),
         )),
     ))
+
+    def undrop(sram, ctx):
+        sram["X_ij"] = sram["X_ij"] * sram["Z_ij"] / (1.0 - p_drop)
+
+    dropout = (Loop("i", Br, N, label="pass: backward of dropout", parallel=True, body=(
+        Loop("j", Bc, N, body=(
+            Load("X_ij", "dP_drop", rows="i", cols="j"),
+            Load("Z_ij", "Z", rows="i", cols="j"),
+            Compute("dP_ij = dP_drop_ij o Z_ij / (1 - p)", undrop,
+                    nonmatmul=lambda e: e("i") * e("j")),
+            Store("X_ij", "dP", rows="i", cols="j"),
+        )),)),) if p_drop else ()
 
     R = softmax_bwd_rows(N, plan.sram_bytes, b)
     if R >= 1:
@@ -186,6 +211,8 @@ def build(plan) -> Nest:
         def fn(sram, ctx):
             if name == "scale":
                 sram["X_ij"] = tau * sram["X_ij"]
+            elif mask is not None:    # masked_fill(dX, mask, 0), the dense mask read
+                sram["X_ij"][..., ~sram["M_ij"].astype(bool)] = 0.0
             elif causal:      # mask: masked_fill(dX, mask, 0)
                 _zero_masked(sram["X_ij"], ctx.range("i"), ctx.range("j"))
         return fn
@@ -194,6 +221,8 @@ def build(plan) -> Nest:
         Loop("i", Br, N, label=f"pass: backward of {name}", parallel=True,
              body=(Loop("j", Bc, N, body=(
             Load("X_ij", src, rows="i", cols="j"),
+            *((Load("M_ij", "mask", rows="i", cols="j"),)
+              if name == "mask" and mask is not None else ()),
             Compute(f"backward of {name} on dX_ij", elementwise_bwd(name),
                     nonmatmul=(lambda e: e("i") * e("j")) if name == "scale" else None),
             Store("X_ij", dst, rows="i", cols="j"),
@@ -227,7 +256,8 @@ def build(plan) -> Nest:
         )),
         Store("dK_j", "dK", rows="j"),
     ))
-    return Nest(tensors, place((kernel1, kernel2, kernel3) + pass_loops + (kernel4, kernel5),
+    return Nest(tensors, place((kernel1, kernel2) + dropout + (kernel3,) + pass_loops
+                               + (kernel4, kernel5),
                                registers(plan, REGISTERS)))
 
 
@@ -244,12 +274,22 @@ def closed_form(plan) -> tuple[dict, dict, int]:
     for name in grads:
         read[name], write[name] = nn, nn
     read["dS"] = 2 * nn
+    mm = N * N * MASK_BYTES
+    if getattr(plan, "mask", None) is not None and "mask" in plan.extra_passes:
+        read["mask"], write["mask"] = mm, 0
+    if getattr(plan, "dropout", 0.0):     # kernel 1 reads P_drop; the pass makes dP
+        read["P"] -= nn
+        read["P_drop"], write["P_drop"] = nn, 0
+        read["Z"], write["Z"] = mm, 0
+        read["dP_drop"], write["dP_drop"] = nn, nn
     return read, write, 8 * N * N * d
 
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
     N, d = plan.seq_len, plan.head_dim
+    drop = N * N if getattr(plan, "dropout", 0.0) else 0       # the dropout backward's scale
     if "scale" in plan.extra_passes:
-        return 0, 5 * N * N
-    return 0, 4 * N * N + N * d * (cdiv(N, plan.block_cols) + cdiv(N, plan.block_rows))
+        return 0, 5 * N * N + drop
+    return 0, (4 * N * N + N * d * (cdiv(N, plan.block_cols) + cdiv(N, plan.block_rows))
+               + drop)

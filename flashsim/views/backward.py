@@ -35,18 +35,20 @@ FIGURE2_SHAPE = {"seq_len": 1024, "head_dim": 64, "heads": 16, "batch": 64}
 
 def fwd_bwd_rows(seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
                  dtype: str = "fp16", gpu: str = DEFAULT_GPU, sram=None, causal: bool = False,
-                 extra_passes=(), placement: str | None = None) -> list[dict]:
+                 extra_passes=(), placement: str | None = None, mask=None,
+                 dropout: float = 0.0, algorithms=ALGS) -> list[dict]:
     """One row per algorithm: forward and backward bytes requested from the level below
     SRAM and FLOPs (the backward's tiles, shared by both passes), what is saved between
     them, and the roofline time on ``gpu`` from those bytes. ``extra_passes`` apply to
     standard attention only; ``placement`` as for :func:`flashsim.plan` (default: buffers
-    placed as kernels place them, since a preset applies)."""
+    placed as kernels place them, since a preset applies); ``mask``, ``dropout`` as for
+    :func:`flashsim.plan` (``algorithms`` then among standard and flash2)."""
     preset = _gpu(gpu)
     rows = []
-    for alg in ALGS:
+    for alg in algorithms:
         passes = tuple(extra_passes) if alg == "standard" else ()
         kw = dict(batch=batch, heads=heads, dtype=dtype, gpu=gpu, sram=sram, causal=causal,
-                  extra_passes=passes, placement=placement)
+                  extra_passes=passes, placement=placement, mask=mask, dropout=dropout)
         both = plan(alg, seq_len, head_dim, pass_="fwd+bwd", **kw)
         kw.update(block_rows=both.block_rows, block_cols=both.block_cols)
         fwd = plan(alg, seq_len, head_dim, **kw).closed_form()
@@ -160,6 +162,65 @@ def format_figure2(fig: dict) -> str:
                f", FlashAttention {p['flash']['gflops'] * 1e9 / u:.2f} (N^2 d B H = "
                f"{u / 1e9:.1f} G)")
     return "\n".join(out)
+
+
+# How each version's Figure 2 (left) is run here: the NeurIPS caption's "key-padding mask
+# and no dropout"; the arXiv v2 caption states neither, so the paper's own benchmark setting
+# (Section 4.3: "with dropout and a padding mask") at GPT-2's attention dropout, 0.1. The
+# padding mask hides no key (every sequence is 1024 long; the paper gives no lengths), so
+# FlashAttention skips nothing and the baseline still reads the dense mask.
+FIGURE2_SETTINGS = {"arXiv v2": {"mask": "padding:1024", "dropout": 0.1},
+                    "NeurIPS 2022": {"mask": "padding:1024", "dropout": 0.0}}
+FIGURE2_EAGER = ("scale", "mask")       # S / sqrt(d) and masked_fill as separate passes
+
+
+def figure2_paper(gpu: str = "a100-40gb") -> list[dict]:
+    """Figure 2 (left) in each paper version's own configuration (``FIGURE2_SETTINGS``),
+    through the simulator (fp16, forward + backward, the two-level model on the preset's M),
+    beside that version's quoted figures. Rows: standard attention whose softmax reads the
+    dense N x N boolean mask (a fused masked softmax), the eager pipeline with separate scale
+    and masked_fill passes (``FIGURE2_EAGER``), both with a separate dropout pass storing its
+    keep mask when the setting has dropout; FlashAttention-2 counted with the mask and dropout
+    fused; and FlashAttention (flash1, which takes no mask here) counted without them, which
+    for this setting is the same count: the padding mask hides no key, so no tile is skipped,
+    and fused dropout moves no byte (``flash2`` with and without shows it)."""
+    shape = dict(FIGURE2_SHAPE)
+    N, d = shape.pop("seq_len"), shape.pop("head_dim")
+    kw = dict(dtype="fp16", gpu=gpu, placement="two-level", **shape)
+    out = []
+    for paper in papers.FLASHATTENTION_FIGURE2_VERSIONS:
+        setting = dict(FIGURE2_SETTINGS[paper["version"]])
+        drop = ",dropout" if setting["dropout"] else ""
+        fused, fa2 = fwd_bwd_rows(N, d, algorithms=("standard", "flash2"), **setting, **kw)
+        eager = fwd_bwd_rows(N, d, algorithms=("standard",), extra_passes=FIGURE2_EAGER,
+                             **setting, **kw)[0]
+        fa1 = fwd_bwd_rows(N, d, algorithms=("flash1",), **kw)[0]
+        fused["label"] = f"standard, masked softmax{drop}"
+        eager["label"] = f"standard +scale,mask{drop}"
+        fa2["label"] = "FlashAttention-2, fused"
+        fa1["label"] = "FlashAttention (no mask: same)"
+        out.append({"paper": paper, "setting": setting, "gpu": GPUS[gpu].name,
+                    "rows": [fused, eager, fa1, fa2]})
+    return out
+
+
+def format_figure2_paper(runs: list[dict]) -> str:
+    out = []
+    for run in runs:
+        p, s = run["paper"], run["setting"]
+        said = p["mask_dropout"] or f"not in the caption; run {p['benchmarks_setting']}"
+        out += [f"{p['version']} ({p['source']})",
+                f"  mask and dropout: {said}",
+                f"  flashsim: mask {s['mask']}, dropout {s['dropout']:g}, {run['gpu']} "
+                "preset, two-level model (GB = 10^9 B)",
+                f"  {'':<34}{'GB':>8}{'roofline ms':>13}   paper: GB, ms"]
+        for r in run["rows"]:
+            key = "standard" if r["algorithm"] == "standard" else "flash"
+            out.append(f"  {r['label']:<34}{r['hbm_bytes'] / 1e9:>8.2f}"
+                       f"{r['time_s'] * 1e3:>13.2f}   {p[key]['hbm_rw_gb']}, "
+                       f"{p[key]['runtime_ms']}")
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 def measurements(path=None) -> list[dict]:

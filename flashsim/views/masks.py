@@ -1,0 +1,221 @@
+"""Masks and sparsity (notebook 10's logic): the mask, its tiles, and what skipping buys.
+
+Everything is computed by flashsim's plans on the H200 preset (its default tiles, buffers
+placed as kernels place them) from :mod:`flashsim.masks`, whose counts
+``tests/test_masks.py`` holds equal to the closed forms:
+
+    v = mask_view("sliding", seq_len=16384, window=1024)
+    v["fraction"], v["flash2"]["time_s"], v["unmasked"]["time_s"]
+    panel = mask_panel()          # sliders: window, documents, density; the family, N
+
+Measured points come from ``flashsim/measured/data/masks_h200.json`` only when that file
+exists (the masked Hopper kernel's benchmark writes it): ``{"provenance": {...}, "points":
+[{"impl", "family", "spec", "seq_len", "head_dim", "time_ms", "non_skipped_fraction"},
+...]}``. Without it :func:`measurements` is empty and the notebook says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import masks as _masks, measured
+from ..hardware.presets import DEFAULT_GPU, gpu as _gpu, roofline_time
+from ..plan import plan
+
+FAMILIES = ("sliding", "document", "blocksparse", "causal", "prefix")
+WINDOWS = tuple(2**k for k in range(6, 15))                 # 64 .. 16384
+DOCUMENTS = tuple(range(1, 17))
+DENSITIES = tuple(round(0.05 * k, 2) for k in range(1, 21))  # 0.05 .. 1.0
+SEQ_LENS = (4096, 8192, 16384, 32768)
+MEASUREMENTS = "masks_h200.json"
+PICTURE = 256                                                # mask drawn on 256 x 256 samples
+
+
+def spec(family: str, seq_len: int, window: int = 1024, documents: int = 4,
+         density: float = 0.25, seed: int = 0) -> str:
+    """The mask spec a family's controls describe: documents as equal causal documents, a
+    prefix of a quarter of N."""
+    if family == "sliding":
+        return f"sliding:{window}"
+    if family == "document":
+        lengths = _masks.documents(seq_len, documents)
+        return "document:" + ",".join(map(str, lengths)) + ":causal"
+    if family == "blocksparse":
+        return f"blocksparse:{density:g}:{seed}"
+    if family == "prefix":
+        return f"prefix:{seq_len // 4}"
+    if family == "causal":
+        return "causal"
+    raise _masks.MaskError(f"family {family!r}: choose one of {', '.join(FAMILIES)}")
+
+
+def _row(p) -> dict:
+    rep = p.count()
+    return {"hbm_bytes": rep.hbm_bytes, "flops": rep.flops,
+            "kv_bytes": sum(rep.per_tensor[t]["read_bytes"] for t in ("K", "V")),
+            "time_s": roofline_time(rep.hbm_bytes, rep.flops, p.gpu, p.dtype),
+            "per_tensor": rep.per_tensor}
+
+
+def mask_view(family: str = "sliding", seq_len: int = 16384, window: int = 1024,
+              documents: int = 4, density: float = 0.25, head_dim: int = 128,
+              heads: int | None = None, dtype: str = "fp16", gpu: str = DEFAULT_GPU) -> dict:
+    """One mask on one shape: the mask (sampled), its tile classes, the tiles skipped, and
+    flash2's predicted bytes and roofline time beside the unmasked run's and standard
+    attention's (which reads the dense mask and skips nothing). ``heads`` defaults to
+    2048 / d, batch 1: the shape issue 16's H200 measurements use."""
+    text = spec(family, seq_len, window, documents, density)
+    heads = heads or max(1, 2048 // head_dim)
+    kw = dict(dtype=dtype, gpu=gpu, heads=heads)
+    fa = plan("flash2", seq_len, head_dim, mask=text, **kw)
+    full = plan("flash2", seq_len, head_dim, block_rows=fa.block_rows,
+                block_cols=fa.block_cols, **kw)
+    std = plan("standard", seq_len, head_dim, mask=text, **kw)
+    m = fa.mask
+    idx = (np.arange(PICTURE) * seq_len) // PICTURE
+    counts = _masks.tile_counts(fa)
+    rows = {"flash2": _row(fa), "unmasked": _row(full), "standard": _row(std)}
+    return {
+        "family": family, "spec": text, "seq_len": seq_len, "head_dim": head_dim,
+        "heads": heads,
+        "dtype": dtype, "gpu": _gpu(gpu).name, "block_rows": fa.block_rows,
+        "block_cols": fa.block_cols,
+        "picture": m.at(idx[:, None], idx[None, :], fa.block_rows, fa.block_cols),
+        "classes": m.classify(fa.block_rows, fa.block_cols), **counts, **rows,
+        "dense_mask_bytes": _masks.dense_mask_bytes(seq_len),
+        "flashmask_bytes": _masks.flashmask_bytes(seq_len),
+        "time_ratio": rows["flash2"]["time_s"] / rows["unmasked"]["time_s"],
+        "measured": [p for p in measurements()
+                     if p.get("seq_len") == seq_len and p.get("head_dim") == head_dim],
+    }
+
+
+def describe(v: dict) -> str:
+    """One line from a view, for a cell to print from the widget's state."""
+    return (f"{v['spec'][:48]} at N = {v['seq_len']:,}, d = {v['head_dim']}, "
+            f"{v['heads']} heads, tiles "
+            f"{v['block_rows']} x {v['block_cols']}: {v['skipped']:,} of {v['tiles']:,} "
+            f"tiles skipped, {v['partial']:,} partial; flash2 moves "
+            f"{v['flash2']['hbm_bytes'] / 1e9:.3f} GB ({v['flash2']['kv_bytes'] / max(1, v['unmasked']['kv_bytes']):.3f}"
+            f" of the unmasked K/V reads), roofline {v['flash2']['time_s'] * 1e3:.3f} ms "
+            f"({v['time_ratio']:.3f} of unmasked; computed fraction {v['fraction']:.3f})")
+
+
+def measurements() -> list[dict]:
+    """The masked kernel's H200 points (``masks_h200.json``) if committed, else []: an
+    unmeasured point is absent, never estimated."""
+    p = measured.path(MEASUREMENTS)
+    return measured.load(MEASUREMENTS).get("points", []) if p.is_file() else []
+
+
+def measured_note() -> str:
+    pts = measurements()
+    if not pts:
+        return ("not measured yet: no flashsim/measured/data/masks_h200.json (the masked "
+                "Hopper kernel's benchmark writes it); the model's predictions stand alone")
+    return f"{len(pts)} measured points from flashsim/measured/data/{MEASUREMENTS}"
+
+
+def carry_table(sizes=(1024, 4096, 16384, 65536, 131072)) -> list[dict]:
+    """What a mask costs to carry, per head: a dense N x N boolean against FlashMask's four
+    int32 vectors."""
+    return [{"seq_len": n, "dense_bytes": _masks.dense_mask_bytes(n),
+             "flashmask_bytes": _masks.flashmask_bytes(n),
+             "ratio": _masks.dense_mask_bytes(n) / _masks.flashmask_bytes(n)} for n in sizes]
+
+
+def format_carry(rows: list[dict]) -> str:
+    lines = [f"{'N':>8}{'dense bool (B)':>18}{'FlashMask (B)':>16}{'ratio':>10}"]
+    for r in rows:
+        lines.append(f"{r['seq_len']:>8,}{r['dense_bytes']:>18,}{r['flashmask_bytes']:>16,}"
+                     f"{r['ratio']:>10,.0f}")
+    return "\n".join(lines)
+
+
+def format_padding(w: dict) -> str:
+    return (f"{w['sequences']} sequences: padded {w['padded_tokens']:,} tokens and "
+            f"{w['padded_scores']:,} scores; packed (cu_seqlens {w['cu_seqlens'].tolist()}) "
+            f"{w['packed_tokens']:,} tokens and {w['packed_scores']:,} scores: padding wastes "
+            f"{w['token_waste']:.0%} of the tokens and {w['score_waste']:.0%} of the "
+            "attention work")
+
+
+# -------------------------------------------------------------------------- the picture
+CLASS_COLORS = ("#f0f0f0", "#ffbb78", "#2ca02c")        # skipped, partial, full
+
+
+class MaskPicture:
+    """Left: the mask (sampled; dark = seen). Middle: the tiles, skipped (light), partial
+    (orange), full (green). Right: bytes and roofline time of flash2 with the mask, without
+    it and of standard attention with the dense mask, as shares of the unmasked flash2
+    run's; measured points (when committed) as crosses."""
+
+    def __init__(self, fig):
+        from matplotlib.colors import ListedColormap
+        self.ax = fig.add_axes([0.03, 0.12, 0.27, 0.72])
+        self.bx = fig.add_axes([0.35, 0.12, 0.27, 0.72])
+        self.cx = fig.add_axes([0.72, 0.12, 0.26, 0.72])
+        self.img = self.ax.imshow(np.zeros((2, 2)), cmap="Greys", vmin=0, vmax=1,
+                                  interpolation="nearest")
+        self.tiles = self.bx.imshow(np.zeros((2, 2)), cmap=ListedColormap(CLASS_COLORS),
+                                    vmin=0, vmax=2, interpolation="nearest")
+        for a, t in ((self.ax, "mask (query rows x key columns)"),
+                     (self.bx, "tiles: skipped / partial / full")):
+            a.set_xticks([])
+            a.set_yticks([])
+            a.set_title(t, fontsize=8)
+        x = np.arange(3)
+        self.bars_b = self.cx.bar(x - 0.2, np.ones(3), width=0.4, color="#1f77b4",
+                                  label="bytes")
+        self.bars_t = self.cx.bar(x + 0.2, np.ones(3), width=0.4, color="#ff7f0e",
+                                  label="roofline time")
+        self.meas, = self.cx.plot([], [], "kx", ms=8, label="measured time")
+        self.cx.set_xticks(x)
+        self.cx.set_xticklabels(["flash2\nmasked", "flash2\nunmasked", "standard\ndense mask"],
+                                fontsize=7)
+        self.cx.set_yscale("log")
+        self.cx.set_ylabel("/ unmasked flash2", fontsize=8)
+        self.cx.legend(fontsize=7, loc="upper left", frameon=False)
+        self.title = fig.suptitle("", fontsize=9)
+
+    def update(self, v: dict) -> None:
+        self.img.set_data(v["picture"].astype(float))
+        self.img.set_extent((0, v["seq_len"], v["seq_len"], 0))
+        c = v["classes"]
+        self.tiles.set_data(c)
+        self.tiles.set_extent((0, c.shape[1], c.shape[0], 0))
+        base = v["unmasked"]
+        for k, key in enumerate(("flash2", "unmasked", "standard")):
+            self.bars_b[k].set_height(v[key]["hbm_bytes"] / base["hbm_bytes"])
+            self.bars_t[k].set_height(v[key]["time_s"] / base["time_s"])
+        pts = [p for p in v["measured"] if p.get("spec") == v["spec"]]
+        ref = [p for p in v["measured"] if p.get("impl") == "ours_unmasked"]
+        if pts and ref:
+            self.meas.set_data([0.2] * len(pts),
+                               [p["time_ms"] / ref[0]["time_ms"] for p in pts])
+        else:
+            self.meas.set_data([], [])
+        hi = max(v["standard"]["hbm_bytes"] / base["hbm_bytes"],
+                 v["standard"]["time_s"] / base["time_s"], 1.0)
+        lo = min(v["flash2"]["hbm_bytes"] / base["hbm_bytes"],
+                 v["flash2"]["time_s"] / base["time_s"])
+        self.cx.set_ylim(lo / 2, hi * 2)
+        self.title.set_text(f"{v['spec'][:60]}, N = {v['seq_len']:,}, tiles "
+                            f"{v['block_rows']} x {v['block_cols']} ({v['gpu']}): "
+                            f"{v['skipped']:,} of {v['tiles']:,} tiles skipped")
+
+
+def mask_panel(family: str = "sliding", seq_len: int = 16384, window: int = 1024,
+               documents: int = 4, density: float = 0.25):
+    """Notebook 10: the family, N, and sliders for the window, the number of documents and
+    the block density (each moves the mask of its own family)."""
+    import ipywidgets as W
+
+    from .widgets import Panel, _pow2_slider as slider
+    return Panel(mask_view, MaskPicture, {
+        "family": W.Dropdown(options=list(FAMILIES), value=family, description="mask"),
+        "seq_len": slider(SEQ_LENS, seq_len, "N"),
+        "window": slider(WINDOWS, window, "window W"),
+        "documents": slider(DOCUMENTS, documents, "documents"),
+        "density": slider(DENSITIES, density, "block density"),
+    }, figsize=(10.0, 3.8))

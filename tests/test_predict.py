@@ -1,0 +1,197 @@
+"""``flashsim predict``: one launch of one registered kernel, from its configuration alone.
+
+Occupancy is computed from the registry's compiled registers and shared memory, and must be
+what Nsight Compute reported for every launch of the held-out sweep (today's sources); the
+registry's table must be what the datasets say; the stated efficiencies must be the fit on
+the calibration points; every registered kernel answers; bad input ends with one line on
+stderr and exit status 2 (the contract of tests/test_cli_contract.py)."""
+
+import contextlib
+import functools
+import io
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from flashsim import predict as P
+from flashsim.cli import main
+from flashsim.hardware.presets import gpu
+from flashsim.measured import validation
+from gpu_kernels import registry
+
+
+def _launch(pt):
+    c = pt["plan"]
+    options = {"sram": c["sram"]} if pt["kernel"] in validation.SRAM_OPTION else {}
+    return registry.launch(pt["kernel"], batch=pt["batch"], heads=pt["heads"], seq_len=pt["N"],
+                           head_dim=pt["d"], dtype=c["dtype"], causal=pt["causal"],
+                           block_rows=c["block_rows"], block_cols=c["block_cols"], **options)
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_pairs(dataset):
+    out = []
+    for pt in validation.load(dataset)["points"]:
+        launch = _launch(pt)
+        kls = launch.launches()
+        assert len(kls) == len(pt["launches"]), pt["kernel"]
+        out += [(pt, launch, kl, row) for kl, row in zip(kls, pt["launches"])]
+    return out
+
+
+def test_blocks_per_sm_is_what_nsight_reported_at_every_heldout_launch():
+    """Computed, not read: registers, threads and shared memory through the cc 9.0 rules
+    give ncu's occupancy (the least of its four limits) at every launch of the sweep."""
+    g = gpu("h200")
+    n = 0
+    for pt, launch, kl, row in _launch_pairs(validation.HELDOUT):
+        regs, static = registry.compiled(pt["kernel"], kl.kernel, launch.d, launch.block_rows,
+                                         launch.block_cols, launch.causal, kl.threads)
+        occ = P.occupancy(kl.threads, regs, static + kl.dynamic_smem, g)
+        assert occ["blocks_per_sm"] == validation.blocks_per_sm(row), (pt["kernel"], kl.kernel)
+        assert occ["limits"]["registers"] == row["launch__occupancy_limit_registers"]
+        assert occ["limits"]["warps"] == row["launch__occupancy_limit_warps"]
+        n += 1
+    assert n > 100
+
+
+def test_the_registry_states_the_registers_and_shared_memory_the_gpu_built():
+    """Each compiled variant's entry is what ncu reported: the held-out sweep's (today's
+    sources) where it ran the variant, else the 107-point dataset's."""
+    seen = {}
+    for dataset in (validation.DATASET, validation.HELDOUT):     # held-out last: it wins
+        for pt, launch, kl, row in _launch_pairs(dataset):
+            key = (pt["kernel"], kl.kernel, launch.d, launch.block_rows, launch.block_cols,
+                   launch.causal, kl.threads)
+            seen[key] = (int(row["launch__registers_per_thread"]),
+                         int(row["launch__shared_mem_per_block_static"]))
+            assert int(row["launch__shared_mem_per_block_dynamic"]) == kl.dynamic_smem
+    table = {(k,) + key: v for k, rows in registry.COMPILED.items() for key, v in rows.items()}
+    assert {key: table.get(key) for key in seen} == seen
+    # every entry of the measured kernels was measured (a later kernel brings its own)
+    assert {key for key in table if key[0] in {k[0] for k in seen}} == set(seen)
+
+
+def test_occupancy_limits_by_hand():
+    g = gpu("h200")
+    # 255 registers x 256 threads: 8 warps of 8192 registers fill the SM's 64K: one block
+    assert P.occupancy(256, 255, 65536, g)["blocks_per_sm"] == 1
+    # 176 registers x 64 threads: 5632 per warp, 11 warps -> 8 (units of 4): 4 blocks
+    assert P.occupancy(64, 176, 16384, g)["limits"]["registers"] == 4
+    # shared memory: 228 KiB over (47288 + 1 KiB reserved) = 4 blocks
+    assert P.occupancy(256, 32, 47288, g)["limits"]["shared_mem"] == 4
+    assert P.occupancy(256, None, 0, g)["blocks_per_sm"] == 8            # warps: 64 / 8
+
+
+def test_the_stated_efficiency_is_the_fit_on_a_calibration_point():
+    """One reference point on every run (the fastest kernel to simulate); all under slow."""
+    pts = [p for p in validation.load()["points"] if p["kernel"] == "cupy_flash2_tc"
+           and p["d"] == 64]
+    fit = validation.efficiencies(pts)
+    assert math.isclose(fit[("cupy_flash2_tc", 64)], P.EFFICIENCY[("cupy_flash2_tc", 64)],
+                        rel_tol=1e-12)
+
+
+def test_every_stated_efficiency_is_the_fit():
+    """The fit stored beside the in-sample predictions (recomputed when their inputs
+    changed: slow, as the dataset test's full recompute)."""
+    with open(validation.PREDICTIONS) as f:
+        stored = json.load(f)
+    if stored.get("inputs_sha256") == validation.inputs_sha256():
+        fit = {(k, d): e for k, d, e in stored["fitted_efficiencies"]}
+    else:
+        fit = validation.efficiencies([p for p in validation.load()["points"] if p["launches"]])
+    assert fit.keys() == P.EFFICIENCY.keys()
+    for k, v in fit.items():
+        assert math.isclose(v, P.EFFICIENCY[k], rel_tol=1e-12), k
+
+
+@pytest.mark.parametrize("name", sorted(registry.KERNELS))
+def test_every_registered_kernel_answers(name):
+    k = registry.KERNELS[name]
+    r = P.predict(name, batch=1, heads=2, seq_len=200, head_dim=64, dtype=k.dtypes[0],
+                  gpu="h200")
+    assert r["launches"] and all(x["blocks_per_sm"] >= 1 for x in r["launches"])
+    assert r["l2_read_bytes"] >= r["dram_read_bytes"] > 0
+    assert r["two_level_bytes"] > 0
+    if r["predicted_time_s"] is None:                 # no calibration point: said so
+        assert name not in {key[0] for key in P.EFFICIENCY}
+    else:
+        assert r["predicted_time_s"] > 0
+
+
+def test_an_unmeasured_head_dim_takes_the_nearest_and_says_so():
+    r = P.predict("cupy_flash2", seq_len=300, head_dim=96, gpu="h200")
+    assert r["efficiency"] == P.EFFICIENCY[("cupy_flash2", 64)]
+    assert "d = 64" in r["efficiency_source"]
+
+
+def test_predict_imports_no_gpu_library_for_a_cuda_cxx_kernel():
+    code = ("import sys; from flashsim.predict import predict; "
+            "predict('cupy_flash2_tc', seq_len=300, head_dim=64, dtype='fp16', gpu='h200'); "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('cupy', 'torch', 'numba', "
+            "'triton')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def call(args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_error_line(args):
+    code, out, err = call(args)
+    assert code == 2 and out == "" and "Traceback" not in err, (args, err)
+    assert len(err.splitlines()) == 1 and err.startswith("flashsim: error: "), err
+    return err
+
+
+BASE = ["predict", "--kernel", "cupy_flash2", "-N", "300", "-d", "64"]
+
+
+def test_cli_prints_the_kernels_tiles_occupancy_bytes_and_time():
+    code, out, err = call(BASE + ["--gpu", "h200", "--json"])
+    assert code == 0 and err == ""
+    r = json.loads(out)
+    for key in ("block_rows", "block_cols", "launches", "two_level_bytes", "l2_read_bytes",
+                "dram_read_bytes", "dram_write_bytes", "predicted_time_s"):
+        assert key in r
+    code, out, _ = call(BASE + ["--gpu", "h200"])
+    assert code == 0 and "blocks/SM" in out and "predicted_time_s" in out
+
+
+@pytest.mark.parametrize("args,words", [
+    (["predict", "--kernel", "nope", "-N", "300", "-d", "64", "--gpu", "h200"], "no kernel"),
+    (BASE, "--gpu"),
+    (BASE + ["--gpu", "h200", "--block-rows", "4096", "--block-cols", "4096"], "SRAM"),
+    (["predict", "--kernel", "cupy_flash2_tc", "-N", "300", "-d", "64", "--dtype", "fp16",
+      "--block-rows", "7", "--block-cols", "3", "--gpu", "h200"], "multiple"),
+    (["predict", "--kernel", "cupy_flash2_tc", "-N", "300", "-d", "96", "--gpu", "h200"], ""),
+    (BASE + ["--gpu", "h200", "--dtype", "fp16"], "fp32"),
+    (BASE + ["--gpu", "nogpu"], "nogpu"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words):
+    assert words in one_error_line(args)
+
+
+@settings(max_examples=40, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
+@given(kernel=st.sampled_from(sorted(registry.KERNELS) + ["CUPY_FLASH2", "", "x"]),
+       N=st.sampled_from(["1", "33", "200", "0", "-5", "1e3", "x"]),
+       d=st.sampled_from(["8", "64", "128", "0", "300"]),
+       extra=st.lists(st.sampled_from(["--causal", "--json", "--block-rows", "16",
+                                       "--block-cols", "0", "--dtype", "bf16", "--gpu",
+                                       "h200", "a100-40gb"]), max_size=4))
+def test_every_predict_input_gets_an_answer_or_one_error_line(kernel, N, d, extra):
+    args = ["predict", "--kernel", kernel, "-N", N, "-d", d, "--batch", "1"] + extra
+    code, out, err = call(args)
+    assert code in (0, 2) and "Traceback" not in err, (args, err)
+    if code == 2:
+        assert out == "" and len(err.splitlines()) == 1, (args, err)
+    elif "--json" in args:
+        json.loads(out)
