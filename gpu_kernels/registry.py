@@ -160,7 +160,7 @@ class DecodeKernel:
         """The configured launch in flashsim.plan's decode names: ``kv_len`` (every sequence)
         or ``kv_lens`` (one each), ``kv_heads`` (default ``heads``), ``dtype`` (default the
         first of ``dtypes``); ``options`` go to ``configure`` (page_size, block_table,
-        num_pages, splits, causal, block_cols, stages, warps, combine)."""
+        num_pages, splits, causal, block_cols, stages, warps, combine, page_prefetch)."""
         if self.paged and options.get("page_size") is None:
             raise KernelInputError(f"{self.name} needs page_size, block_table and num_pages")
         if not self.paged and options.get("page_size") is not None:
