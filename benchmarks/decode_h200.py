@@ -6,14 +6,22 @@
         compute-sanitizer --tool memcheck python -m benchmarks.decode_h200 --sanitize
         compute-sanitizer --tool racecheck python -m benchmarks.decode_h200 --sanitize
     python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,0   # B,kv_heads,kv_len,q_len,page
-        ncu --nvtx --nvtx-include "decode/" --metrics dram__bytes_read.sum,gpu__time_duration.sum \\
-            python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,16
+        ncu --clock-control none -k regex:decode_ --metrics dram__bytes_read.sum,gpu__time_duration.sum \\
+            python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,16 --out DIR
+      (several points in one process; with --out, DIR/decode_ncu_h200.json holds flashsim's
+      predicted HBM bytes of each launch, launch.plan(), beside which ncu's DRAM bytes are read)
 
 Points: batch in {1, 8, 64}, kv_len in {4k, 32k, 128k}, H = 32 query heads with kv_heads in
 {32, 8, 1}, d = 128, q_len in {1, 4}, fp16 (a combination whose K/V cache exceeds 40 GB is
 skipped). Implementations per point, all on the same K/V values:
-  cupy_decode        ours, contiguous cache (B, kv_len, kv_heads, d), splits by the heuristic
+  cupy_decode        ours, contiguous cache (B, kv_len, kv_heads, d), splits by the heuristic,
+                     each configuration of decode.VARIANTS (v1: the first run's; v2: the new
+                     combine, 8 warps where rows > 64; v2_w8: 8 warps, where a KV head has >= 32
+                     rows) timed in the same run (one equal to one timed before is not repeated);
+                     the summary's "ours" is the fastest correct one, named in "ours_variant"
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
+                     (v2: block-table entries prefetched a tile ahead; v1 too at pages of 16,
+                     q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
                      kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
                      reference; the q_len - 1 hidden keys change no bandwidth)
@@ -35,7 +43,7 @@ import numpy as np
 
 from benchmarks.common import Recorder, parser
 from gpu_kernels import harness
-from gpu_kernels.common import Result
+from gpu_kernels.common import KernelInputError, Result
 from gpu_kernels.cupy import decode
 
 H, D = 32, 128
@@ -47,6 +55,9 @@ REFERENCE_POINTS = [(8, 8, 32768, 1), (1, 8, 32768, 1), (64, 8, 4096, 1), (1, 8,
 FLEX_POINTS = {(8, 8, 32768, 1), (8, 8, 32768, 4)}
 FLEX_GRACE_S = 40.0
 TUNING_POINTS = [(8, 8, 32768, 1), (64, 8, 4096, 1), (1, 8, 32768, 1)]
+PAGED_V1 = 16                 # the page size at which v1 (no block-table prefetch) is timed too
+W8_MIN_ROWS = 32              # v2_w8 where a KV head has this many packed rows (MQA); fewer
+                              # rows would pad 8 warps' 32-row tiles (the time budget)
 MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: small points only
 
 METHOD = ("Every implementation is checked on the very inputs it is timed on before it is timed: "
@@ -130,7 +141,7 @@ class Bench(Recorder):
         import torch
 
         self.torch, self.cupy = torch, cupy
-        self.harness = harness.Harness("cupy", target_s=0.1, max_repeats=20)
+        self.harness = harness.Harness("cupy", target_s=0.06, max_repeats=12)   # the 4-minute budget
         super().__init__(args, "decode_h200.json", METHOD, timing=self.harness.method(),
                          notes={}, tuning=[], config={}, plain_read_source=PLAIN_READ.strip())
         self.tile = dict(block_cols=decode.BLOCK_C, stages=decode.STAGES[D])   # until tune()
@@ -237,14 +248,42 @@ class Bench(Recorder):
                 "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
         q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
 
-        self.record({"impl": "cupy_decode", **base, "page_size": 0, "splits": launch.splits},
-                    run_ours(launch, k, v), ours_check)
+        seen = set()
+        for name, kw in decode.VARIANTS.items():
+            if name == "v2_w8" and ql * H // kvh < W8_MIN_ROWS:
+                continue
+            try:
+                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tile, **kw)
+            except KernelInputError as exc:   # e.g. 8 warps' merge with the tuned 2 stages
+                self.skip({"impl": "cupy_decode", **base, "page_size": 0, "variant": name}, str(exc))
+                continue
+            defs = lv.defines()
+            if lv.splits == 1:                  # no combine launch: its version is moot
+                defs.pop("COMBINE")
+            key = (tuple(sorted(defs.items())), lv.splits)
+            if key in seen:                     # the same kernels and grid as one timed above
+                continue
+            seen.add(key)
+            self.record({"impl": "cupy_decode", **base, "page_size": 0, "splits": lv.splits,
+                         "variant": name, "warps": lv.warps, "combine": lv.combine,
+                         "block_cols": lv.block_cols, "stages": lv.stages},
+                        run_ours(lv, k, v), ours_check)
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
-            lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
-                                  block_table=bt, num_pages=kp.shape[0], **self.tile)
-            self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "splits": lp.splits},
-                        run_ours(lp, kp, vp), ours_check)
+            for name in ("v2", "v1") if P == PAGED_V1 and ql == 1 else ("v2",):
+                try:
+                    lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
+                                          block_table=bt, num_pages=kp.shape[0], **self.tile,
+                                          **decode.VARIANTS[name])
+                except KernelInputError as exc:
+                    self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
+                               "variant": name}, str(exc))
+                    continue
+                self.record({"impl": "cupy_decode_paged", **base, "page_size": P,
+                             "splits": lp.splits, "variant": name, "warps": lp.warps,
+                             "combine": lp.combine, "page_prefetch": lp.page_prefetch,
+                             "block_cols": lp.block_cols, "stages": lp.stages},
+                            run_ours(lp, kp, vp), ours_check)
             del kp, vp
             torch.cuda.empty_cache()
 
@@ -357,11 +396,15 @@ class Bench(Recorder):
                 c = [p["tbps"] for p in here if pred(p) and p["check_ok"]]
                 return max(c) if c else None
             ours = best(lambda p: p["impl"] == "cupy_decode")
+            fastest = [p for p in here if p["impl"] == "cupy_decode" and p["check_ok"]
+                       and p["tbps"] == ours]
             paged = best(lambda p: p["impl"] == "cupy_decode_paged")
             peer = best(lambda p: p["impl"].startswith("torch"))
             read = best(lambda p: p["impl"] == "plain_read")
             rows.append({"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
-                         "ours_tbps": ours, "ours_paged_best_tbps": paged, "best_torch_tbps": peer,
+                         "ours_tbps": ours,
+                         "ours_variant": fastest[0].get("variant", "v1") if fastest else None,
+                         "ours_paged_best_tbps": paged, "best_torch_tbps": peer,
                          "plain_read_tbps": read,
                          "ours_over_best_torch": ours / peer if ours and peer else None,
                          "ours_over_plain_read": ours / read if ours and read else None})
@@ -375,28 +418,41 @@ class Bench(Recorder):
             return
         f = lambda x: "   -" if x is None else f"{x:4.2f}"  # noqa: E731
         print(f"\n{'B':>3} {'kvh':>3} {'kv_len':>6} {'q':>2} | {'ours':>4} {'paged':>5} {'torch':>5} "
-              f"{'read':>4} | ours/torch ours/read ours/q1 (TB/s)")
+              f"{'read':>4} | ours/torch ours/read ours/q1 variant (TB/s)")
         for r in rows:
             print(f"{r['batch']:>3} {r['kv_heads']:>3} {r['kv_len']:>6} {r['q_len']:>2} | "
                   f"{f(r['ours_tbps'])} {f(r['ours_paged_best_tbps']):>5} {f(r['best_torch_tbps']):>5} "
                   f"{f(r['plain_read_tbps'])} | {f(r['ours_over_best_torch']):>10} "
-                  f"{f(r['ours_over_plain_read']):>9} {f(r['ours_over_q1']):>7}")
+                  f"{f(r['ours_over_plain_read']):>9} {f(r['ours_over_q1']):>7} {r['ours_variant']}")
 
 
 # ---------------------------------------------------------------------- sanitizer and ncu modes
 
 def tiny_cases():
-    """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits): every variant in a few small
-    blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4, 16, ragged,
-    1, 2 and 4 row warps, 2 row chunks, bf16, d = 64."""
+    """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits, configure keywords): every variant
+    in a few small blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4,
+    16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, both combines, row chunks, bf16,
+    d = 64."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
              for Bc, st in decode.TUNING[1:]]                       # the tuning step's tiles
+    v1, v2, w8 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8"))
     return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, {}),   # 32 rows: 2 row warps
-                            (32, 1, 128, [100], 4, 0, "fp16", 2, {}),      # 128 rows: 2 chunks
+                            (32, 1, 128, [100], 4, 0, "fp16", 2, v1),      # 128 rows: 2 chunks
+                            (4, 2, 128, [37, 300], 4, 16, "fp16", 3, v1),  # v1's paged loads
+                            (32, 1, 128, [100], 4, 0, "fp16", 2, {}),      # 128 rows: 8 warps
                             (8, 2, 128, [65, 200], 16, 16, "bf16", None, {}),
-                            (8, 8, 64, [1, 64, 129], 1, 1, "fp16", 2, {})]
+                            (8, 8, 64, [1, 64, 129], 1, 1, "fp16", 2, {}),
+                            # v1 and v2 combines over many splits, some empty
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 9, v1),
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 40, {}),
+                            # 8 warps: 2 row x 4 key warps; pages; d = 64; 256 rows (chunks)
+                            (32, 1, 128, [70, 300], 1, 0, "fp16", 3, w8),
+                            (32, 1, 128, [70, 300], 4, 64, "fp16", 3, w8),
+                            (32, 1, 128, [70, 300], 4, 1, "fp16", None, dict(stages=4)),
+                            (32, 4, 64, [65, 130], 4, 16, "bf16", 2, w8),
+                            (16, 1, 128, [90, 20], 16, 0, "fp16", 2, {})]
 
 
 def sanitize() -> int:
@@ -424,8 +480,29 @@ def sanitize() -> int:
     return 1 if bad else 0
 
 
-def profile_point(spec: str, torch) -> int:
-    """One launch of our kernel inside the NVTX range "decode" (after one warm-up outside it)."""
+def profile_points(specs: list, torch, out=None) -> int:
+    """``profile_point`` of each spec in one process (one start-up for ncu); with ``out``,
+    the predictions go to out/decode_ncu_h200.json (the ncu CSV of the same run beside)."""
+    rows = [profile_point(spec, torch) for spec in specs]
+    if out:
+        import json
+        import pathlib
+
+        path = pathlib.Path(out) / "decode_ncu_h200.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"note": "flashsim's prediction (launch.plan().count()) of each "
+                                            "profiled point, in order; each point launches twice "
+                                            "(a warm-up, then the one in NVTX range 'decode'), and "
+                                            "ncu's DRAM bytes of those launches are in the run's "
+                                            "ncu CSV (decode_ncu_h200.csv)",
+                                    "points": rows}, indent=1))
+        print(f"wrote {path}")
+    return 0
+
+
+def profile_point(spec: str, torch) -> dict:
+    """One launch of our kernel inside the NVTX range "decode" (after one warm-up outside it);
+    flashsim's plan of the same launch gives the predicted HBM bytes printed beside."""
     import cupy
 
     B, kvh, n, ql, P = (int(x) for x in spec.split(","))
@@ -446,14 +523,25 @@ def profile_point(spec: str, torch) -> int:
     print(f"profiled {launch.kernel} B={B} kv_heads={kvh} kv_len={n} q_len={ql} page={P}: "
           f"splits={launch.splits}, K/V bytes {cache_bytes(B, kvh, n)}, launches "
           f"{[(x.kernel, x.grid) for x in launch.launches()]}")
-    return 0
+    try:
+        rep = launch.plan().count()
+        pred = {"hbm_read_bytes": rep.hbm_read_bytes, "hbm_write_bytes": rep.hbm_write_bytes,
+                "kv_bytes": rep.kv_bytes, "kernel_kv_bytes_read": launch.kv_bytes_read()}
+    except Exception as exc:  # a launch flashsim cannot tile: said, the profile stands
+        pred = {"error": f"{type(exc).__name__}: {exc}"}
+    print(f"flashsim predicts (launch.plan().count()): {pred}", flush=True)
+    return {"point": dict(batch=B, kv_heads=kvh, kv_len=n, q_len=ql, page_size=P, heads=H,
+                          head_dim=D),
+            "launch": launch.plan_record(), "flashsim": pred,
+            "launches": [[x.kernel, list(x.grid)] for x in launch.launches()]}
 
 
 def main(argv=None) -> int:
     ap = parser(__doc__, deadline_s=200.0)
     ap.add_argument("--quick", action="store_true", help="the reference points only")
     ap.add_argument("--sanitize", action="store_true", help="tiny launches of every variant, no timing")
-    ap.add_argument("--profile-point", help="B,kv_heads,kv_len,q_len,page: one NVTX-marked launch")
+    ap.add_argument("--profile-point", nargs="+",
+                    help="B,kv_heads,kv_len,q_len,page (one or more): one NVTX-marked launch each")
     ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile time)")
     ap.add_argument("--no-tune", action="store_true", help="the default tiles, no tuning step")
     args = ap.parse_args(argv)
@@ -468,7 +556,7 @@ def main(argv=None) -> int:
         return 2
 
     if args.profile_point:
-        return profile_point(args.profile_point, torch)
+        return profile_points(args.profile_point, torch, args.out)
     bench = Bench(args)
     bench.results["provenance"] = harness.provenance(
         extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})

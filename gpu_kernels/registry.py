@@ -155,12 +155,29 @@ class DecodeKernel:
     def module(self):
         return importlib.import_module(f"gpu_kernels.{self.module_name}")
 
-    def launch(self, **kw) -> Launch:
-        if self.paged and kw.get("page_size") is None:
+    def launch(self, *, batch: int, heads: int, head_dim: int, kv_heads=None, kv_len=None,
+               kv_lens=None, q_len: int = 1, dtype=None, **options) -> Launch:
+        """The configured launch in flashsim.plan's decode names: ``kv_len`` (every sequence)
+        or ``kv_lens`` (one each), ``kv_heads`` (default ``heads``), ``dtype`` (default the
+        first of ``dtypes``); ``options`` go to ``configure`` (page_size, block_table,
+        num_pages, splits, causal, block_cols, stages, warps, combine, page_prefetch)."""
+        if self.paged and options.get("page_size") is None:
             raise KernelInputError(f"{self.name} needs page_size, block_table and num_pages")
-        if not self.paged and kw.get("page_size") is not None:
+        if not self.paged and options.get("page_size") is not None:
             raise KernelInputError(f"{self.name} reads a contiguous cache; use cupy_decode_paged")
-        return self.module().configure(**kw)
+        if (kv_len is None) == (kv_lens is None):
+            raise KernelInputError(f"{self.name}: give kv_len (every sequence) or kv_lens (one "
+                                   "per sequence), not " + ("both" if kv_len is not None else "neither"))
+        if kv_lens is None:
+            if isinstance(batch, bool) or not isinstance(batch, Integral) or batch < 1:
+                raise KernelInputError(f"batch must be an integer >= 1, got {batch!r}")
+            kv_lens = [kv_len] * batch
+        dtype = self.dtypes[0] if dtype is None else flashsim_dtype(dtype)
+        if dtype not in self.dtypes:
+            raise KernelInputError(f"{self.name} takes {', '.join(self.dtypes)}, not {dtype}")
+        return self.module().configure(batch, heads, heads if kv_heads is None else kv_heads,
+                                       head_dim, kv_lens=kv_lens, q_len=q_len, dtype=dtype,
+                                       **options)
 
 
 _DECODE_SPLITS = ("FlashAttention's num_splits_heuristic over the blocks resident at once "

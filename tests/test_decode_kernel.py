@@ -67,15 +67,16 @@ def test_no_spills_and_shared_memory_within_limits(resources):
 
 def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
     """The split heuristic counts blocks_per_sm resident blocks: the registers ptxas gave
-    (8 per thread, 256 per warp granules; 4 warps a block) must allow that many, and two fit
-    an SM in the default configuration at d = 128."""
+    (8 per thread, 256 per warp granules; NUM_WARPS warps a block) must allow that many, and
+    two fit an SM in the default configuration at d = 128."""
     for r in resources:
         if r.kernel != "decode_split":
             continue
         d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
+        w = int(re.search(r"NUM_WARPS=(\d+)", r.variant).group(1))
         warp_regs = math.ceil(math.ceil(r.registers / 8) * 8 * 32 / 256) * 256
-        assert decode.blocks_per_sm(r.dynamic_smem, d) <= 65536 // (4 * warp_regs), r
-        if d == 128 and f"BLOCK_C={decode.BLOCK_C} STAGES={decode.STAGES[128]}" in r.variant:
+        assert decode.blocks_per_sm(r.dynamic_smem, d, w) <= 65536 // (w * warp_regs), r
+        if d == 128 and f"BLOCK_C={decode.BLOCK_C} STAGES={decode.STAGES[128]} NUM_WARPS=4" in r.variant:
             assert decode.blocks_per_sm(r.dynamic_smem, d) == 2, r
 
 
@@ -140,9 +141,11 @@ def test_launch_covers_every_row_once(q_len, kv_heads):
     rows = q_len * 32 // kv_heads
     assert launch.rows == rows and launch.block_rows == 16 * launch.row_warps
     assert launch.chunks * launch.block_rows >= rows > (launch.chunks - 1) * launch.block_rows
-    assert launch.row_warps == (1 if rows <= 16 else 2 if rows <= 32 else 4)
+    assert launch.warps == (8 if rows > 64 else 4)
+    assert launch.row_warps == (1 if rows <= 16 else 2 if rows <= 32 else 4 if rows <= 64 else 8)
     split, *combine = launch.launches()
-    assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads) and split.threads == 128
+    assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads)
+    assert split.threads == 32 * launch.warps
     assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps)
     assert len(combine) == (launch.splits > 1)
     for s in (1, 5):
@@ -177,16 +180,63 @@ def test_registry_entries():
     _refused(registry.get, "cupy_decode9", match="no kernel")
 
 
-def test_plan_is_flashsims_or_says_it_is_missing():
-    """Until flashsim has ``flashdecoding``/``paged`` (issue 14's model side), plan() says so
-    in one line; once it has, the plan is for this step's algorithm."""
-    from flashsim.algorithms import ALGORITHMS
+PLANNED = [
+    # B, H, kv_heads, kv_lens, q_len, page, variant (decode.VARIANTS), splits
+    (8, 32, 8, [32768] * 8, 1, 0, "v2", None),
+    (1, 32, 1, [32768], 4, 0, "v2", None),              # 128 rows, one 8-warp block
+    (1, 32, 1, [32768], 4, 0, "v1", None),              # 128 rows, two 64-row chunks
+    (2, 16, 1, [65, 300], 16, 0, "v2", 3),              # 256 rows: chunks of 128, causal edge
+    (3, 32, 4, [100, 3000, 70000], 1, 16, "v2", None),  # ragged, paged
+    (2, 32, 32, [513, 77], 1, 1, "v1", 4),
+    (2, 32, 8, [129, 4000], 4, 64, "v2_w8", None),
+]
 
-    launch = decode.configure(1, 32, 8, 128, kv_lens=[4096])
-    if "flashdecoding" not in ALGORITHMS:
-        _refused(launch.plan, match="no 'flashdecoding' algorithm")
-    else:
-        assert launch.plan().algorithm == "flashdecoding"
+
+@pytest.mark.parametrize("B,H,kvh,lens,q_len,page,variant,splits", PLANNED, ids=str)
+def test_plan_is_flashsims_for_exactly_this_launch(B, H, kvh, lens, q_len, page, variant, splits):
+    """launch.plan() is flashsim's plan of the same step: the same algorithm, B_c, splits,
+    B_r (the rows a block computes) and page size, and the plan's K/V bytes equal the bytes
+    decode_split's index arithmetic reads (kv_bytes_read; with chunks, once per chunk)."""
+    name = "cupy_decode_paged" if page else "cupy_decode"
+    kw = {}
+    if page:
+        need = sum(-(-n // page) for n in lens)
+        bt = np.random.default_rng(0).permutation(need + 5)[:need]
+        table = np.full((B, max(-(-n // page) for n in lens)), -1, np.int32)
+        i = 0
+        for b, n in enumerate(lens):
+            table[b, :-(-n // page)] = bt[i:i + -(-n // page)]
+            i += -(-n // page)
+        kw = dict(page_size=page, block_table=table, num_pages=need + 5)
+    launch = registry.get(name).launch(batch=B, heads=H, kv_heads=kvh, head_dim=128, kv_lens=lens,
+                                       q_len=q_len, splits=splits, **kw, **decode.VARIANTS[variant])
+    plan = launch.plan()
+    assert plan.algorithm == launch.algorithm == ("paged" if page else "flashdecoding")
+    assert (plan.block_cols, plan.splits, plan.block_rows) == (launch.block_cols, launch.splits,
+                                                               launch.plan_block_rows)
+    assert plan.page_size == (page or None) and plan.kv_lens == tuple(lens)
+    assert plan.group_rows // plan.block_rows == launch.chunks
+    assert plan.count().kv_bytes == launch.kv_bytes_read()
+    assert launch.kv_bytes_read() >= launch.kv_bytes
+    assert (launch.kv_bytes_read() == launch.kv_bytes) == (launch.chunks == 1)
+
+
+def test_registry_launch_takes_the_plans_names():
+    """registry.get('cupy_decode').launch(...) in flashsim.plan's decode names, kv_len for a
+    uniform batch; one clear error for both or neither of kv_len, kv_lens."""
+    entry = registry.get("cupy_decode")
+    a = entry.launch(batch=8, heads=32, kv_heads=8, head_dim=128, kv_len=32768, dtype="bf16")
+    b = decode.configure(8, 32, 8, 128, kv_lens=[32768] * 8, dtype="bf16")
+    assert a.defines() == b.defines() and a.launches() == b.launches() and a.kv_lens == b.kv_lens
+    assert entry.launch(batch=2, heads=4, head_dim=64, kv_len=10).kv_heads == 4
+    _refused(entry.launch, batch=2, heads=4, head_dim=64, match="kv_len")
+    _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, kv_lens=[5, 5], match="both")
+    _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, dtype="fp32", match="fp32")
+    _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, warps=6, match="warps")
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, match="merge")
+    assert decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, warps=4).stages == 2
+    _refused(decode.configure(1, 8, 1, 128, kv_lens=[100], page_size=48, block_table=[[0, 1, 2]],
+                              num_pages=3).plan, match="page_size")
 
 
 # ------------------------------------------------------------------ bad input (no GPU)
@@ -308,7 +358,7 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
     dt = "bf16" if bf16 else "fp16"
     Qf, Kf, Vf = (_values(x, bf16) for x in (Q, K, V))
     Of, Lf, Opf, Lpf, btf = (x.reshape(-1) for x in (O, L, O_part, L_part, bt))
-    KEY_WARPS, B_r = 4 // rw, 16 * rw
+    KEY_WARPS, B_r = D["NUM_WARPS"] // rw, 16 * rw
     KW = B_c // KEY_WARPS
     H, R, NR = kv_heads * group, q_len * group, batch * q_len * kv_heads * group
     for z in range(grid[2]):
@@ -317,9 +367,7 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
             for chunk in range(grid[0]):
                 row0, kv_len = chunk * B_r, int(kv_lens[b])
                 shift = kv_len - q_len if causal else kv_len - 1
-                qi_last = (min(R, row0 + B_r) - 1) // group
-                key_end = min(kv_len, shift + (qi_last if causal else 0) + 1)
-                T_c = -(-key_end // B_c)
+                T_c = -(-kv_len // B_c)
                 t_begin, t_end = split * T_c // num_splits, (split + 1) * T_c // num_splits
                 Qs = np.zeros((B_r, d), np.float32)
                 limit = np.zeros(B_r, np.int64)
@@ -379,8 +427,9 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
 
 
 def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
-    """decode.cu's decode_combine in NumPy: one (warp, output row) at a time."""
-    d, bf16 = D["HEAD_DIM"], D["IS_BF16"]
+    """decode.cu's decode_combine in NumPy: one (warp, output row) at a time. COMBINE 1 skips
+    an empty split's O_s; COMBINE 2 reads it (written as zeros) with weight 0."""
+    d, bf16, v2 = D["HEAD_DIM"], D["IS_BF16"], D["COMBINE"] == 2
     O_part, L_part, O, L, NR, num_splits, H, q_len = args
     Opf, Lpf, Of, Lf = (x.reshape(-1) for x in (O_part, L_part, O, L))
     for orow in range(min(grid[0] * 4, NR)):
@@ -388,9 +437,9 @@ def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
         lmax = np.fmax.reduce(ls)
         acc, total = np.zeros(d, np.float32), np.float32(0)
         for s in range(num_splits):
-            if ls[s] == -np.inf:
+            if ls[s] == -np.inf and not v2:
                 continue
-            w = np.exp(ls[s] - lmax)
+            w = np.float32(0) if ls[s] == -np.inf else np.exp(ls[s] - lmax)
             total += w
             acc += w * Opf[(s * NR + orow) * d:(s * NR + orow + 1) * d]
         inv = 1 / total if total > 0 else 0.0
@@ -400,24 +449,49 @@ def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
 
 
 EMULATED = [
-    # H, kv_heads, d, kv_lens, q_len, page, dtype, splits
-    (4, 2, 64, [37, 130], 1, 0, "fp16", 1),
-    (4, 2, 64, [37, 130], 4, 0, "fp16", 3),
-    (8, 2, 64, [65, 200], 16, 16, "bf16", None),       # 64 rows: 4 row warps
-    (32, 1, 64, [70, 9], 1, 1, "fp16", 2),              # 32 rows: 2 row warps
-    (8, 1, 64, [100], 16, 64, "fp16", 2),               # 128 rows: 2 chunks
-    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7),         # more splits than tiles
+    # H, kv_heads, d, kv_lens, q_len, page, dtype, splits, variant (decode.VARIANTS)
+    (4, 2, 64, [37, 130], 1, 0, "fp16", 1, "v1"),
+    (4, 2, 64, [37, 130], 4, 0, "fp16", 3, "v1"),
+    (8, 2, 64, [65, 200], 16, 16, "bf16", None, "v1"),       # 64 rows: 4 row warps
+    (32, 1, 64, [70, 9], 1, 1, "fp16", 2, "v1"),              # 32 rows: 2 row warps
+    (8, 1, 64, [100], 16, 64, "fp16", 2, "v1"),               # 128 rows: 2 chunks
+    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7, "v1"),         # more splits than tiles
+    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7, "v2"),         # v2's combine, empty splits
+    (32, 1, 64, [70, 300], 4, 0, "fp16", 40, "v2"),           # 128 rows, 8 warps, one chunk
+    (32, 1, 64, [70, 9], 1, 1, "fp16", 2, "v2_w8"),           # 32 rows: 2 row x 4 key warps
+    (8, 1, 64, [100], 16, 16, "bf16", 3, "v2_w8"),            # 128 rows: 8 row warps
+    (16, 1, 64, [90], 16, 0, "fp16", 2, "v2_w8"),             # 256 rows: 2 chunks of 128
 ]
 
 
-@pytest.mark.parametrize("H,kvh,d,lens,q_len,page,dtype,splits", EMULATED, ids=str)
-def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, dtype, splits):
+@pytest.mark.parametrize("H,kvh,d,lens,q_len,page,dtype,splits,variant", EMULATED, ids=str)
+def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, dtype, splits,
+                                                  variant):
     """The launch's own argument tuples (kernel_args), run through the emulation with every
     output and workspace entry poisoned: the grid, the layouts, the block table, the split
     ranges, the masks, the merges and the combine give the reference's answer."""
     case = decode.random_case(np.random.default_rng(len(lens) + q_len), len(lens), H, kvh, d, lens,
                               q_len, page, dtype)
-    launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"])
+    launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"],
+                              **decode.VARIANTS[variant])
+    _emulate_and_check(launch, case)
+
+
+def test_sanitizer_cases_pass_under_emulation():
+    """Every tiny launch the GPU run's compute-sanitizer step makes (every variant), emulated
+    here first: each matches the float64 reference."""
+    from benchmarks.decode_h200 import tiny_cases
+
+    for i, (H, kvh, d, lens, q_len, page, dtype, splits, tiles) in enumerate(tiny_cases()):
+        case = decode.random_case(np.random.default_rng(i), len(lens), H, kvh, d, lens, q_len, page,
+                                  dtype)
+        _emulate_and_check(decode.configure(len(lens), H, kvh, d, splits=splits,
+                                            **case["configure"], **tiles), case)
+
+
+def _emulate_and_check(launch, case):
+    lens, (_, q_len, H, d) = launch.kv_lens, case["q"].shape
+    page, dtype = launch.page_size, launch.dtype
     B, rows = len(lens), len(lens) * q_len * H
     O = np.full(case["q"].shape, np.nan, np.float32).astype(case["q"].dtype) if dtype == "fp16" \
         else np.full(case["q"].shape, 0x7FC0, np.int16)
@@ -435,7 +509,7 @@ def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, 
     assert np.isfinite(Of).all() and np.isfinite(L).all()
     refs = decode.reference_rows(launch, case["q_values"], case["rows_k"], case["rows_v"])
     verdict = decode.check_rows(launch, refs, Of, L)
-    assert verdict["ok"], verdict
+    assert verdict["ok"], (launch.plan_record(), verdict)
 
 
 # ------------------------------------------------------------------ on the GPU
@@ -483,6 +557,22 @@ def test_kernel_matches_float64_reference(B, H, kvh, d, lens, q_len, page, dtype
     launch = _run_and_check(cupy, B, H, kvh, d, lens, q_len, page, dtype, splits)
     if splits is not None:
         assert launch.splits == splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(decode.VARIANTS))
+def test_every_variant_the_benchmark_times(variant):
+    """Each configuration of decode.VARIANTS, as the benchmark runs it, on MQA/GQA, q_len 1 and
+    4, contiguous and paged, one split and many."""
+    _cupy_or_skip()
+    for B, H, kvh, lens, q_len, page, splits in ((2, 32, 1, [300, 2000], 1, 0, None),
+                                                 (1, 32, 1, [700], 4, 0, 9),
+                                                 (2, 32, 8, [129, 4000], 4, 16, None),
+                                                 (1, 32, 1, [5000], 4, 64, 1),
+                                                 (2, 16, 1, [90, 20], 16, 0, 2)):
+        case = decode.random_case(np.random.default_rng(q_len), B, H, kvh, 128, lens, q_len, page, "fp16")
+        launch, verdict = decode.run_case(case, H, kvh, splits, **decode.VARIANTS[variant])
+        assert verdict["ok"], (launch.plan_record(), verdict)
 
 
 @pytest.mark.gpu

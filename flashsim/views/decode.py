@@ -134,12 +134,38 @@ def _flash2(kv_len, batch, heads, kv_heads, q_len, head_dim, dtype, gpu):
 
 def measurements() -> list[dict]:
     """The committed decode points (``benchmarks/decode_h200.py``), or [] when the file
-    does not exist yet: an unmeasured point is absent, not estimated."""
+    does not exist yet: an unmeasured point is absent, not estimated. A point without its
+    B_c takes the run's (the file's "config")."""
     from .. import measured
     try:
-        return list(measured.load(DATA)["points"])
+        data = measured.load(DATA)
     except FileNotFoundError:
         return []
+    bc = data.get("config", {}).get("block_cols")
+    return [pt if "block_cols" in pt or bc is None or not pt["impl"].startswith("cupy")
+            else {**pt, "block_cols": bc} for pt in data["points"]]
+
+
+PEERS = ("torch", "plain_read", "flashinfer")     # impl prefixes that are not our kernel
+DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}   # the files' names
+
+
+def point_dtype(pt: dict) -> str:
+    """A point's dtype in flashsim's names (the benchmark writes NumPy's)."""
+    return DTYPES.get(pt["dtype"], pt["dtype"])
+
+
+def ours_fastest(points: list[dict]) -> list[dict]:
+    """Our kernel's correct points, the fastest configuration (variant) of each shape."""
+    best: dict = {}
+    for pt in points:
+        if pt["impl"].startswith(PEERS) or not pt.get("check_ok"):
+            continue
+        key = (pt["impl"], pt["batch"], pt["heads"], pt["kv_heads"], pt["kv_len"], pt["q_len"],
+               pt["head_dim"], pt.get("page_size") or 0, point_dtype(pt))
+        if key not in best or pt["time_s"] < best[key]["time_s"]:
+            best[key] = pt
+    return list(best.values())
 
 
 def measured_note() -> str:
@@ -149,13 +175,15 @@ def measured_note() -> str:
 
 
 def matching(points: list[dict], p, page_size: int) -> list[dict]:
-    """The measured points with this plan's shape at any context length."""
+    """Our kernel's measured points (the fastest variant of each) with this plan's shape at
+    any context length."""
     want = {"batch": p.batch, "heads": p.heads, "kv_heads": p.kv_heads, "q_len": p.q_len,
-            "head_dim": p.head_dim, "page_size": page_size or None, "dtype": p.dtype}
+            "head_dim": p.head_dim, "page_size": page_size or None}
     out = []
-    for pt in points:
-        if all(pt.get(k) == v or (k == "page_size" and not pt.get(k) and not v)
-               for k, v in want.items()):
+    for pt in ours_fastest(points):
+        if point_dtype(pt) == p.dtype and all(
+                pt.get(k) == v or (k == "page_size" and not pt.get(k) and not v)
+                for k, v in want.items()):
             out.append(pt)
     return out
 
@@ -361,28 +389,52 @@ def format_fragmentation(rows: list[dict]) -> str:
 
 
 def measured_table(gpu: str = DEFAULT_GPU) -> list[dict]:
-    """Each committed measured point beside flashsim's prediction for the same shape
-    (empty until the data exist)."""
+    """Our kernel's committed points (the fastest variant of each shape) beside flashsim's
+    prediction for the same configuration: the point's splits and B_c (empty until the data
+    exist)."""
     out = []
-    for pt in measurements():
+    for pt in ours_fastest(measurements()):
         try:
             p = decode.plan("paged" if pt.get("page_size") else "flashdecoding",
                             q_len=pt["q_len"], kv_len=pt["kv_len"], head_dim=pt["head_dim"],
                             heads=pt["heads"], kv_heads=pt["kv_heads"], batch=pt["batch"],
-                            dtype=pt["dtype"], page_size=pt.get("page_size") or None, gpu=gpu)
+                            dtype=point_dtype(pt), page_size=pt.get("page_size") or None,
+                            splits=pt.get("splits") or "auto", block_cols=pt.get("block_cols"),
+                            gpu=gpu)
         except FlashsimError:
             continue
         out.append({**pt, "predicted_s": p.predict_seconds()})
     return out
 
 
+def measured_picture(fig, rows: list[dict]) -> None:
+    """Measured against predicted time, one mark per point of ``measured_table`` (contiguous
+    and paged), the diagonal where they agree."""
+    ax = fig.subplots()
+    for paged_, marker, label in ((False, "o", "contiguous"), (True, "^", "paged")):
+        sel = [r for r in rows if bool(r.get("page_size")) == paged_]
+        ax.plot([r["predicted_s"] * 1e6 for r in sel], [r["time_s"] * 1e6 for r in sel],
+                marker, ms=4, alpha=0.7, label=f"{label} ({len(sel)} points)")
+    lo, hi = 1.0, 1e5
+    ax.plot([lo, hi], [lo, hi], "-", color="#999999", lw=0.8, label="measured = predicted")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("flashsim's predicted time (us)")
+    ax.set_ylabel("measured on the H200 (us)")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("our decode kernel: measured vs predicted" if rows else
+                 measured_note(), fontsize=9)
+
+
 def format_measured(rows: list[dict]) -> str:
     if not rows:
         return measured_note()
-    head = (f"{'impl':<14}{'B':>4}{'kvh':>5}{'kv_len':>8}{'q':>3}{'page':>5}"
+    head = (f"{'impl':<18}{'B':>4}{'kvh':>5}{'kv_len':>8}{'q':>3}{'page':>5}"
             f"{'measured':>11}{'TB/s':>6}{'predicted':>11}{'check':>7}")
     return "\n".join([head, "-" * len(head)] + [
-        f"{r['impl']:<14}{r['batch']:>4}{r['kv_heads']:>5}{r['kv_len']:>8}{r['q_len']:>3}"
+        f"{r['impl']:<18}{r['batch']:>4}{r['kv_heads']:>5}{r['kv_len']:>8}{r['q_len']:>3}"
         f"{r.get('page_size') or '-':>5}{r['time_s'] * 1e6:>9.1f}us{r['tbps']:>6.2f}"
         f"{r['predicted_s'] * 1e6:>9.1f}us{'ok' if r['check_ok'] else 'FAIL':>7}"
         for r in rows])

@@ -31,7 +31,15 @@
 // merge as decode_combine. Q fragments stay in registers; P goes from the S accumulators
 // straight into the A operand of P V (as flash2_tc.cu).
 //
-// Versions: one (v1): the design above. Masks: keys >= kv_len (ragged tiles, zero-filled
+// Versions (selected by compile-time constants, so the benchmark times old and new in one run):
+//   (v1) NUM_WARPS 4, COMBINE 1: the design above; decode_combine loops over the splits one by
+//       one in every lane (two dependent loads per split: slow when S is large, small grids)
+//   (v2) NUM_WARPS 8 (ROW_WARPS up to 8: 128 packed rows in one block, so MQA / big groups at
+//       q_len 4 read K/V once instead of once per 64-row chunk) and COMBINE 2: lane s of a
+//       warp loads L_s of 32 splits at once, the weights exp(L_s - L_max) go round by shuffle
+//       and the O_s loads of 8 splits are in flight together; PAGE_PREFETCH 1: a paged
+//       tile's block-table entries are read one tile ahead (registers), off the copy's path.
+// Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
 //
@@ -39,10 +47,14 @@
 //   HEAD_DIM   d, 64 or 128             IS_BF16    0: fp16, 1: bf16
 //   PAGE_SIZE  0: contiguous cache (B, capacity, kv_heads, d); P > 0: pages (num_pages, P,
 //              kv_heads, d) (vLLM "NHD") addressed through block_table (B, max_pages) int32
-//   ROW_WARPS  1, 2 or 4 (B_r = 16 ROW_WARPS)   BLOCK_C  B_c, keys per tile (multiple of 16 KEY_WARPS)
+//   NUM_WARPS  4 or 8 warps per decode_split block (32 NUM_WARPS threads)
+//   ROW_WARPS  1, 2, 4 (or 8 with 8 warps) (B_r = 16 ROW_WARPS)   BLOCK_C  B_c, keys per tile
+//              (a multiple of 16 KEY_WARPS, KEY_WARPS = NUM_WARPS / ROW_WARPS)
 //   STAGES     shared-memory buffers of K and V tiles in flight (2..4)
-// Grid of decode_split: (row chunks, splits, B * kv_heads); block: 128 threads; dynamic shared
-// memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block.
+//   COMBINE    1 or 2: decode_combine's version (above)
+//   PAGE_PREFETCH  0 as in v1, or 1 (v2, paged): block-table entries read one tile ahead
+// Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
+// shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block.
 // Layouts: Q, O (B, q_len, H, d); L (B, H, q_len) fp32 (natural log); workspace O_part
 // (S, B q_len H, d) fp32, L_part (S, B q_len H) fp32.
 
@@ -65,8 +77,18 @@
 #define STAGES 3
 #endif
 
+#ifndef NUM_WARPS
 #define NUM_WARPS 4
+#endif
+#ifndef COMBINE
+#define COMBINE 1
+#endif
+#ifndef PAGE_PREFETCH
+#define PAGE_PREFETCH 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
+#define COMBINE_WARPS 4
+#define COMBINE_THREADS (32 * COMBINE_WARPS)
 #define KEY_WARPS (NUM_WARPS / ROW_WARPS)
 #define BLOCK_R (16 * ROW_WARPS)
 #define KW (BLOCK_C / KEY_WARPS)                     // keys of a tile per warp
@@ -76,7 +98,10 @@
 #define MERGE_BYTES (KEY_WARPS * BLOCK_R * (HEAD_DIM + 2) * 4)
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
-static_assert(ROW_WARPS == 1 || ROW_WARPS == 2 || ROW_WARPS == 4, "ROW_WARPS is 1, 2 or 4");
+static_assert(NUM_WARPS == 4 || NUM_WARPS == 8, "NUM_WARPS is 4 or 8");
+static_assert((ROW_WARPS == 1 || ROW_WARPS == 2 || ROW_WARPS == 4 || ROW_WARPS == 8) &&
+              ROW_WARPS <= NUM_WARPS, "ROW_WARPS is 1, 2, 4 or 8, at most NUM_WARPS");
+static_assert(COMBINE == 1 || COMBINE == 2, "COMBINE is 1 or 2");
 static_assert(KW % 16 == 0 && KW >= 16, "BLOCK_C must be a multiple of 16 KEY_WARPS");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
 static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
@@ -91,17 +116,42 @@ __device__ __forceinline__ int tile_off(int row, int col) {
     return row * HEAD_DIM + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
+constexpr int CHUNKS = HEAD_DIM / 8;                      // 16-byte chunks per K/V row
+constexpr int LOAD_ITERS = BLOCK_C * CHUNKS / NUM_THREADS;  // chunks per thread per tile
+static_assert(BLOCK_C * CHUNKS % NUM_THREADS == 0, "whole tiles per thread sweep");
+
+// PAGE_PREFETCH (paged): the block-table entries of the rows a thread loads for a tile are
+// read one tile ahead into registers (one entry when a page holds whole tiles), so a tile's
+// cp.async never waits on a block-table load; 0: read just before the copy (v1).
+#if PAGE_SIZE > 0 && PAGE_PREFETCH
+constexpr int NPG = PAGE_SIZE % BLOCK_C == 0 ? 1 : LOAD_ITERS;
+#else
+constexpr int NPG = 1;
+#endif
+struct Pages { int pg[NPG]; };
+
+// The pages of tile key0's rows that this thread copies (rows past kv_len: unused, 0).
+__device__ __forceinline__ void fetch_pages(Pages& P, const int* bt_row, int key0, int kv_len) {
+#if PAGE_SIZE > 0 && PAGE_PREFETCH
+#pragma unroll
+    for (int i = 0; i < NPG; ++i) {
+        const int p = key0 + (NPG == 1 ? 0 : (i * NUM_THREADS + (int)threadIdx.x) / CHUNKS);
+        P.pg[i] = p < kv_len ? bt_row[p / PAGE_SIZE] : 0;
+    }
+#else
+    (void)P; (void)bt_row; (void)key0; (void)kv_len;
+#endif
+}
+
 // K_j, V_j: keys key0 .. key0 + B_c - 1 of sequence b, KV head kvh, into one stage.
 // Keys >= kv_len are zero-filled (no bytes read; P is 0 there and 0 * 0 stays 0).
+// PAGE_PREFETCH: ``pages`` holds this tile's fetch_pages.
 __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, const u16* V,
                                         const int* bt_row, size_t seq_base, int key0, int kv_len,
-                                        int row_stride, int head_off) {
-    constexpr int CHUNKS = HEAD_DIM / 8;   // 16-byte chunks per row
-    constexpr int ITERS = BLOCK_C * CHUNKS / NUM_THREADS;
-    static_assert(BLOCK_C * CHUNKS % NUM_THREADS == 0, "whole tiles per thread sweep");
-    (void)bt_row; (void)seq_base;
+                                        int row_stride, int head_off, const Pages& pages) {
+    (void)bt_row; (void)seq_base; (void)pages;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
+    for (int it = 0; it < LOAD_ITERS; ++it) {
         const int c = it * NUM_THREADS + threadIdx.x;
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const int p = key0 + r;            // key position in the sequence
@@ -111,7 +161,11 @@ __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, cons
 #if PAGE_SIZE == 0
             off = seq_base + (size_t)p * row_stride + head_off;
 #else
+#if PAGE_PREFETCH
+            const int page = pages.pg[NPG == 1 ? 0 : it];
+#else
             const int page = bt_row[p / PAGE_SIZE];
+#endif
             off = ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * row_stride + head_off;
 #endif
         }
@@ -155,20 +209,25 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 
     // Key k is visible to query position qi when k <= limit(qi) (and k < kv_len).
     const int shift = causal ? kv_len - q_len : kv_len - 1;
-    const int qi_last = (min(R, row0 + BLOCK_R) - 1) / group;
-    const int key_end = min(kv_len, shift + (causal ? qi_last : 0) + 1);
-    const int T_c = cdiv(key_end, B_c);
+    // Every chunk streams all T_c tiles (its last rows may see fewer keys: the mask hides
+    // them), so each chunk reads the K/V bytes flashsim's nest counts per Q tile.
+    const int T_c = cdiv(kv_len, B_c);
     const int t_begin = (int)((long long)split * T_c / num_splits);
     const int t_end = (int)((long long)(split + 1) * T_c / num_splits);
 
-    // ---- prologue: the first STAGES - 1 tiles in flight, then Q_i (plain 16-byte loads)
+    // ---- prologue: the first STAGES - 1 tiles in flight, then Q_i (plain 16-byte loads).
+    // Invariant of the loop below: at iteration j, ``pages`` holds tile j + STAGES - 1's.
+    Pages pages;
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
-        if (t_begin + st < t_end)
+        if (t_begin + st < t_end) {
+            fetch_pages(pages, bt_row, (t_begin + st) * B_c, kv_len);
             load_kv(KV_s + 2 * st * KV_TILE_ELEMS, KV_s + (2 * st + 1) * KV_TILE_ELEMS, K, V, bt_row,
-                    seq_base, (t_begin + st) * B_c, kv_len, row_stride, head_off);
+                    seq_base, (t_begin + st) * B_c, kv_len, row_stride, head_off, pages);
+        }
         cp_async_commit();
     }
+    if (t_begin + STAGES - 1 < t_end) fetch_pages(pages, bt_row, (t_begin + STAGES - 1) * B_c, kv_len);
     for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
         const int r = c / (D / 8), col = (c % (D / 8)) * 8, pr = row0 + r;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -205,8 +264,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             const int jn = j + STAGES - 1, st = (jn - t_begin) % STAGES;
             if (jn < t_end)
                 load_kv(KV_s + 2 * st * KV_TILE_ELEMS, KV_s + (2 * st + 1) * KV_TILE_ELEMS, K, V,
-                        bt_row, seq_base, jn * B_c, kv_len, row_stride, head_off);
+                        bt_row, seq_base, jn * B_c, kv_len, row_stride, head_off, pages);
             cp_async_commit();
+            if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);   // next one
         }
         const int st = (j - t_begin) % STAGES;
         const u16* K_j = KV_s + 2 * st * KV_TILE_ELEMS;
@@ -348,19 +408,20 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 // ---------------------------------------------------------------- kernel 2: combine the splits
 // One warp per output row orow = (b q_len + qi) H + h; lane l owns columns l CPL .. + CPL - 1.
 // L = log sum_s exp(L_s) (empty splits: L_s = -inf, weight 0), O = sum_s exp(L_s - L) O_s.
-extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_part,
                u16* __restrict__ O, float* __restrict__ L, int NR, int num_splits, int H,
                int q_len) {
     constexpr int D = HEAD_DIM, CPL = D / 32;
-    const int orow = blockIdx.x * NUM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int orow = blockIdx.x * COMBINE_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (orow >= NR) return;
     const float NEG_INF = neg_inf();
     float lmax = NEG_INF;
-    for (int s = 0; s < num_splits; ++s) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
     float sum = 0.f, acc[CPL];
 #pragma unroll
     for (int k = 0; k < CPL; ++k) acc[k] = 0.f;
+#if COMBINE == 1
+    for (int s = 0; s < num_splits; ++s) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
     for (int s = 0; s < num_splits; ++s) {
         const float ls = L_part[(size_t)s * NR + orow];
         if (ls == NEG_INF) continue;
@@ -370,6 +431,34 @@ decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_par
 #pragma unroll
         for (int k = 0; k < CPL; ++k) acc[k] += w * src[k];
     }
+#else
+    // lane s % 32 loads L_s: 32 splits per load, the max and sum by shuffles
+    for (int s = lane; s < num_splits; s += 32) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
+#pragma unroll
+    for (int x = 16; x; x >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffffu, lmax, x));
+    for (int s0 = 0; s0 < num_splits; s0 += 32) {
+        const int s = s0 + lane;
+        const float ls = s < num_splits ? L_part[(size_t)s * NR + orow] : NEG_INF;
+        const float w_mine = ls == NEG_INF ? 0.f : expf(ls - lmax);   // empty split: weight 0
+        sum += w_mine;
+        const int n = min(32, num_splits - s0);
+        // every split's O_s is written (an empty one as zeros), so no branch: loads in flight
+#pragma unroll 8
+        for (int k = 0; k < n; ++k) {
+            const float w = __shfl_sync(0xffffffffu, w_mine, k);
+            const float* src = O_part + ((size_t)(s0 + k) * NR + orow) * D + lane * CPL;
+#if HEAD_DIM == 128
+            const float4 x = *reinterpret_cast<const float4*>(src);
+            acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+#else
+            const float2 x = *reinterpret_cast<const float2*>(src);
+            acc[0] += w * x.x, acc[1] += w * x.y;
+#endif
+        }
+    }
+#pragma unroll
+    for (int x = 16; x; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+#endif
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     u32 packed[CPL / 2];
 #pragma unroll

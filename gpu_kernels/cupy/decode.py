@@ -25,7 +25,11 @@ used cache on the device, before the launch; off by default on this fast path) a
 ``gpu_kernels.decode_attention`` (on by default) make it.
 
 Splits: FlashAttention's ``num_splits_heuristic`` over the thread blocks that fit the GPU at
-once (``splits=`` overrides it). Versions: one (the .cu file's header describes it).
+once (``splits=`` overrides it). Versions (the .cu file's header describes them): v1 (4
+warps, the one-split-at-a-time combine) and v2 (``warps=8``: up to 128 packed rows in one
+block; ``combine=2``: the combine's loads 32 and 8 splits at a time). ``configure``'s
+defaults are v2's combine, and 8 warps only where a KV head's rows exceed 64 (they would be
+chunked, K/V read once per chunk); ``VARIANTS`` lists what the benchmark times side by side.
 ``reference_rows`` / ``check_rows`` are the correctness rule: float64 reference,
 flash-attention's 2x bound.
 """
@@ -44,8 +48,11 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1,)
-NUM_THREADS = 128                   # 4 warps: ROW_WARPS x KEY_WARPS
+VERSIONS = (1, 2)
+NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
+WARPS = (4, 8)                      # NUM_WARPS of decode_split
+COMBINES = (1, 2)                   # COMBINE: decode_combine's version
+COMBINE_THREADS = 128               # decode_combine: 4 warps, one output row each
 BLOCK_C = 64                        # B_c: keys per K/V tile
 STAGES = {64: 4, 128: 3}            # K/V tiles in flight (cp.async buffers) per d
 MAX_Q_LEN = 16
@@ -55,9 +62,15 @@ SM_SHARED = 228 * 1024              # shared memory per SM on sm_90; 1 KiB of it
 GRID_Z_LIMIT = 65535                # batch x kv_heads travel in gridDim.z
 
 
-def row_warps(rows: int) -> int:
-    """Warps along the packed query rows (16 rows each): 1, 2 or 4; more rows: row chunks."""
-    return 1 if rows <= 16 else 2 if rows <= 32 else 4
+def row_warps(rows: int, warps: int = 4, block_cols: int = BLOCK_C) -> int:
+    """Warps along the packed query rows (16 rows each): 1, 2, 4 (8 with 8 warps); more rows:
+    row chunks. At least so many that each key warp keeps 16 keys of a B_c tile."""
+    rw = 1
+    while 16 * rw < rows and rw < warps:
+        rw *= 2
+    while rw < warps and block_cols // (warps // rw) < 16:
+        rw *= 2
+    return rw
 
 
 def smem_bytes(d: int, rw: int, block_cols: int = BLOCK_C, stages: int | None = None) -> int:
@@ -67,15 +80,16 @@ def smem_bytes(d: int, rw: int, block_cols: int = BLOCK_C, stages: int | None = 
     return (16 * rw * d + 2 * stages * block_cols * d) * 2
 
 
-# Resident blocks per SM that the registers allow (ptxas: up to 234 per thread at d = 128, 170
-# at d = 64, 128 threads a block; tests/test_decode_kernel.py holds it).
-REGISTER_BLOCKS = {64: 3, 128: 2}
+# Resident blocks per SM that the registers allow, per (d, warps) (ptxas: up to 234 per thread
+# at d = 128, 170 at d = 64 with 4 warps; 230 at d = 128 with 8; tests/test_decode_kernel.py
+# holds it).
+REGISTER_BLOCKS = {(64, 4): 3, (128, 4): 2, (64, 8): 1, (128, 8): 1}
 
 
-def blocks_per_sm(smem: int, d: int = 128) -> int:
+def blocks_per_sm(smem: int, d: int = 128, warps: int = 4) -> int:
     """Resident decode_split blocks per SM: as its shared memory (1 KiB reserved per block)
     and its registers (REGISTER_BLOCKS) allow."""
-    return max(1, min(REGISTER_BLOCKS[d], SM_SHARED // (smem + 1024)))
+    return max(1, min(REGISTER_BLOCKS[(d, warps)], SM_SHARED // (smem + 1024)))
 
 
 def num_splits_heuristic(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX_SPLITS) -> int:
@@ -95,9 +109,25 @@ def num_splits_heuristic(blocks: int, slots: int, n_tiles: int, max_splits: int 
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
-            stages: int | None = None) -> dict[str, int]:
+            stages: int | None = None, warps: int = 4, combine: int = 2,
+            page_prefetch: int = 1) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
-            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages}
+            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
+            "NUM_WARPS": warps, "COMBINE": combine,
+            "PAGE_PREFETCH": int(bool(page_prefetch and page_size))}
+
+
+def default_warps(rows: int) -> int:
+    """8 warps where a KV head's packed rows exceed 4 row warps' 64 (one block instead of
+    chunks that re-read K/V), else 4 (v1's, measured at 0.9-1.0 of cuDNN for kv_heads 8, 32)."""
+    return 8 if rows > 64 else 4
+
+
+# The configurations the benchmark times at every point of ours (name -> configure keywords):
+# v1 as measured in the first run, and v2 (its combine, the block-table prefetch; 8 warps
+# where rows > 64 by default).
+VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0), "v2": dict(combine=2),
+            "v2_w8": dict(warps=8, combine=2)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -120,6 +150,9 @@ class DecodeLaunch(CupyLaunch):
     chunks: int = 1                  # row chunks per KV head
     row_warps: int = 1
     stages: int = 3                  # K/V tiles in flight
+    warps: int = 4                   # NUM_WARPS of decode_split
+    combine: int = 2                 # COMBINE: decode_combine's version
+    page_prefetch: int = 1           # PAGE_PREFETCH: block-table entries one tile ahead
 
     @property
     def group(self) -> int:
@@ -142,43 +175,59 @@ class DecodeLaunch(CupyLaunch):
 
     def defines(self) -> dict[str, int]:
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
-                       self.stages)
+                       self.stages, self.warps, self.combine, self.page_prefetch)
 
     def launches(self) -> list[KernelLaunch]:
         out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
-                            NUM_THREADS, self.dynamic_smem)]
+                            32 * self.warps, self.dynamic_smem)]
         if self.splits > 1:
             rows = self.batch * self.q_len * self.heads
-            out.append(KernelLaunch("decode_combine", (cdiv(rows, NUM_THREADS // 32),), NUM_THREADS))
+            out.append(KernelLaunch("decode_combine", (cdiv(rows, COMBINE_THREADS // 32),),
+                                    COMBINE_THREADS))
         return out
 
-    def plan(self, gpu=None):
-        """flashsim's plan for this step (algorithm ``flashdecoding`` or ``paged``), passing
-        the arguments its ``plan`` accepts. Until the model side of issue 14 adds those
-        algorithms this raises KernelInputError (the kernel runs without it)."""
-        import inspect
+    def kv_bytes_read(self) -> int:
+        """K and V bytes decode_split reads, from its index arithmetic: per (sequence, KV head,
+        row chunk) the keys p < kv_len of all its T_c = ceil(kv_len / B_c) tiles (the rest are
+        zero-filled, not read), 2 (K, V) x d x 2 bytes each: kv_bytes with one chunk, K/V once
+        per chunk with more."""
+        return 2 * self.chunks * sum(self.kv_lens) * self.kv_heads * self.d * 2
 
+    @property
+    def plan_block_rows(self) -> int:
+        """The query rows a block computes, as flashsim's B_r: all q_len x group rows of a KV
+        head (one chunk), else the chunk's 16 ROW_WARPS."""
+        return self.rows if self.chunks == 1 else self.block_rows
+
+    def plan(self, gpu=None):
+        """flashsim's plan for exactly this step (``flashdecoding`` or ``paged``): the same
+        kv_lens, q_len, heads, kv_heads, d, dtype, causal mask, splits S, B_c, B_r
+        (``plan_block_rows``), page size and warps per block. KernelInputError (one line)
+        where flashsim's nest cannot tile it (a chunk that does not divide the group's rows, a
+        page size that neither divides B_c nor is a multiple of it)."""
         import flashsim
-        from flashsim.algorithms import ALGORITHMS
         from flashsim.hardware.presets import DEFAULT_GPU
 
-        from ..common import planned
+        from ..common import FlashsimError
 
-        if self.algorithm not in ALGORITHMS:
-            raise KernelInputError(f"flashsim has no {self.algorithm!r} algorithm yet: this "
-                                   "decode launch has no plan")
-        kw = dict(batch=self.batch, heads=self.heads, dtype=self.dtype, gpu=gpu or DEFAULT_GPU,
-                  causal=self.causal, block_rows=self.block_rows, block_cols=self.block_cols,
-                  kv_heads=self.kv_heads, q_len=self.q_len, kv_len=self.N,
-                  kv_lens=list(self.kv_lens), splits=self.splits, page_size=self.page_size or None)
-        accepted = inspect.signature(flashsim.plan).parameters
-        return planned(self.algorithm, self.N, self.d,
-                       **{k: v for k, v in kw.items() if k in accepted})
+        try:
+            return flashsim.plan(self.algorithm, q_len=self.q_len, kv_lens=list(self.kv_lens),
+                                 heads=self.heads, kv_heads=self.kv_heads, head_dim=self.d,
+                                 batch=self.batch, dtype=self.dtype, splits=self.splits,
+                                 page_size=self.page_size or None, block_cols=self.block_cols,
+                                 block_rows=self.plan_block_rows, causal=self.causal,
+                                 warps=self.warps, gpu=gpu or DEFAULT_GPU)
+        except KernelInputError:
+            raise
+        except FlashsimError as exc:
+            raise KernelInputError(f"{self.kernel}: flashsim has no plan for this launch: {exc}") from exc
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
                     block_cols=self.block_cols, splits=self.splits, page_size=self.page_size,
-                    kv_heads=self.kv_heads, q_len=self.q_len, row_warps=self.row_warps)
+                    kv_heads=self.kv_heads, q_len=self.q_len, row_warps=self.row_warps,
+                    warps=self.warps, combine=self.combine, stages=self.stages,
+                    page_prefetch=self.page_prefetch)
 
     # ------------------------------------------------------------------ inputs
     def cache_shape_ok(self, shape: tuple) -> str | None:
@@ -374,12 +423,14 @@ def check_layout(batch: int, kv_lens, q_len: int, causal: bool, page_size: int,
 def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, q_len: int = 1,
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
-              stages=None) -> DecodeLaunch:
+              stages=None, warps=None, combine=2, page_prefetch=1) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: the heuristic for ``sm_count`` SMs.
     ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
-    STAGES[d])."""
+    STAGES[d]). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
+    ``combine``: decode_combine's version, 1 or 2 (the .cu file's header); ``page_prefetch``
+    1 (paged): block-table entries read one tile ahead, 0: as v1."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -402,31 +453,43 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                f"of {GRID_Z_LIMIT}")
     lens, bt = check_layout(batch, kv_lens, q_len, causal, page_size or 0, block_table, num_pages)
     rows = q_len * (heads // kv_heads)
-    rw = row_warps(rows)
-    chunks = cdiv(rows, 16 * rw)
+    warps = default_warps(rows) if warps is None else _int(warps, "warps")
+    if warps not in WARPS or combine not in COMBINES or page_prefetch not in (0, 1):
+        raise KernelInputError(f"warps = {warps!r}, combine = {combine!r}, page_prefetch = "
+                               f"{page_prefetch!r}: the kernel has warps in {WARPS}, combine in "
+                               f"{COMBINES}, page_prefetch 0 or 1")
     Bc = BLOCK_C if block_cols is None else _int(block_cols, "block_cols")
+    rw = row_warps(rows, warps, Bc)
+    chunks = cdiv(rows, 16 * rw)
     stages = STAGES[head_dim] if stages is None else _int(stages, "stages")
-    if Bc % (16 * (4 // rw)) or not 2 <= stages <= 4:
-        raise KernelInputError(f"block_cols = {Bc} must be a multiple of {16 * (4 // rw)} (16 keys per "
-                               f"warp, {4 // rw} key warps) and stages = {stages} in 2..4")
+    kw_ = warps // rw
+    if Bc % (16 * kw_) or not 2 <= stages <= 4:
+        raise KernelInputError(f"block_cols = {Bc} must be a multiple of {16 * kw_} (16 keys per "
+                               f"warp, {kw_} key warps) and stages = {stages} in 2..4")
+    merge = kw_ * 16 * rw * (head_dim + 2) * 4          # MERGE_BYTES: the key warps' states
+    if merge > 2 * stages * Bc * head_dim * 2:
+        raise KernelInputError(f"stages = {stages}, block_cols = {Bc}: the merge of {kw_} key warps x "
+                               f"{16 * rw} rows ({merge} bytes) does not fit the K/V buffers; use "
+                               "more stages or fewer warps")
     smem = smem_bytes(head_dim, rw, Bc, stages)
     if smem > SHARED_OPTIN:
         raise KernelInputError(f"block_cols = {Bc}, stages = {stages} need {smem} bytes of shared "
                                "memory; a block has at most 227 KiB")
     n_tiles = cdiv(max(lens), Bc)
     if splits is None:
-        splits = num_splits_heuristic(batch * kv_heads * chunks, sm_count * blocks_per_sm(smem, head_dim),
-                                      n_tiles)
+        splits = num_splits_heuristic(batch * kv_heads * chunks,
+                                      sm_count * blocks_per_sm(smem, head_dim, warps), n_tiles)
     else:
         splits = _int(splits, "splits")
         if splits > MAX_SPLITS:
             raise KernelInputError(f"splits = {splits}: at most {MAX_SPLITS}")
     name, algorithm = ("cupy_decode_paged", "paged") if page_size else ("cupy_decode", "flashdecoding")
     return DecodeLaunch(name, algorithm, batch, heads, max(lens), head_dim, dtype, causal,
-                        16 * rw, Bc, NUM_THREADS, 0, smem, None, kv_heads=kv_heads,
+                        16 * rw, Bc, 32 * warps, 0, smem, None, kv_heads=kv_heads,
                         q_len=q_len, kv_lens=lens, page_size=page_size or 0, block_table=bt,
                         num_pages=None if not page_size else int(num_pages), splits=splits,
-                        chunks=chunks, row_warps=rw, stages=stages)
+                        chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
+                        page_prefetch=int(bool(page_prefetch and page_size)))
 
 
 def compile_variants():
@@ -441,6 +504,15 @@ def compile_variants():
     for Bc, st in TUNING[1:]:                # the tuning candidates, as the benchmark runs them
         for rw in (1, 2, 4):
             out.append((CU_FILE, defines(128, "fp16", 0, rw, Bc, st), smem_bytes(128, rw, Bc, st), HOT))
+    for page in COMPILED_PAGE_SIZES:         # v1 (its combine, no prefetch), as the benchmark times it
+        for rw in (1, 2, 4):
+            out.append((CU_FILE, defines(128, "fp16", page, rw, combine=1, page_prefetch=0),
+                        smem_bytes(128, rw), HOT))
+    for d in HEAD_DIMS:                      # v2's 8 warps (row warps 2, 4, 8 at B_c = 64)
+        for dtype in ("fp16", "bf16"):
+            for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
+                for rw in (2, 4, 8):
+                    out.append((CU_FILE, defines(d, dtype, page, rw, warps=8), smem_bytes(d, rw), HOT))
     return out
 
 
