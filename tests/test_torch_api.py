@@ -208,9 +208,9 @@ def test_contiguous_inputs_are_viewed_and_transposed_views_taken():
 
     q, k, v, _ = _inputs(torch, 1, 2, 64, 64, "float16", seed=2)
     assert as_cupy(q, "q")[0].data.ptr == q.data_ptr()
-    x = q.transpose(1, 2)                           # (B, N, H, d) viewed as (B, H, N, d)
-    y = x.transpose(1, 2)
-    assert not y.is_contiguous()
+    x = q.transpose(1, 2).contiguous()              # stored (B, N, H, d), as HF models hold it
+    y = x.transpose(1, 2)                           # viewed as (B, H, N, d): q's values
+    assert not y.is_contiguous() and torch.equal(y, q)
     O = gt.attention(y, k, v)
     ref = _sdpa(torch, q.double(), k.double(), v.double(), False)
     assert (O.double() - ref).abs().max().item() <= _bound(torch, _sdpa(torch, q, k, v, False),
