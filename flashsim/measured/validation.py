@@ -16,14 +16,16 @@ block-size experiment's other tiles.
 Predictions for the committed dataset take a couple of minutes to compute (the causal
 points' blocks do not run in lockstep, so the L2 model steps through every one), so
 ``python -m flashsim.measured.validation`` stores them beside the data in
-``ncu_h200_predictions.json``, with the SHA-256 of what they are a pure function of: the
-dataset and every source file of the flashsim package (:func:`inputs_sha256`). A test
-recomputes them all and requires equality whenever that hash changed, and a sample of
-points on every run; the notebook reads the stored copy.
+``ncu_h200_predictions.json``, with the SHA-256 of exactly what they are a pure function
+of: the dataset and the flashsim modules this one imports (:func:`inputs`; an edit to the
+CLI or a view leaves the copy fresh). A test fails at once, naming the changed inputs,
+when the hash is stale (run this module again: it says how many rows moved), and
+recomputes a sample of points on every run; the notebook reads the stored copy.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import pathlib
@@ -173,15 +175,56 @@ def compare(data: dict | None = None) -> list[dict]:
     return rows
 
 
-def inputs_sha256() -> str:
-    """SHA-256 of everything the stored predictions are a pure function of: the dataset's
-    bytes and every ``.py`` file of the flashsim package (path and bytes, in path order)."""
-    h = hashlib.sha256(DATASET.read_bytes())
+def _imports(f: pathlib.Path, package: list[str]) -> list[str]:
+    """The flashsim modules the file ``f`` (in ``package``) imports, at its top or inside
+    functions (a lazy import is an input too)."""
+    out = []
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) + 1 - node.level] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out += [mod] + [f"{mod}.{a.name}" for a in node.names]   # "from x import module"
+    return [m for m in out if m.split(".")[0] == "flashsim"]
+
+
+def sources(module: str = f"{__package__}.validation") -> list[pathlib.Path]:
+    """The flashsim source files that importing ``module`` runs: its own, every flashsim
+    module it imports (transitively, read from the source, not from what this process has
+    imported) and the ``__init__.py`` of each package on the way. Exactly what the stored
+    predictions can depend on, so that an edit elsewhere (the CLI, a view) leaves them fresh.
+    (Named, not ``__name__``: run as ``python -m`` this module is ``__main__``.)"""
     root = pathlib.Path(__file__).resolve().parents[1]
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        h.update(f.read_bytes())
-    return h.hexdigest()
+    seen: set[pathlib.Path] = set()
+    todo = [module]
+    while todo:
+        parts = todo.pop().split(".")
+        for k in range(1, len(parts) + 1):    # importing a.b.c runs a, a.b and a.b.c
+            name, where = parts[:k], root.joinpath(*parts[1:k])
+            if k > 1 and where.with_suffix(".py").is_file():
+                f, package = where.with_suffix(".py"), name[:-1]
+            else:
+                f, package = where / "__init__.py", name
+            if f.is_file() and f not in seen:
+                seen.add(f)
+                todo += _imports(f, package)
+    return sorted(seen)
+
+
+def inputs() -> dict[str, str]:
+    """``{path: SHA-256}`` of everything the stored predictions are a pure function of: the
+    dataset and the source files of :func:`sources` (paths relative to the package)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    return {f.relative_to(root).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in [DATASET, *sources()]}
+
+
+def inputs_sha256(files: dict[str, str] | None = None) -> str:
+    """One SHA-256 over :func:`inputs` (path and hash of each, in path order)."""
+    files = inputs() if files is None else files
+    return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(files.items()))
+                          .encode()).hexdigest()
 
 
 def stored_rows() -> list[dict]:
@@ -269,14 +312,20 @@ def summary(rows: list[dict]) -> dict:
 
 def main() -> None:
     rows = compare()
+    files = inputs()
     out = {"note": "Computed by `python -m flashsim.measured.validation` from ncu_h200.json's "
                    "configurations; model output, not measurements.",
-           "inputs_sha256": inputs_sha256(),
+           "inputs_sha256": inputs_sha256(files),
+           "inputs": files,
            "summary": summary(rows),
            "rows": [{"efficiency": r["efficiency"], "predicted": r["predicted"]} for r in rows]}
+    before = json.loads(PREDICTIONS.read_text()) if PREDICTIONS.exists() else {}
+    changed = sum(a != b for a, b in zip(before.get("rows", []), out["rows"]))
+    changed += abs(len(before.get("rows", [])) - len(out["rows"]))
     PREDICTIONS.write_text(json.dumps(out, indent=1) + "\n")
     for k, v in out["summary"].items():
         print(f"{k:24s} {v}")
+    print(f"{changed} of {len(out['rows'])} rows differ from the copy stored before")
 
 
 if __name__ == "__main__":
