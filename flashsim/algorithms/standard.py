@@ -90,6 +90,23 @@ def matrices(extra_passes) -> list[str]:
     return ["S"] + [{"scale": "S_scaled", "mask": "S_masked"}[p] for p in extra_passes] + ["P"]
 
 
+def product_kernel(plan, label: str, acc: str, into: str, step: tuple) -> Loop:
+    """A kernel of a tiled product with d columns, one thread block per block of ``acc``'s
+    index (its last letter: ``"O_i"`` is over i, ``"dV_j"`` over j): the accumulator
+    (rows x d, in SRAM) starts at 0, the other index's blocks stream through ``step`` (its
+    loads and the product), and the accumulator is written once to ``into``.
+    Bytes: what ``step`` loads, for every pair of blocks, plus ``into`` written once."""
+    outer = acc[-1]
+    inner = "j" if outer == "i" else "i"
+    size = {"i": plan.block_rows, "j": plan.block_cols}
+    N = plan.seq_len
+    return Loop(outer, size[outer], N, label=label, parallel=True, body=(
+        Alloc(acc, outer, plan.head_dim, plan.elem_bytes, 0.0),
+        Loop(inner, size[inner], N, body=step),
+        Store(acc, into, rows=outer),
+    ))
+
+
 def build(plan) -> Nest:
     N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
     b, tau, causal = plan.elem_bytes, 1.0 / math.sqrt(plan.head_dim), plan.causal
@@ -191,15 +208,9 @@ def build(plan) -> Nest:
     def pv(sram, ctx):
         sram["O_i"] = sram["O_i"] + sram["P_ij"] @ sram["V_j"]
 
-    kernel3 = Loop("i", Br, N, label="kernel 3: O = P V", parallel=True, body=(
-        Alloc("O_i", "i", d, b, 0.0),
-        Loop("j", Bc, N, body=(
-            Load("P_ij", "P", rows="i", cols="j"),
-            Load("V_j", "V", rows="j"),
-            Compute("O_i += P_ij V_j", pv, matmul_flops("i", "j", d)),
-        )),
-        Store("O_i", "O", rows="i"),
-    ))
+    kernel3 = product_kernel(plan, "kernel 3: O = P V", "O_i", "O", (
+        Load("P_ij", "P", rows="i", cols="j"), Load("V_j", "V", rows="j"),
+        Compute("O_i += P_ij V_j", pv, matmul_flops("i", "j", d))))
     return Nest(tensors, place((kernel1,) + pass_loops + (kernel2, kernel3),
                                registers(plan, REGISTERS)))
 

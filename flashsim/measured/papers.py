@@ -19,16 +19,19 @@ Both give 66.6 and 75.2 GFLOPs, without saying how FLOPs are counted.
 _CONFIG = {"model": "GPT-2 medium", "seq_len": 1024, "head_dim": 64, "heads": 16,
            "batch": 64, "passes": "forward + backward", "gpu": "A100"}
 
+
+def _figure2(version: str, source: str, caption: str, standard: tuple, flash: tuple) -> dict:
+    """One version of Figure 2 (left): (GFLOPs, HBM R/W GB, runtime ms) of each method."""
+    keys = ("gflops", "hbm_rw_gb", "runtime_ms")
+    return {"version": version, "source": source, "caption": caption, "config": dict(_CONFIG),
+            "standard": dict(zip(keys, standard)), "flash": dict(zip(keys, flash))}
+
+
 # Quoted from the paper, not computed.
-FLASHATTENTION_FIGURE2_ARXIV_V2 = {
-    "version": "arXiv v2",
-    "source": "Dao et al., FlashAttention, arXiv:2205.14135v2 (June 2022), Figure 2 (left)",
-    "caption": "GPT-2 medium (seq. length 1024, head dim. 64, 16 heads, batch size 64) on "
-               "A100 GPU",
-    "config": dict(_CONFIG),
-    "standard": {"gflops": 66.6, "hbm_rw_gb": 40.3, "runtime_ms": 41.7},
-    "flash": {"gflops": 75.2, "hbm_rw_gb": 4.4, "runtime_ms": 7.3},
-}
+FLASHATTENTION_FIGURE2_ARXIV_V2 = _figure2(
+    "arXiv v2", "Dao et al., FlashAttention, arXiv:2205.14135v2 (June 2022), Figure 2 (left)",
+    "GPT-2 medium (seq. length 1024, head dim. 64, 16 heads, batch size 64) on A100 GPU",
+    standard=(66.6, 40.3, 41.7), flash=(75.2, 4.4, 7.3))
 
 # Quoted from the paper, not computed: Shah, Bikshandi, Zhang, Thakkar, Ramani and Dao,
 # "FlashAttention-3: Fast and Accurate Attention with Asynchrony and Low-precision"
@@ -68,15 +71,10 @@ FLASHATTENTION3_TABLE2 = {
     "pingpong_note_tflops": {"before": 570, "after": (620, 640)},
 }
 # Quoted from the paper, not computed (venue: see the module docstring).
-FLASHATTENTION_FIGURE2_NEURIPS = {
-    "version": "NeurIPS 2022",
-    "source": "Dao et al., FlashAttention, NeurIPS 2022, Figure 2 (left)",
-    "caption": "seq. length 1024, head dim. 64, 16 heads, batch size 64, key-padding mask "
-               "and no dropout on A100 GPU",
-    "config": dict(_CONFIG),
-    "standard": {"gflops": 66.6, "hbm_rw_gb": 35.3, "runtime_ms": 35.1},
-    "flash": {"gflops": 75.2, "hbm_rw_gb": 4.4, "runtime_ms": 11.7},
-}
-
+FLASHATTENTION_FIGURE2_NEURIPS = _figure2(
+    "NeurIPS 2022", "Dao et al., FlashAttention, NeurIPS 2022, Figure 2 (left)",
+    "seq. length 1024, head dim. 64, 16 heads, batch size 64, key-padding mask and no "
+    "dropout on A100 GPU",
+    standard=(66.6, 35.3, 35.1), flash=(75.2, 4.4, 11.7))
 FLASHATTENTION_FIGURE2_VERSIONS = (FLASHATTENTION_FIGURE2_ARXIV_V2,
                                    FLASHATTENTION_FIGURE2_NEURIPS)
