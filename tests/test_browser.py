@@ -294,7 +294,7 @@ def _dismiss_news(page) -> None:
 
 
 @pytest.fixture(scope="module", params=browser_notebooks(), ids=lambda p: p.stem)
-def run(request, lab, chromium):
+def run(request, lab, chromium, quiet):
     """Open one notebook, Run All from the menu, wait, read everything, move the sliders."""
     base, token = lab
     name = request.param.name
@@ -317,7 +317,8 @@ def run(request, lab, chromium):
         rendered = page.evaluate(RENDERED)
         snaps = _values_sent_back(messages)
         _dismiss_news(page)
-        moves = _move_sliders(page, rendered)
+        with quiet():                  # timed: no other test loads the machine meanwhile
+            moves = _move_sliders(page, rendered)
         return {"name": name, "cells": cells, "rendered": rendered, "snaps": snaps,
                 "moves": moves, "console": console}
     finally:
