@@ -5,6 +5,9 @@ between steps; one thread block per (batch, head), as the original FlashAttentio
 Tiles from ``flashsim.plan("flash1", ...)`` for ``SRAM`` bytes (the tile policy's
 ``sram_rule``). Shared memory: 4 (d (B_c + 1) + B_c d + 2 B_r d + B_r B_c + 2 B_r) bytes
 (K_j^T with a padding column, V_j, Q_i, O_i, S_ij, l_i, m_i).
+
+Tiles against flashsim's default rule: the same; every buffer is in shared memory, as in
+the two-level rule at M = 48 KiB.
 """
 
 from __future__ import annotations
