@@ -21,7 +21,7 @@ RULE = {"cupy_standard": dict(sram="48KiB"), "cupy_flash1": dict(sram="48KiB"),
         "numba_flash2_bwd": dict(gpu="h200", sram="48KiB"),
         "cupy_flash2_tc": dict(gpu="h200")}
 SAME = {"cupy_standard", "cupy_flash1", "cupy_flash2", "numba_standard", "numba_standard_bwd"}
-SHAPES = [(N, d) for N in (100, 1000, 4096) for d in (16, 32, 64, 128)]
+SHAPES = [(N, d) for N in (100, 4096) for d in (16, 32, 64, 128)]   # N capping B, and not
 
 
 def _pairs(name):
