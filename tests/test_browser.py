@@ -17,7 +17,7 @@ with no ``[*]`` prompt left. Then, per notebook:
 * each slider of each panel, moved one step with the keyboard (focus the handle, arrow key)
   and back, changes the panel's picture; the median time from key press to new picture
   is under 150 ms (a separate test: on a machine shared with other work it measures the
-  load too);
+  load too; the moves run while no other test of the session runs, the ``quiet`` fixture);
 * the browser logged no console error.
 
 Notebooks: 03 and 04 (named by issue 17) and every later one from 08 on that shows a
