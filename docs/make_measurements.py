@@ -35,11 +35,19 @@ def _prov(p: dict) -> str:
     return "; ".join(parts)
 
 
+def _section(lines, name: str, title: str):
+    """The dataset ``name`` with its heading and provenance added to ``lines``, or None
+    (and nothing added) when it is not committed."""
+    d = _load(name)
+    if d:
+        lines += [f"## {title}", "", f"Provenance: {_prov(d['provenance'])}.", ""]
+    return d
+
+
 def core(lines):
-    d = _load("core_speed.json")
+    d = _section(lines, "core_speed.json", "The simulator's speed (CPU)")
     if not d:
         return
-    lines += ["## The simulator's speed (CPU)", "", f"Provenance: {_prov(d['provenance'])}.", ""]
     lines += _table(["what", "median", "target", "met"],
                     [[r["what"], f"{r['seconds'] * 1e3:.1f} ms", f"{r['target_s'] * 1e3:.0f} ms",
                       "yes" if r["met"] else "no"] for r in d["results"]])
@@ -61,11 +69,9 @@ def core(lines):
 
 
 def slider(lines):
-    d = _load("slider_latency.json")
+    d = _section(lines, "slider_latency.json", "Notebook slider latency (CPU: recompute + redraw)")
     if not d:
         return
-    lines += ["## Notebook slider latency (CPU: recompute + redraw)", "",
-              f"Provenance: {_prov(d['provenance'])}.", ""]
     lines += _table(["view", "median", "p90", "met (< 100 ms)"],
                     [[r["what"], f"{r['median_s'] * 1e3:.1f} ms", f"{r['p90_s'] * 1e3:.1f} ms",
                       "yes" if r["met"] else "no"] for r in d["results"]])
@@ -73,11 +79,10 @@ def slider(lines):
 
 
 def numba(lines):
-    d = _load("numba_h200.json")
+    d = _section(lines, "numba_h200.json", "numba.cuda kernels, fp32 (H200)")
     if not d:
         return
-    lines += ["## numba.cuda kernels, fp32 (H200)", "", f"Provenance: {_prov(d['provenance'])}.",
-              "", f"All correctness checks passed: {'yes' if d['all_checks_passed'] else 'no'}."]
+    lines += [f"All correctness checks passed: {'yes' if d['all_checks_passed'] else 'no'}."]
     for f in d.get("failures", []):
         c = f["check"]
         lines.append(f"Failed check: {f['algorithm']} N={f['N']} d={f['d']}: max |O - ref| = "
@@ -111,11 +116,10 @@ def numba(lines):
 
 
 def cupy(lines):
-    d = _load("cupy_h200.json")
+    d = _section(lines, "cupy_h200.json", "CuPy kernels beside PyTorch (H200)")
     if not d:
         return
-    lines += ["## CuPy kernels beside PyTorch (H200)", "", f"Provenance: {_prov(d['provenance'])}.",
-              "", "Tensor-core FlashAttention-2 (ours, fp16) against PyTorch SDPA's flash backend "
+    lines += ["Tensor-core FlashAttention-2 (ours, fp16) against PyTorch SDPA's flash backend "
               "in the same run (16k tokens, hidden 2048):", ""]
     lines += _table(["d", "N", "causal", "ours TFLOP/s", "torch flash TFLOP/s", "ratio"],
                     [[r["d"], r["N"], r["causal"], f"{r['ours_tflops']:.1f}",
@@ -132,10 +136,9 @@ def cupy(lines):
 
 
 def backward(lines):
-    d = _load("backward_h200.json")
+    d = _section(lines, "backward_h200.json", "Backward pass (H200)")
     if not d:
         return
-    lines += ["## Backward pass (H200)", "", f"Provenance: {_prov(d['provenance'])}.", ""]
     lines += _table(["implementation", "N", "d", "causal", "time", "flashsim HBM bytes"],
                     [[p["impl"], p["N"], p["d"], p["causal"], f"{p['time_ms']:.2f} ms",
                       f"{p['flashsim_hbm_bytes']:,}" if p.get("flashsim_hbm_bytes") else ""]

@@ -18,6 +18,7 @@ traceback) and leaves no copy behind.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import pathlib
@@ -62,15 +63,23 @@ def executed(source: pathlib.Path, after: float | None = None) -> pathlib.Path:
     source, else executed now (cwd = the notebook's folder, as in JupyterLab)."""
     source = pathlib.Path(source).resolve()
     copy = EXECUTED / source.name
-    if _reusable(source, copy, after):
-        return copy
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    # One execution at a time per notebook (parallel tests, the docs build): whoever comes
+    # second waits here, then reuses the copy the first wrote.
+    with open(EXECUTED / f".{source.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _reusable(source, copy, after):
+            return copy
+        return _execute(source, copy)
+
+
+def _execute(source: pathlib.Path, copy: pathlib.Path) -> pathlib.Path:
     digest = _digest(source)
     nb = nbformat.read(source, as_version=4)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, store_widget_state=False,
                             resources={"metadata": {"path": str(source.parent)}})
     client.execute()                       # raises CellExecutionError at the first failing cell
     nb.metadata["flashsim"] = {"source_sha256": digest}
-    EXECUTED.mkdir(parents=True, exist_ok=True)
     tmp = copy.with_name(f".{copy.name}.{os.getpid()}")     # atomic: readers never see half
     nbformat.write(nb, tmp)
     os.replace(tmp, copy)

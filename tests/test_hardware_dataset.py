@@ -1,13 +1,14 @@
 """The committed H200 measurements against the model's predictions ("does the model hold
-on a real GPU?"). The dataset holds only what Nsight Compute measured; predictions are
-recomputed here from each point's configuration and must equal the stored copy that the
-notebook and docs read: all of them whenever the dataset or any flashsim source changed
-since the copy was stored (its ``inputs_sha256``), a sample of every kernel on every run. Targets are checked point by point; the few points that miss are
-listed with reasons in ``validation.KNOWN_MISSES`` and must still miss."""
+on a real GPU?"). The dataset holds only what Nsight Compute measured; the predictions the
+notebook and docs read are stored beside it by ``python -m flashsim.measured.validation``
+with the hash of exactly what they are a pure function of (the dataset and the flashsim
+modules the prediction imports, ``validation.inputs``). A stale hash fails at once, naming
+the inputs that changed, instead of recomputing every point (minutes); a sample of every
+kernel is recomputed on every run. Targets are checked point by point; the few points that
+miss are listed with reasons in ``validation.KNOWN_MISSES`` and must still miss."""
 
 import json
 import math
-import warnings
 
 import pytest
 
@@ -18,18 +19,28 @@ pytestmark = pytest.mark.skipif(not validation.DATASET.exists(), reason="no data
 
 
 def _stored() -> dict:
-    with open(validation.PREDICTIONS) as f:
-        return json.load(f)
+    return measured.load(validation.PREDICTIONS.name)
+
+
+def _stale() -> str | None:
+    """Why the stored predictions may not be what the model computes, or None."""
+    stored, now = _stored(), validation.inputs()
+    if stored.get("inputs_sha256") == validation.inputs_sha256(files=now):
+        return None
+    old = stored.get("inputs", {})
+    changed = sorted(k for k in old.keys() | now.keys() if old.get(k) != now.get(k))
+    return (f"{validation.PREDICTIONS.name} is stale: its inputs changed "
+            f"({', '.join(changed) or 'hash only'}); run python -m flashsim.measured.validation "
+            "(a few minutes; it says how many rows moved) and commit the file")
 
 
 @pytest.fixture(scope="module")
 def rows():
-    """The model's rows for every point: recomputed here when anything they are a pure
-    function of (the dataset, any flashsim source file) changed since they were stored;
-    else the stored ones, which those same inputs produced."""
-    if _stored().get("inputs_sha256") == validation.inputs_sha256():
-        return validation.stored_rows()
-    return validation.compare()
+    """The stored rows, which the current inputs produced (else the tests fail at once)."""
+    reason = _stale()
+    if reason:
+        pytest.fail(reason)
+    return validation.stored_rows()
 
 
 def _same(stored_row, row):
@@ -41,13 +52,20 @@ def _same(stored_row, row):
 def test_stored_predictions_are_what_the_model_computes(rows):
     stored = _stored()
     assert len(stored["rows"]) == len(rows)
-    if stored.get("inputs_sha256") != validation.inputs_sha256():
-        for row, s in zip(rows, stored["rows"]):        # rows were recomputed: compare all
-            _same(s, row)
-        warnings.warn("the stored predictions are right but their inputs_sha256 is stale, "
-                      "so this test recomputes every point (minutes): run python -m "
-                      "flashsim.measured.validation to store the new hash")
     assert stored["summary"] == validation.summary(rows)
+
+
+def test_the_hash_covers_exactly_the_prediction_inputs():
+    """The modules the prediction runs are inputs (an edit there must refresh the copy);
+    the CLI, the views and models the prediction never imports are not (an edit there
+    must not make this file recompute for minutes)."""
+    names = set(validation.inputs())
+    assert {"measured/data/ncu_h200.json", "measured/validation.py", "plan.py", "nest.py",
+            "hardware/l2.py", "hardware/l2_lockstep.py", "hardware/timing.py",
+            "hardware/presets.py", "algorithms/flash2.py", "__init__.py"} <= names
+    assert not names & {"cli.py", "context_parallel.py", "views/hopper.py",
+                        "measured/heldout.py", "hardware/schedules.py"}
+    assert validation.inputs_sha256() == validation.inputs_sha256(files=validation.inputs())
 
 
 def test_a_sample_of_predictions_is_recomputed_on_every_run():

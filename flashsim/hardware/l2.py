@@ -71,6 +71,11 @@ class LaunchTraffic:
     steps: int = 0            # global steps: the length of the launch in block-steps
 
 
+def _over_launches(name: str) -> property:
+    """A report's total of one of its launches' fields."""
+    return property(lambda self: sum(getattr(x, name) for x in self.launches))
+
+
 @dataclass
 class L2Report:
     """The L2 model's prediction for a whole plan (all launches, all batch x heads)."""
@@ -79,28 +84,11 @@ class L2Report:
     sms: int
     launches: list = field(default_factory=list)
 
-    def _sum(self, name):
-        return sum(getattr(x, name) for x in self.launches)
-
-    @property
-    def l2_read_bytes(self):
-        return self._sum("l2_read_bytes")
-
-    @property
-    def l2_write_bytes(self):
-        return self._sum("l2_write_bytes")
-
-    @property
-    def dram_read_bytes(self):
-        return self._sum("dram_read_bytes")
-
-    @property
-    def dram_write_bytes(self):
-        return self._sum("dram_write_bytes")
-
-    @property
-    def dirty_at_end_bytes(self):
-        return self._sum("dirty_at_end_bytes")
+    l2_read_bytes = _over_launches("l2_read_bytes")
+    l2_write_bytes = _over_launches("l2_write_bytes")
+    dram_read_bytes = _over_launches("dram_read_bytes")
+    dram_write_bytes = _over_launches("dram_write_bytes")
+    dirty_at_end_bytes = _over_launches("dirty_at_end_bytes")
 
     def to_dict(self) -> dict:
         return {

@@ -19,14 +19,16 @@ below it). :func:`split_summaries` gives the targets per split.
 Predictions take minutes to compute (causal points' blocks do not run in lockstep, so the
 L2 model steps through every one), so ``python -m flashsim.measured.validation`` stores
 them beside each dataset (``ncu_h200_predictions.json``, ``ncu_h200_heldout_predictions.json``)
-with the SHA-256 of what they are a pure function of: the dataset, every source file of
-the flashsim package and the kernel registry (:func:`inputs_sha256`). Tests recompute all of
-them whenever that hash changed and a sample of points on every run; the notebook and
-docs read the stored copies.
+with the SHA-256 of exactly what they are a pure function of: the dataset, the flashsim
+modules this one imports and the kernel package that configures the launches (:func:`inputs`;
+an edit to the CLI or a view leaves the copies fresh). A test fails at once, naming the
+changed inputs, when a hash is stale (run this module again: it says how many rows moved),
+and recomputes a sample of points on every run; the notebook and docs read the stored copies.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import pathlib
@@ -177,17 +179,61 @@ def compare(data: dict | None = None) -> list[dict]:
     return rows
 
 
-def inputs_sha256(dataset=DATASET) -> str:
-    """SHA-256 of everything the stored predictions are a pure function of: the dataset's
-    bytes, every ``.py`` file of the flashsim package (path and bytes, in path order) and
-    the kernel registry (the compiled variants' registers and shared memory)."""
-    h = hashlib.sha256(pathlib.Path(dataset).read_bytes())
+def _imports(f: pathlib.Path, package: list[str]) -> list[str]:
+    """The flashsim modules the file ``f`` (in ``package``) imports, at its top or inside
+    functions (a lazy import is an input too)."""
+    out = []
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) + 1 - node.level] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out += [mod] + [f"{mod}.{a.name}" for a in node.names]   # "from x import module"
+    return [m for m in out if m.split(".")[0] == "flashsim"]
+
+
+def sources(module: str = f"{__package__}.validation") -> list[pathlib.Path]:
+    """The flashsim source files that importing ``module`` runs: its own, every flashsim
+    module it imports (transitively, read from the source, not from what this process has
+    imported) and the ``__init__.py`` of each package on the way. Exactly what the stored
+    predictions can depend on, so that an edit elsewhere (the CLI, a view) leaves them fresh.
+    (Named, not ``__name__``: run as ``python -m`` this module is ``__main__``.)"""
     root = pathlib.Path(__file__).resolve().parents[1]
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        h.update(f.read_bytes())
-    h.update((root.parent / "gpu_kernels" / "registry.py").read_bytes())
-    return h.hexdigest()
+    seen: set[pathlib.Path] = set()
+    todo = [module]
+    while todo:
+        parts = todo.pop().split(".")
+        for k in range(1, len(parts) + 1):    # importing a.b.c runs a, a.b and a.b.c
+            name, where = parts[:k], root.joinpath(*parts[1:k])
+            if k > 1 and where.with_suffix(".py").is_file():
+                f, package = where.with_suffix(".py"), name[:-1]
+            else:
+                f, package = where / "__init__.py", name
+            if f.is_file() and f not in seen:
+                seen.add(f)
+                todo += _imports(f, package)
+    return sorted(seen)
+
+
+def inputs(dataset=DATASET) -> dict[str, str]:
+    """``{path: SHA-256}`` of everything the stored predictions of ``dataset`` are a pure
+    function of: the dataset, the source files of :func:`sources` (paths relative to the
+    flashsim package) and every Python file of ``gpu_kernels`` (the registry's launches,
+    tile rules and compiled resources, which ``flashsim.predict`` reads)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    kernels = sorted((root.parent / "gpu_kernels").rglob("*.py"))
+    return {f.relative_to(root.parent if f in kernels else root).as_posix():
+            hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in [pathlib.Path(dataset), *sources(), *kernels]}
+
+
+def inputs_sha256(dataset=DATASET, *, files: dict[str, str] | None = None) -> str:
+    """One SHA-256 over :func:`inputs` of ``dataset`` (or ``files``: path and hash of each,
+    in path order)."""
+    files = inputs(dataset) if files is None else files
+    return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(files.items()))
+                          .encode()).hexdigest()
 
 
 def stored_rows(dataset=DATASET, predictions=PREDICTIONS) -> list[dict]:
@@ -321,17 +367,24 @@ def store(dataset, predictions, fit: bool = False) -> dict:
     rows = compare(data)
     fitted = ({"fitted_efficiencies": [[k, d, e] for (k, d), e in sorted(efficiencies(
         [p for p in data["points"] if p["launches"]]).items())]} if fit else {})
+    files = inputs(dataset)
     out = {"note": f"Computed by `python -m flashsim.measured.validation` from "
                    f"{pathlib.Path(dataset).name}'s configurations through flashsim.predict; "
                    "model output, not measurements.",
-           "inputs_sha256": inputs_sha256(dataset),
+           "inputs_sha256": inputs_sha256(files=files),
+           "inputs": files,
            "summary": summary(rows),
            **({"summary_by_split": {sp: summary([r for r in rows if r["point"]["split"] == sp])
                                     for sp in SPLITS[1:]}}
               if all("split" in r["point"] for r in rows) else {}),
            **fitted,
            "rows": [{"efficiency": r["efficiency"], "predicted": r["predicted"]} for r in rows]}
-    pathlib.Path(predictions).write_text(json.dumps(out, indent=1) + "\n")
+    path_ = pathlib.Path(predictions)
+    before = json.loads(path_.read_text()) if path_.exists() else {}
+    out["changed_rows"] = (sum(a != b for a, b in zip(before.get("rows", []), out["rows"]))
+                           + abs(len(before.get("rows", [])) - len(out["rows"])))
+    path_.write_text(json.dumps({k: v for k, v in out.items() if k != "changed_rows"},
+                                indent=1) + "\n")
     return out
 
 
@@ -341,6 +394,7 @@ def main() -> None:
         print(pathlib.Path(dataset).name)
         for k, v in out["summary"].items():
             print(f"  {k:44s} {v}")
+        print(f"  {out['changed_rows']} of {len(out['rows'])} rows differ from the copy stored before")
 
 
 if __name__ == "__main__":

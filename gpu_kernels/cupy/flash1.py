@@ -1,5 +1,8 @@
 """FlashAttention (Algorithm 1) in fp32 on CUDA cores (``cuda/flash1.cu``).
 
+Tiles against flashsim's default rule: the same, its two-level rule at M = 48 KiB, which
+places K_j, V_j, Q_i, O_i, S_ij, l_i and m_i in shared memory as this kernel does.
+
 Versions: one. Outer loop over K/V blocks j, inner loop over Q blocks i, O, l, m in HBM
 between steps; one thread block per (batch, head), as the original FlashAttention kernel.
 Tiles from ``flashsim.plan("flash1", ...)`` for ``SRAM`` bytes (the tile policy's

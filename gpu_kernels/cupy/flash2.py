@@ -5,6 +5,9 @@ Versions: one. One thread block per Q block i; K/V streamed; deferred rescale; L
 of each row of tau Q K^T. Tiles from ``flashsim.plan("flash2", ...)`` for ``SRAM`` bytes (the
 tile policy's ``sram_rule``). Shared memory: 4 (2 B_r d + 2 B_r + d (B_c + 1) + B_c d + B_r B_c)
 bytes (Q_i, O_i, m_i, l_i, K_j^T with a padding column, V_j, S_ij).
+
+Tiles against flashsim's default rule: the same, its two-level rule at M = 48 KiB, which
+places Q_i, O_i, m_i, l_i, K_j, V_j and S_ij in shared memory as this kernel does.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ on ``CONFIGS``, the fastest correct configuration per d of the sweep in
 ``benchmarks/cupy_h200.py`` on the H200 (``cupy_h200.json``, "tc_configs"). Threads:
 32 B_r / WARP_M (one warp per 16 query rows, 32 from v5 on). Shared memory (dynamic):
 ``smem_bytes``. The plain fp32 kernel of the same loop is ``flash2`` (``cuda/flash2.cu``).
+
+Tiles against flashsim's default rule: they differ; its rule for this placement (S, P and
+O in the registers of the launch's warps, H200 preset) takes larger square tiles than the
+measured table's.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ and softmax rows R for ``SRAM`` bytes of shared memory (the tile policy's ``sram
 
 Shared memory (bytes, 4-byte words): kernel 1 4 (B_r d + d (B_c + 1)), kernel 2 4 R (N + 2)
 (dynamic) or 4 (B_r B_c + 2 B_r) streaming, kernel 3 4 (B_r B_c + B_c d + B_r d).
+
+Tiles against flashsim's default rule: the same, its two-level rule at M = 48 KiB, which
+places each kernel's tiles in shared memory as this kernel does.
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ fits 48 KiB with B_r = B_c = 32 (41,984 B), at d = 128 with 16. flashsim's SRAM 
 also counts dK_j, dV_j and the dQ_i partial sums, which this kernel keeps in registers:
 its predictions for these tiles use the H200 preset's M (the traffic of given tiles does
 not depend on M).
+
+Tiles against flashsim's default rule (H200 preset, M = 48 KiB): the same for
+``standard_bwd``; for ``flash2_bwd`` the same at d = 64 and 128, larger below (multiples of
+16, not only powers of two).
 """
 
 from __future__ import annotations

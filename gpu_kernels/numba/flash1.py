@@ -37,6 +37,9 @@ e^(m~_ij - m_new) = 0 drops it.
 Shared memory: Q_i^T, K_j^T, V_j, P~_ij^T and two row-statistic arrays (``Tiling.shared_words``);
 tiles from flashsim's ``fastest_blocks`` as in ``flash2``; tile loads and products are
 ``numba.common.tile_ops``' device functions.
+
+Tiles against flashsim's default rule: they differ; its rule for this placement (H200
+preset, M = 48 KiB) takes the largest square tiles that fit, larger than these.
 """
 
 from __future__ import annotations

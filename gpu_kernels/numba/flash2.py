@@ -39,6 +39,9 @@ KiB. flashsim's SRAM rule at 48 KiB would give square tiles, because its model a
 the O_i and S_ij that this kernel keeps in registers; those run slower (numba_h200.py times
 both). Tile loads and products are ``numba.common.tile_ops``' register-tiled device
 functions.
+
+Tiles against flashsim's default rule: they differ; its rule for this placement (H200
+preset, M = 48 KiB) takes the largest square tiles that fit, larger than these.
 """
 
 from __future__ import annotations

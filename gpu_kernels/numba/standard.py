@@ -29,6 +29,9 @@ its own thread layout (a tiling for the Q_i, K_j^T arrays and one for P_ij^T, V_
 flashsim's SRAM rule at 48 KiB (the tile policy's ``sram_rule``); shared memory: the larger
 of kernel 1's Q_i^T, K_j^T and kernel 3's P_ij^T, V_j (``Tiling.shared_words``), and kernel
 2's 4 N bytes (dynamic) plus 2 x 4 NT.
+
+Tiles against flashsim's default rule: the same as its rule for this placement (S_ij and
+O_i in registers) on the H200 preset with M = 48 KiB, this kernel's shared memory.
 """
 
 from __future__ import annotations
