@@ -207,8 +207,9 @@ class MaskPicture:
     @classmethod
     def _decades(cls, v: dict) -> tuple[float, float]:
         """The bar axis's limits on whole decades around every bar, so they rarely move."""
+        from .pictures import decades
         ys = [y for y in cls._ratios(v) if y > 0]
-        return 10.0 ** np.floor(np.log10(min(ys) / 2)), 10.0 ** np.ceil(np.log10(max(ys) * 2))
+        return decades(min(ys) / 2, max(ys) * 2)
 
     def layers(self, v: dict) -> list:
         return [(self._decades(v), [self.cx.yaxis]),
