@@ -864,6 +864,8 @@ class TimelinePicture:
         self.link = self.bx.bar(x + 0.2, np.ones_like(x), width=0.4, color="0.55",
                                 label="sent over link")
         self.bx.set_yscale("log")
+        from matplotlib.ticker import NullLocator
+        self.bx.yaxis.set_minor_locator(NullLocator())   # minor log ticks cost most of a draw
         self.bx.set_xlabel("device")
         self.bx.set_ylabel("bytes")
         self.bx.legend(fontsize=7, loc="upper left", frameon=False)
