@@ -880,10 +880,12 @@ class TimelinePicture:
         return round_up(v["total_s"] * 1e3 * 1.22), decades(lo / 3, hi * 3)
 
     def layers(self, v: dict) -> list:
-        # Drawn in layers: the axes (tick labels cost most) only when P or a limit moves
+        # Drawn in layers: each axis (tick labels cost most) only when what it shows moves,
+        # least often moved first: the devices, then the byte decades, then the time axis
         t_end, b_lim = self._limits(v)
-        return [((v["devices"], t_end), [self.ax.xaxis, self.ax.yaxis]),
-                ((v["devices"], b_lim), [self.bx.xaxis, self.bx.yaxis]),
+        return [(v["devices"], [self.ax.yaxis, self.bx.xaxis]),
+                (b_lim, [self.bx.yaxis]),
+                (t_end, [self.ax.xaxis]),
                 (None, [self.work, self.sends, *self.idle, *self.hbm, *self.link,
                         *self.ax.spines.values(), *self.bx.spines.values(),
                         self.bx.get_legend(), self.title])]          # the legend over the bars
