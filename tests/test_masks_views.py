@@ -108,3 +108,21 @@ def test_figure2_runs_each_paper_version_in_its_own_setting():
     assert a[3]["hbm_bytes"] == nips[3]["hbm_bytes"]          # fused: nothing moves
     text = backward.format_figure2_paper(runs)
     assert "arXiv v2" in text and "NeurIPS 2022" in text and "40.3" in text and "35.3" in text
+
+
+def test_each_slider_selects_its_family_and_redraws():
+    """A slider of another family (documents on a sliding-window panel) selects its own
+    family, so every slider changes the picture; one refresh per move, caption from the
+    controls."""
+    panel = views.mask_panel(family="sliding", seq_len=4096, window=1024)
+    for name, family, value in (("documents", "document", 5), ("density", "blocksparse", 0.3),
+                                ("window", "sliding", 512)):
+        before, calls = panel.image.value, []
+        compute = panel.compute
+        panel.compute = lambda **kw: calls.append(kw) or compute(**kw)
+        panel.controls[name].value = value
+        panel.compute = compute
+        assert panel.controls["family"].value == family and len(calls) == 1
+        assert panel.view["spec"] == views.spec(family, 4096, **{name: value})
+        assert panel.image.value != before and f"mask = {family}" in panel.caption
+

@@ -199,6 +199,17 @@ PANELS = [
     (w.parallelism_panel, [("batch", 1), ("batch", 16), ("heads", 3), ("seq_len", 1024)]),
     (w.warps_panel, [("warps", 8), ("block_cols", 128), ("warps", 2), ("head_dim", 64)]),
 ]
+# Notebooks 09-11's layered pictures (the last move's family is the one a fresh panel,
+# set control by control, ends on: a family's slider selects its family)
+from flashsim.views import beyond as _beyond, hopper as _hopper, masks as _masks  # noqa: E402
+PANELS += [
+    (_masks.mask_panel, [("window", 2048), ("documents", 5), ("seq_len", 8192),
+                         ("window", 512), ("density", 0.5)]),
+    (_hopper.timeline_panel, [("head_dim", 64), ("schedule", "pingpong"), ("head_dim", 256)]),
+    (_hopper.fp8_panel, [("block", 64), ("outlier_fraction", 0.01), ("block", 128)]),
+    (_beyond.timeline_panel, [("devices", 8), ("seq_len", 131072), ("link", "32"),
+                              ("devices", 2), ("causal", False)]),
+]
 
 
 @pytest.mark.parametrize("make,moves", PANELS, ids=[m.__name__ for m, _ in PANELS])

@@ -10,6 +10,8 @@ Everything is computed by :mod:`flashsim.context_parallel` (closed forms, which
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import context_parallel as cpm
@@ -103,7 +105,16 @@ def timeline_panel(devices: int = 4, seq_len: int = 65536, link: str = "450",
 
     from . import pictures
     from .widgets import Panel, _style
-    return Panel(timeline_view, pictures.TimelinePicture, {
+    # The view is a pure function of the controls: cached, and the points one slider step
+    # from the start computed before the panel shows, so a move answers at once.
+    view = functools.lru_cache(maxsize=256)(timeline_view)
+    start = dict(devices=devices, seq_len=seq_len, link=link, schedule=schedule, causal=causal)
+    for key, grid in (("devices", DEVICES), ("seq_len", SEQ_LENS), ("link", tuple(LINK_GBPS))):
+        i = grid.index(start[key])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(grid):
+                view(**{**start, key: grid[j]})
+    return Panel(view, pictures.TimelinePicture, {
         "devices": W.SelectionSlider(options=list(DEVICES), value=devices,
                                      description="devices P", style=_style()),
         "seq_len": W.SelectionSlider(options=list(SEQ_LENS), value=seq_len,

@@ -221,34 +221,62 @@ class SfuRooflinePicture:
 
 class TimelinePicture:
     """A Gantt chart of one thread block: tensor cores, SFU + fp32, loads; colour by warp
-    group, shade by K/V block."""
+    group, shade by K/V block. Built once (one collection of bars, a pool of labels); drawn
+    in layers: the frame and the lanes' labels are saved, the cycle axis is redrawn only when
+    its limit (the cycles rounded up to a round number) moves."""
+
+    LABELS = 64
 
     def __init__(self, fig):
+        from matplotlib.collections import PolyCollection
         self.fig = fig
+        ax = self.ax = fig.add_subplot(111)
+        self.bars = PolyCollection([], edgecolor="black", linewidth=0.3)
+        ax.add_collection(self.bars)
+        self.labels = [ax.text(0, 0, "", ha="center", va="center", fontsize=6, visible=False)
+                       for _ in range(self.LABELS)]
+        ax.set_yticks(range(len(LANES)), [LANE_LABELS[x] for x in LANES], fontsize=8)
+        ax.set_ylim(len(LANES) - 0.5, -0.5)          # lanes top to bottom
+        ax.set_xlabel("cycles of one SM")
+        self.title = ax.set_title("", fontsize=9)
+        fig.subplots_adjust(left=0.2, right=0.98, top=0.88, bottom=0.16)
+
+    @staticmethod
+    def _xmax(v: dict) -> float:
+        """The cycle axis's end: the run's cycles rounded up to a round number, so most
+        moves keep the axis as it is."""
+        from .pictures import round_up
+        return round_up(max(float(v["cycles"]), 1.0))
+
+    def layers(self, v: dict) -> list:
+        return [(self._xmax(v), [self.ax.xaxis]),
+                (None, [self.bars, *self.labels, self.title])]
 
     def update(self, v: dict) -> None:
         from matplotlib import colormaps
-        self.fig.clear()
-        ax = self.fig.add_subplot(111)
         cmap = {0: colormaps["Blues"], 1: colormaps["Oranges"], -1: colormaps["Greys"]}
         last = max(t["block"] for t in v["tasks"]) + 1
+        verts, colors, labels = [], [], []
         for t in v["tasks"]:
             y = LANES.index(t["lane"])
-            shade = 0.35 + 0.5 * (t["block"] % 4) / 4
-            ax.barh(y, t["end"] - t["start"], left=t["start"], height=0.6,
-                    color=cmap[t["unit"]](shade), edgecolor="black", lw=0.3)
+            verts.append([(t["start"], y - 0.3), (t["end"], y - 0.3), (t["end"], y + 0.3),
+                          (t["start"], y + 0.3)])
+            colors.append(cmap[t["unit"]](0.35 + 0.5 * (t["block"] % 4) / 4))
             if t["end"] - t["start"] > v["cycles"] / 60 and t["name"][0] in "gsKV":
                 label = t["name"].split(".")[0] + (f"·{t['block']}" if "." in t["name"] else "")
-                ax.text((t["start"] + t["end"]) / 2, y, label, ha="center", va="center",
-                        fontsize=6)
-        ax.set_yticks(range(len(LANES)), [LANE_LABELS[x] for x in LANES], fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel("cycles of one SM")
+                labels.append(((t["start"] + t["end"]) / 2, y, label))
+        self.bars.set_verts(verts)
+        self.bars.set_facecolors(colors)
+        for k, text in enumerate(self.labels):
+            text.set_visible(k < len(labels))
+            if k < len(labels):
+                text.set_position(labels[k][:2])
+                text.set_text(labels[k][2])
+        self.ax.set_xlim(0, self._xmax(v))
         u = v["utilisation"]
-        ax.set_title(f"{v['schedule']} (loads: {v['loads']}), d = {v['head_dim']}, {last} K/V "
-                     f"blocks: {v['cycles']:.0f} cycles; tensor cores busy {u['tensor']:.0%}",
-                     fontsize=9)
-        self.fig.subplots_adjust(left=0.2, right=0.98, top=0.88, bottom=0.16)
+        self.title.set_text(
+            f"{v['schedule']} (loads: {v['loads']}), d = {v['head_dim']}, {last} K/V "
+            f"blocks: {v['cycles']:.0f} cycles; tensor cores busy {u['tensor']:.0%}")
 
 
 class ErrorPicture:
@@ -362,6 +390,8 @@ def sfu_roofline_panel(gpu: str = "h100", head_dim: int = 128, seq_len: int = 40
 
 def timeline_panel(schedule: str = "sequential", head_dim: int = 128,
                    loads: str = "producer"):
+    for d in _neighbours(HEAD_DIMS, head_dim):      # a first step of d answers at once
+        timeline_view(schedule=schedule, head_dim=d, loads=loads)
     return _panel(timeline_view, TimelinePicture, {
         "schedule": _dropdown(schedules.SCHEDULES, schedule, "schedule"),
         "head_dim": _select(HEAD_DIMS, head_dim, "d"),
@@ -369,7 +399,18 @@ def timeline_panel(schedule: str = "sequential", head_dim: int = 128,
     }, (10.0, 3.4))
 
 
+def _neighbours(options, value) -> list:
+    i = list(options).index(value)
+    return [options[j] for j in (i - 1, i + 1) if 0 <= j < len(options)]
+
+
 def fp8_panel(outlier_fraction: float = 0.001, block: int = 128):
+    """The error table takes most of a second per point: the points one slider step from
+    the start are computed (cached) before the panel shows, so a first move answers at once."""
+    for f in _neighbours(OUTLIER_FRACTIONS, outlier_fraction):   # as the panel calls it:
+        fp8_view(outlier_fraction=f, block=block)                # lru_cache keys on keywords
+    for b in _neighbours(FP8_BLOCKS, block):
+        fp8_view(outlier_fraction=outlier_fraction, block=b)
     return _panel(fp8_view, ErrorPicture, {
         "outlier_fraction": _select(OUTLIER_FRACTIONS, outlier_fraction, "outlier fraction"),
         "block": _select(FP8_BLOCKS, block, "FP8 block rows"),

@@ -16,6 +16,8 @@ exists (the masked Hopper kernel's benchmark writes it): ``{"provenance": {...},
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import masks as _masks, measured
@@ -63,9 +65,21 @@ def mask_view(family: str = "sliding", seq_len: int = 16384, window: int = 1024,
     """One mask on one shape: the mask (sampled), its tile classes, the tiles skipped, and
     flash2's predicted bytes and roofline time beside the unmasked run's and standard
     attention's (which reads the dense mask and skips nothing). ``heads`` defaults to
-    2048 / d, batch 1: the shape issue 16's H200 measurements use."""
+    2048 / d, batch 1: the shape issue 16's H200 measurements use. A pure function of the
+    mask's spec and the shape, so it is cached on that (a slider of another family, which
+    leaves the spec as it is, costs nothing; a step back is free); the measured points are
+    read fresh."""
     text = spec(family, seq_len, window, documents, density)
-    heads = heads or max(1, 2048 // head_dim)
+    v = dict(_mask_view(family, text, seq_len, head_dim, heads or max(1, 2048 // head_dim),
+                        dtype, gpu))
+    v["measured"] = [p for p in measurements()      # the data file, read as it is now
+                     if p.get("seq_len") == seq_len and p.get("head_dim") == head_dim]
+    return v
+
+
+@functools.lru_cache(maxsize=256)
+def _mask_view(family: str, text: str, seq_len: int, head_dim: int, heads: int, dtype: str,
+               gpu: str) -> dict:
     kw = dict(dtype=dtype, gpu=gpu, heads=heads)
     fa = plan("flash2", seq_len, head_dim, mask=text, **kw)
     full = plan("flash2", seq_len, head_dim, block_rows=fa.block_rows,
@@ -85,8 +99,6 @@ def mask_view(family: str = "sliding", seq_len: int = 16384, window: int = 1024,
         "dense_mask_bytes": _masks.dense_mask_bytes(seq_len),
         "flashmask_bytes": _masks.flashmask_bytes(seq_len),
         "time_ratio": rows["flash2"]["time_s"] / rows["unmasked"]["time_s"],
-        "measured": [p for p in measurements()
-                     if p.get("seq_len") == seq_len and p.get("head_dim") == head_dim],
     }
 
 
@@ -148,17 +160,21 @@ class MaskPicture:
     """Left: the mask (sampled; dark = seen). Middle: the tiles, skipped (light), partial
     (orange), full (green). Right: bytes and roofline time of flash2 with the mask, without
     it and of standard attention with the dense mask, as shares of the unmasked flash2
-    run's; measured points (when committed) as crosses."""
+    run's; measured points (when committed) as crosses. Drawn in layers: the frames, tick
+    labels and legend are saved; the bar axis's limits lie on whole decades, so a move
+    redraws only the images, bars and title (and the bar axis when its decades change)."""
 
     def __init__(self, fig):
         from matplotlib.colors import ListedColormap
         self.ax = fig.add_axes([0.03, 0.12, 0.27, 0.72])
         self.bx = fig.add_axes([0.35, 0.12, 0.27, 0.72])
         self.cx = fig.add_axes([0.72, 0.12, 0.26, 0.72])
+        # fixed extents: the axes' limits never move, whatever N or the tile count
         self.img = self.ax.imshow(np.zeros((2, 2)), cmap="Greys", vmin=0, vmax=1,
-                                  interpolation="nearest")
+                                  interpolation="nearest", extent=(0, 1, 1, 0))
         self.tiles = self.bx.imshow(np.zeros((2, 2)), cmap=ListedColormap(CLASS_COLORS),
-                                    vmin=0, vmax=2, interpolation="nearest")
+                                    vmin=0, vmax=2, interpolation="nearest",
+                                    extent=(0, 1, 1, 0))
         for a, t in ((self.ax, "mask (query rows x key columns)"),
                      (self.bx, "tiles: skipped / partial / full")):
             a.set_xticks([])
@@ -178,12 +194,32 @@ class MaskPicture:
         self.cx.legend(fontsize=7, loc="upper left", frameon=False)
         self.title = fig.suptitle("", fontsize=9)
 
+    @staticmethod
+    def _ratios(v: dict) -> list[float]:
+        """Every bar's and cross's height, as a share of the unmasked flash2 run's."""
+        base, ys = v["unmasked"], []
+        for key in ("flash2", "unmasked", "standard"):
+            ys += [v[key]["hbm_bytes"] / base["hbm_bytes"], v[key]["time_s"] / base["time_s"]]
+        pts = [p for p in v["measured"] if p.get("spec") == v["spec"]]
+        ref = [p for p in v["measured"] if p.get("impl") == "ours_unmasked"]
+        return ys + ([p["time_ms"] / ref[0]["time_ms"] for p in pts] if ref else [])
+
+    @classmethod
+    def _decades(cls, v: dict) -> tuple[float, float]:
+        """The bar axis's limits on whole decades around every bar, so they rarely move."""
+        from .pictures import decades
+        ys = [y for y in cls._ratios(v) if y > 0]
+        return decades(min(ys) / 2, max(ys) * 2)
+
+    def layers(self, v: dict) -> list:
+        return [(self._decades(v), [self.cx.yaxis]),
+                (None, [self.img, self.tiles, *self.ax.spines.values(),   # frames over images
+                        *self.bx.spines.values(), *self.bars_b, *self.bars_t, self.meas,
+                        self.title])]
+
     def update(self, v: dict) -> None:
         self.img.set_data(v["picture"].astype(float))
-        self.img.set_extent((0, v["seq_len"], v["seq_len"], 0))
-        c = v["classes"]
-        self.tiles.set_data(c)
-        self.tiles.set_extent((0, c.shape[1], c.shape[0], 0))
+        self.tiles.set_data(v["classes"])
         base = v["unmasked"]
         for k, key in enumerate(("flash2", "unmasked", "standard")):
             self.bars_b[k].set_height(v[key]["hbm_bytes"] / base["hbm_bytes"])
@@ -195,24 +231,39 @@ class MaskPicture:
                                [p["time_ms"] / ref[0]["time_ms"] for p in pts])
         else:
             self.meas.set_data([], [])
-        hi = max(v["standard"]["hbm_bytes"] / base["hbm_bytes"],
-                 v["standard"]["time_s"] / base["time_s"], 1.0)
-        lo = min(v["flash2"]["hbm_bytes"] / base["hbm_bytes"],
-                 v["flash2"]["time_s"] / base["time_s"])
-        self.cx.set_ylim(lo / 2, hi * 2)
+        self.cx.set_ylim(*self._decades(v))
         self.title.set_text(f"{v['spec'][:60]}, N = {v['seq_len']:,}, tiles "
                             f"{v['block_rows']} x {v['block_cols']} ({v['gpu']}): "
                             f"{v['skipped']:,} of {v['tiles']:,} tiles skipped")
 
 
+# the slider that shapes each family's mask
+FAMILY_OF = {"window": "sliding", "documents": "document", "density": "blocksparse"}
+
+
 def mask_panel(family: str = "sliding", seq_len: int = 16384, window: int = 1024,
                documents: int = 4, density: float = 0.25):
     """Notebook 10: the family, N, and sliders for the window, the number of documents and
-    the block density (each moves the mask of its own family)."""
+    the block density. Each slider moves the mask of its own family: moving it selects
+    that family (the dropdown follows), so every slider changes the picture."""
     import ipywidgets as W
 
     from .widgets import Panel, _pow2_slider as slider
-    return Panel(mask_view, MaskPicture, {
+
+    class MaskPanel(Panel):
+        def _on_change(self, change) -> None:
+            fam = self.controls["family"]
+            own = next((FAMILY_OF[k] for k, w in self.controls.items()
+                        if w is change["owner"] and k in FAMILY_OF), None)
+            if own is not None and fam.value != own and not self._busy:
+                self._busy = True           # one refresh, after both controls moved
+                try:
+                    fam.value = own
+                finally:
+                    self._busy = False
+            super()._on_change(change)
+
+    return MaskPanel(mask_view, MaskPicture, {
         "family": W.Dropdown(options=list(FAMILIES), value=family, description="mask"),
         "seq_len": slider(SEQ_LENS, seq_len, "N"),
         "window": slider(WINDOWS, window, "window W"),

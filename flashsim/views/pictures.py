@@ -135,6 +135,19 @@ def _nice_step(span: float, ticks: int = 5) -> float:
     return float(2 ** round(np.log2(max(span, 1) / ticks)))
 
 
+def round_up(x: float) -> float:
+    """``x`` rounded up to a round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k): an axis
+    limit that most slider moves leave as it is, so a layered picture keeps its axis."""
+    x = max(float(x), 1e-300)
+    k = 10.0 ** np.floor(np.log10(x))
+    return next(m * k for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * k >= x * (1 - 1e-12))
+
+
+def decades(lo: float, hi: float) -> tuple[float, float]:
+    """Log-axis limits on whole decades around [lo, hi] (both > 0)."""
+    return 10.0 ** np.floor(np.log10(lo)), 10.0 ** np.ceil(np.log10(hi))
+
+
 def _log_limits(values, pad: float = 1.6) -> tuple[float, float]:
     v = np.concatenate([np.ravel(np.asarray(a, float)) for a in values])
     v = v[v > 0]
@@ -531,11 +544,13 @@ class TilePicture:
         self.text = fig.text(0.08, 0.02, "", family="monospace", fontsize=8)
 
     def base_key(self, v: dict):
-        return (v["algorithm"], v["seq_len"], v["head_dim"], v["dtype"], v["sram"],
-                v["causal"])
+        # the axes (their ticks cost most of a draw) depend on N alone; d, M, the mask
+        # and the step move only the images and the texts
+        return v["seq_len"]
 
     def layers(self, v: dict) -> list:
-        return [(None, [self.grid, *(self.strips[n] for n in "QKVO"), self.text])]
+        return [(None, [self.grid, *(self.strips[n] for n in "QKVO"), self.text,
+                        self.title])]
 
     def update(self, v: dict) -> None:
         N, Br, Bc = v["seq_len"], v["block_rows"], v["block_cols"]
@@ -833,6 +848,7 @@ class TimelinePicture:
     def __init__(self, fig):
         from matplotlib import colormaps
         from matplotlib.collections import PolyCollection
+        self.fig = fig
         self.cmap = colormaps["tab10"]
         self.ax = fig.add_axes([0.07, 0.14, 0.58, 0.70])
         self.bx = fig.add_axes([0.74, 0.14, 0.24, 0.70])
@@ -850,10 +866,29 @@ class TimelinePicture:
         self.link = self.bx.bar(x + 0.2, np.ones_like(x), width=0.4, color="0.55",
                                 label="sent over link")
         self.bx.set_yscale("log")
+        from matplotlib.ticker import NullLocator
+        self.bx.yaxis.set_minor_locator(NullLocator())   # minor log ticks cost most of a draw
         self.bx.set_xlabel("device")
         self.bx.set_ylabel("bytes")
         self.bx.legend(fontsize=7, loc="upper left", frameon=False)
         self.title = fig.suptitle("", fontsize=9)
+
+    def _limits(self, v: dict) -> tuple:
+        """The time axis's end (rounded up) and the byte axis's decades: the axes' keys."""
+        hi = max(max(v["hbm_bytes"]), max(v["link_send_bytes"]) or 1)
+        lo = min([x for x in v["hbm_bytes"] + v["link_send_bytes"] if x > 0] or [1])
+        return round_up(v["total_s"] * 1e3 * 1.22), decades(lo / 3, hi * 3)
+
+    def layers(self, v: dict) -> list:
+        # Drawn in layers: each axis (tick labels cost most) only when what it shows moves,
+        # least often moved first: the devices, then the byte decades, then the time axis
+        t_end, b_lim = self._limits(v)
+        return [(v["devices"], [self.ax.yaxis, self.bx.xaxis]),
+                (b_lim, [self.bx.yaxis]),
+                (t_end, [self.ax.xaxis]),
+                (None, [self.work, self.sends, *self.idle, *self.hbm, *self.link,
+                        *self.ax.spines.values(), *self.bx.spines.values(),
+                        self.bx.get_legend(), self.title])]          # the legend over the bars
 
     def update(self, v: dict) -> None:
         P = v["devices"]
@@ -871,7 +906,8 @@ class TimelinePicture:
                                (b * ms, src + 0.36), (a * ms, src + 0.36)]
                               for src, _, _, a, b in v["transfers"]])
         T = v["total_s"] * ms
-        self.ax.set_xlim(0, T * 1.22)
+        t_end, b_lim = self._limits(v)
+        self.ax.set_xlim(0, t_end)
         self.ax.set_ylim(P - 0.5, -0.6)
         self.ax.set_yticks(range(P))
         self.ax.set_yticklabels([f"device {p}" for p in range(P)], fontsize=8)
@@ -880,15 +916,13 @@ class TimelinePicture:
             if p < P:
                 t.set_position((T * 1.01, p - 0.15))
                 t.set_text(f"idle {v['idle_fraction'][p]:.0%}")
-        hi = max(max(v["hbm_bytes"]), max(v["link_send_bytes"]) or 1)
-        lo = min([x for x in v["hbm_bytes"] + v["link_send_bytes"] if x > 0] or [1])
         for p in range(self.MAX_DEVICES):
             for bars, key in ((self.hbm, "hbm_bytes"), (self.link, "link_send_bytes")):
                 bars[p].set_visible(p < P)
                 bars[p].set_height(max(v[key][p], 1) if p < P else 1)
         self.bx.set_xlim(-0.6, P - 0.4)
         self.bx.set_xticks(range(P))
-        self.bx.set_ylim(lo / 3, hi * 3)
+        self.bx.set_ylim(*b_lim)
         self.title.set_text(
             f"{v['schedule']} ({v['layout']} slices{', causal' if v['causal'] else ''}), "
             f"N = {v['seq_len']:,}, d = {v['head_dim']}, {v['heads']} heads, {v['dtype']}, "
