@@ -1,0 +1,329 @@
+"""The Hopper kernel (cupy_flash3, every version) against PyTorch's attention backends.
+
+    python -m benchmarks.hopper_h200 --out DIR            # check every version, then time
+    python -m benchmarks.hopper_h200 --quick --out DIR    # d = 64, 128 and N = 2048, 4096, 16384
+    python -m benchmarks.hopper_h200 --probe --out DIR    # SASS opcode histogram per version
+    compute-sanitizer --tool memcheck python -m benchmarks.hopper_h200 --sanitize --out DIR
+
+Writes DIR/hopper_h200.json (``--probe``: hopper_h200_probe.json; ``--sanitize``:
+hopper_h200_sanitize.json). Configurations: the FlashAttention-2 paper's (16k tokens in
+total, batch = 16384 / N; hidden 2048, heads = 2048 / d; d = 64, 128, 256; N = 512 ... 16384;
+causal and not; fp16). Implementations, all in the same run:
+  cupy_flash3_v1 .. v4   our Hopper kernel, one name per version (gpu_kernels/cuda/flash3.cu)
+  cupy_flash2_tc         our mma.sync kernel at its tuned default (d = 64, 128)
+  torch_flash, torch_cudnn, torch_efficient   PyTorch SDPA backends
+  torch_flex             torch.compile(flex_attention) (causal: a block mask); skipped with
+                         the reason when it fails; d = 64, 128 at N = 4096, 16384 (each shape compiles)
+TFLOP/s = 4 B H N^2 d / time, halved for causal (the useful work, for every implementation).
+
+Method: first every version is checked against the float64 reference (flashsim.reference) on
+ragged sizes N = 97, 1025, 4097 at every d, fp16 and bf16, causal and not, with
+flash-attention's rule (gpu_kernels.harness.Reference: error at most twice that of a plain
+implementation in the same dtype), and L against the float64 logsumexp; a version that fails
+any check is not timed (its checks say why). Then each timed point is checked again on the
+very inputs it is timed on (error against an fp32 SDPA reference at most twice PyTorch SDPA's
+fp16 error), then timed by the harness (gpu_kernels.harness: warm-up, CUDA events, a 2 x L2
+flush before every repeat, the median). A point that fails, raises or is past --deadline-s is
+absent from "points" and listed in "skipped" with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+
+from benchmarks.common import write_json
+from benchmarks.cupy_h200 import HIDDEN, PAPER_N, TOTAL_TOKENS, Bench
+from gpu_kernels import harness
+from gpu_kernels.cupy import flash3
+
+CHECK_N = (97, 1025, 4097)
+QUICK_N = (2048, 4096, 16384)
+FLEX_N = (4096, 16384)       # flex_attention compiles once per shape: two sizes
+
+
+def impl_name(version: int) -> str:
+    return f"cupy_flash3_v{version}"
+
+
+def sass_histogram(sass: str) -> dict[str, int]:
+    """{opcode: count} of ``cuobjdump --dump-sass`` text (predicates and modifiers dropped)."""
+    counts: dict[str, int] = {}
+    for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)", sass):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def cuobjdump() -> str | None:
+    return shutil.which("cuobjdump") or next(
+        (p for p in ("/usr/local/cuda/bin/cuobjdump",) if os.path.exists(p)), None)
+
+
+class HopperBench(Bench):
+    """cupy_h200's Bench (SDPA peers, fp16 rule, timing, points) with this file's phases."""
+
+    def __init__(self, args, name="hopper_h200.json"):
+        import torch
+
+        from benchmarks.common import Recorder
+
+        self.torch = torch
+        self.harness = harness.Harness("cupy")
+        Recorder.__init__(self, args, name, __doc__.split("Method: ")[1].strip(),
+                          timing=self.harness.method(), correctness=[], kernel_resources={})
+        self.passed = list(flash3.VERSIONS)
+
+    # -------------------------------------------------------------- correct first
+    def inputs(self, B, H, N, d, dtype, seed):
+        """Q, K, V (torch, on the GPU) whose running row maximum changes between blocks: a
+        few late keys align with their queries (large logits), as tests/test_cupy_kernels."""
+        rng = np.random.default_rng(seed)
+        Q, K, V = (rng.standard_normal((B, H, N, d)) for _ in range(3))
+        late = rng.choice(np.arange(N // 2, N), size=max(1, N // 50), replace=False)
+        K[:, :, late] = 3.0 * Q[:, :, late]
+        return [self.torch.tensor(x, device="cuda", dtype=getattr(self.torch, dtype)) for x in (Q, K, V)]
+
+    def check_one(self, version, q, k, v, causal, ref, lse_ref, dtype) -> dict:
+        O, L = self.ours_raw(version, q, k, v, causal)
+        verdict = ref.check(O.float().cpu().numpy())
+        lse_err = float(np.abs(L.cpu().numpy() - lse_ref).max())
+        lse_ok = bool(np.isfinite(lse_err) and np.allclose(L.cpu().numpy(), lse_ref, rtol=1e-5, atol=1e-4))
+        return {**verdict, "lse_max_abs_error": lse_err, "lse_ok": lse_ok, "ok": verdict["ok"] and lse_ok}
+
+    def ours_raw(self, version, q, k, v, causal):
+        """(O, L) of cupy_flash3 at ``version`` as torch tensors."""
+        from gpu_kernels import registry
+
+        B, H, N, d = q.shape
+        launch = registry.launch("cupy_flash3", batch=B, heads=H, seq_len=N, head_dim=d,
+                                 dtype=str(q.dtype).removeprefix("torch."), causal=causal, version=version)
+        res = launch.run(q, k, v)
+        torch = self.torch
+        return torch.as_tensor(res.O, device="cuda").view(q.shape), torch.as_tensor(res.L, device="cuda")
+
+    def check_versions(self, head_dims, sizes=CHECK_N, dtypes=("float16", "bfloat16")):
+        """Every version x d x dtype x causal x N against the float64 reference."""
+        import flashsim
+
+        failed = set()
+        for d in head_dims:
+            for dtype in dtypes:
+                for causal in (False, True):
+                    for N in sizes:
+                        B, H = (1, 2) if N <= 2048 else (1, 1)
+                        q, k, v = self.inputs(B, H, N, d, dtype, seed=N + d + causal)
+                        Qn, Kn, Vn = (x.float().cpu().numpy().astype(np.float64) for x in (q, k, v))
+                        ref = harness.Reference.of(Qn, Kn, Vn, causal, "fp16" if dtype == "float16" else "bf16")
+                        lse_ref = flashsim.reference.logsumexp(Qn, Kn, causal=causal)[..., 0]
+                        for version in flash3.VERSIONS:
+                            what = {"impl": impl_name(version), "d": d, "N": N, "B": B, "H": H,
+                                    "causal": causal, "dtype": dtype}
+                            try:
+                                verdict = self.check_one(version, q, k, v, causal, ref, lse_ref, dtype)
+                            except Exception as exc:
+                                verdict = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+                            self.results["correctness"].append({**what, **verdict})
+                            if not verdict["ok"]:
+                                failed.add(version)
+                            print(f"  check {what['impl']} d={d} {dtype} causal={causal:d} N={N}: "
+                                  f"{'ok' if verdict['ok'] else 'FAIL'} "
+                                  f"{verdict.get('max_abs_error', float('nan')):.2e} <= "
+                                  f"{verdict.get('bound', float('nan')):.2e} {verdict.get('error', '')}", flush=True)
+                        del q, k, v
+        self.passed = [v for v in flash3.VERSIONS if v not in failed]
+        self.results["versions_passed"] = self.passed
+        self.save()
+        return not failed
+
+    def resources(self, head_dims):
+        """Registers, shared memory and spills of every compiled variant (ptxas, sm_90a)."""
+        from gpu_kernels.compile import parse_ptxas_log
+
+        for d in head_dims:
+            for version in flash3.VERSIONS:
+                D = flash3.defines(d, "float16", version=version)
+                try:
+                    _, log = flash3.cubin(tuple(sorted(D.items())))
+                    res = parse_ptxas_log(log).get("flash3_fwd", {})
+                except Exception as exc:
+                    res = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+                self.results["kernel_resources"][f"d={d} v{version}"] = {
+                    **res, "dynamic_smem": flash3.smem_bytes(d, D["BLOCK_C"], D["KV_STAGES"])}
+
+    # -------------------------------------------------------------- timing
+    def flex(self):
+        """torch.compile(flex_attention): run(q, k, v, causal) -> O (a block mask when causal)."""
+        torch = self.torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled = torch.compile(flex_attention)
+        masks = {}
+
+        def run(q, k, v, causal):
+            if not causal:
+                return compiled(q, k, v)
+            N = q.shape[-2]
+            if N not in masks:
+                masks[N] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, N, N, device="cuda")
+            return compiled(q, k, v, block_mask=masks[N])
+        return run
+
+    def timing(self, head_dims, sizes):
+        torch = self.torch
+        impls_fast = [("torch_flash", self.sdpa("FLASH_ATTENTION")),
+                      ("torch_cudnn", self.sdpa("CUDNN_ATTENTION")),
+                      ("torch_efficient", self.sdpa("EFFICIENT_ATTENTION"))]
+        try:
+            flex = self.flex()
+        except Exception as exc:
+            flex = None
+            self.results["flex_note"] = f"flex_attention unavailable: {type(exc).__name__}: {exc}"
+        for d in sorted(head_dims, key=lambda d: (d != 128, d)):   # d = 128 first: the target
+            ours = [(impl_name(v), self.ours("cupy_flash3", version=v)) for v in self.passed]
+            if d in (64, 128):
+                ours.append(("cupy_flash2_tc", self.ours("cupy_flash2_tc")))
+            for causal in (False, True):
+                for N in sizes:
+                    B, H = TOTAL_TOKENS // N, HIDDEN // d
+                    base = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "dtype": "float16"}
+                    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
+                    ref, bound = self.reference(q, k, v, causal)
+                    impls = ours + impls_fast
+                    if flex is not None and N in FLEX_N and d in (64, 128):
+                        impls = impls + [("torch_flex", flex)]
+                    for name, fn in impls:
+                        what = {"impl": name, **base}
+                        if not self.due(what):
+                            continue
+                        try:
+                            ok, err = self.check_fp16(fn(q, k, v, causal), ref, bound)
+                            if not ok and name.startswith("cupy"):
+                                self.skip(what, f"check failed: error {err:.3e} > 2 x SDPA error {bound:.3e}")
+                                continue
+                            ms, times = self.time_fn(lambda: fn(q, k, v, causal))
+                        except Exception as exc:
+                            self.failed(what, exc)
+                            continue
+                        self.point(what, ms, times, max_abs_err=err, err_bound=bound, check_ok=ok)
+                    del q, k, v, ref
+                    torch.cuda.empty_cache()
+                    self.save()
+
+    def table(self):
+        """One line per (d, causal, N): TFLOP/s of every implementation; the best version
+        against torch_flash."""
+        pts = {(p["impl"], p["d"], p["N"], p["causal"]): p["tflops"] for p in self.results["points"]}
+        impls = [impl_name(v) for v in flash3.VERSIONS] + ["cupy_flash2_tc", "torch_flash", "torch_cudnn",
+                                                           "torch_efficient", "torch_flex"]
+        short = ["v1", "v2", "v3", "v4", "fa2tc", "flash", "cudnn", "effic", "flex"]
+        keys = sorted({(d, c, N) for (_, d, N, c) in pts})
+        print("\nTFLOP/s (fp16 forward; best = best cupy_flash3 version / torch_flash)")
+        print(f"{'d':>3} {'c':>1} {'N':>5} " + " ".join(f"{s:>6}" for s in short) + "   best/flash")
+        ratios = []
+        for d, c, N in keys:
+            row = [pts.get((i, d, N, c)) for i in impls]
+            best = max((x for x in row[:4] if x is not None), default=None)
+            fl = row[5]
+            ratio = best / fl if best and fl else None
+            if ratio is not None:
+                ratios.append({"d": d, "N": N, "causal": c, "best_tflops": best, "torch_flash_tflops": fl,
+                               "ratio": ratio})
+            cells = " ".join(f"{x:6.1f}" if x is not None else f"{'-':>6}" for x in row)
+            print(f"{d:>3} {c:d} {N:>5} {cells}   {ratio:.2f}" if ratio else f"{d:>3} {c:d} {N:>5} {cells}")
+        self.results["best_vs_torch_flash"] = ratios
+
+
+# ---------------------------------------------------------------- --probe and --sanitize
+
+def probe(args) -> int:
+    """Compile every version (fp16, each d) for sm_90a and print its SASS opcode histogram."""
+    tool = cuobjdump()
+    out = {"provenance": harness.provenance(), "sass": {}, "cuobjdump": tool}
+    folder = tempfile.mkdtemp(prefix="flash3-sass-")
+    for d in flash3.HEAD_DIMS:
+        for version in flash3.VERSIONS:
+            D = flash3.defines(d, "float16", version=version)
+            key = f"d={d} v{version}"
+            try:
+                data, log = flash3.cubin(tuple(sorted(D.items())))
+                path = os.path.join(folder, f"flash3_d{d}_v{version}.cubin")
+                with open(path, "wb") as f:
+                    f.write(data)
+                from gpu_kernels.compile import parse_ptxas_log
+
+                rec = {"ptxas": parse_ptxas_log(log).get("flash3_fwd", {})}
+                if tool:
+                    sass = subprocess.run([tool, "--dump-sass", path], capture_output=True, text=True).stdout
+                    rec["histogram"] = sass_histogram(sass)
+            except Exception as exc:
+                rec = {"error": f"{type(exc).__name__}: {str(exc)[:600]}"}
+            out["sass"][key] = rec
+            hist = rec.get("histogram", {})
+            top = ", ".join(f"{k} {v}" for k, v in list(hist.items())[:10])
+            print(f"{key}: HGMMA {hist.get('HGMMA', 0)}, HMMA {hist.get('HMMA', 0)}, "
+                  f"UTMALDG {hist.get('UTMALDG', 0)}, LDGSTS {hist.get('LDGSTS', 0)}, regs "
+                  f"{rec.get('ptxas', {}).get('registers')}; top: {top} {rec.get('error', '')}", flush=True)
+    print(f"wrote {write_json(args.out, 'hopper_h200_probe.json', out)}")
+    ok = all("error" not in r and (not tool or r["histogram"].get("HGMMA", 0) > 0) for r in out["sass"].values())
+    return 0 if ok else 1
+
+
+def sanitize(args) -> int:
+    """Tiny launches of every version, d, causal (fp16), each checked; nothing timed. Run under
+    compute-sanitizer (memcheck, racecheck)."""
+    bench = HopperBench(args, "hopper_h200_sanitize.json")
+    bench.results["provenance"] = harness.provenance()
+    ok = bench.check_versions(flash3.HEAD_DIMS, sizes=(333,), dtypes=("float16",))
+    print(f"wrote {bench.save()}; sanitize launches {'all passed' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    from benchmarks.common import parser
+
+    ap = parser(__doc__, deadline_s=240.0)
+    ap.add_argument("--quick", action="store_true", help="d = 64, 128; N = 2048, 4096, 16384")
+    ap.add_argument("--probe", action="store_true", help="SASS opcode histogram of every version")
+    ap.add_argument("--sanitize", action="store_true", help="tiny checked launches, no timing")
+    args = ap.parse_args(argv)
+    if args.probe:
+        return probe(args)
+    if args.sanitize:
+        return sanitize(args)
+
+    import torch
+
+    bench = HopperBench(args)
+    bench.results["provenance"] = harness.provenance(
+        extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
+    head_dims = (64, 128) if args.quick else flash3.HEAD_DIMS
+    sizes = QUICK_N if args.quick else PAPER_N
+    bench.results["configs"] = {"total_tokens": TOTAL_TOKENS, "hidden": HIDDEN, "N": list(sizes),
+                                "head_dims": list(head_dims), "check_N": list(CHECK_N),
+                                "kernel_configs": {str(d): flash3.CONFIGS[d] for d in head_dims}}
+    print(json.dumps(bench.results["provenance"], indent=1), flush=True)
+    all_ok = False
+    try:
+        bench.resources(head_dims)
+        all_ok = bench.check_versions(head_dims)
+        print(f"versions passing every check: {bench.passed}. Starting benchmarks.", flush=True)
+        bench.timing(head_dims, sizes)
+    except Exception:
+        traceback.print_exc()
+        bench.results["error"] = traceback.format_exc()
+    bench.table()
+    bench.results["elapsed_s"] = bench.deadline.elapsed()
+    print(f"wrote {bench.save()} in {bench.results['elapsed_s']:.0f} s; versions passed {bench.passed}")
+    return 0 if all_ok and "error" not in bench.results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
