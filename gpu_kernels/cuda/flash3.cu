@@ -157,6 +157,13 @@ __device__ __forceinline__ void fence_regs(float (&r)[n]) {
 #pragma unroll
     for (int i = 0; i < n; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
 }
+// ... and the A fragments of an RS GEMM: wgmma reads them asynchronously, so they stay live
+// (their registers unused for anything else) until the wait.
+template <int n>
+__device__ __forceinline__ void fence_regs(u32 (&r)[n]) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) asm volatile("" : "+r"(r[i]) :: "memory");
+}
 
 // Shared-memory matrix descriptor: start address, LBO, SBO = 1024 (8 rows of 128 bytes),
 // swizzle mode 1 (128 B) in bits 62-63; addresses and offsets in 16-byte units.
@@ -429,6 +436,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         gemm_pv(o, p, v_tile(st));
         wgmma_wait<0>();
         fence_regs(o);
+        fence_regs(p);
     }
 #elif VERSION == 2
     // ---- v2: thread 0 issues TMA copies; K_{j+1}, V_{j+1} (stage (j+1) % S) during block j
@@ -463,6 +471,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         gemm_pv(o, p, v_tile(st));
         wgmma_wait<0>();
         fence_regs(o);
+        fence_regs(p);
     }
 #elif VERSION == 3
     // ---- v3: consumers only compute; a stage is released once both GEMMs that read it are done
@@ -481,6 +490,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         gemm_pv(o, p, v_tile(st));
         wgmma_wait<0>();
         fence_regs(o);
+        fence_regs(p);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(st));
     }
@@ -515,6 +525,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         softmax_step(s, m_i, l_i, alpha, scale_log2);
         wgmma_wait<0>();                                       // P_{j-1} V_{j-1} done
         fence_regs(o);
+        fence_regs(p);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(prev));
         rescale_o(o, alpha);
@@ -528,6 +539,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         if (w == 0) named_arrive(other, 2 * 128);
         wgmma_wait<0>();
         fence_regs(o);
+        fence_regs(p);
     }
 #endif
 
