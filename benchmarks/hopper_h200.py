@@ -62,6 +62,30 @@ def sass_histogram(sass: str) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def _try(fn, *args):
+    """fn(*args), or the exception it raised (the caller looks again, one at a time)."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return exc
+
+
+def diagnose(O, ref, L, L_ref) -> dict:
+    """Where a failing output is wrong: NaNs, the largest error by 16-row group of the 128-row
+    query block (warp / warpgroup), by 8-column chunk of d (swizzle, descriptor panels), by
+    128-row query block, and the rows whose L is off."""
+    err = np.abs(np.nan_to_num(O.astype(np.float64), nan=1e30) - ref)          # (B, H, N, d)
+    N, d = err.shape[-2:]
+    rows = err.max(axis=(0, 1, 3))                                              # (N,)
+    cols = err.max(axis=(0, 1, 2))                                              # (d,)
+    pad = np.full(-N % 128, 0.0)
+    by_block_row = np.concatenate([rows, pad]).reshape(-1, 128)
+    lerr = np.abs(np.nan_to_num(L, nan=1e30) - L_ref).max(axis=(0, 1))
+    return {"nan": int(np.isnan(O).sum()), "by_row16_in_block": by_block_row.max(0).reshape(8, 16).max(1).tolist(),
+            "by_col8": cols.reshape(-1, 8).max(1).tolist(), "by_query_block": by_block_row.max(1).tolist(),
+            "lse_bad_rows": np.nonzero(lerr > 1e-3)[0][:20].tolist(), "first_bad_row": int(np.argmax(rows > 1e-2))}
+
+
 def cuobjdump() -> str | None:
     return shutil.which("cuobjdump") or next(
         (p for p in ("/usr/local/cuda/bin/cuobjdump",) if os.path.exists(p)), None)
@@ -79,7 +103,36 @@ class HopperBench(Bench):
         self.harness = harness.Harness("cupy")
         Recorder.__init__(self, args, name, __doc__.split("Method: ")[1].strip(),
                           timing=self.harness.method(), correctness=[], kernel_resources={})
-        self.passed = list(flash3.VERSIONS)
+        self.versions = list(getattr(args, "versions", None) or flash3.VERSIONS)
+        self.passed = list(self.versions)
+        self.crashed: dict[int, str] = {}      # version -> why its child process failed
+
+    def smoke_children(self, timeout_s: float = 90.0) -> None:
+        """Run each version's tiny checks (``--smoke --versions V``) in its own process, all at
+        once, each under a time limit: a version that hangs (an mbarrier or named barrier never
+        completing) or crashes (an illegal address leaves the CUDA context unusable) is dropped
+        here, and cannot stop the rest of the run."""
+        procs = {}
+        for v in self.versions:
+            folder = tempfile.mkdtemp(prefix=f"flash3-smoke-v{v}-")
+            cmd = [sys.executable, "-m", "benchmarks.hopper_h200", "--smoke", "--versions", str(v),
+                   "--out", folder]
+            procs[v] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for v, p in procs.items():
+            try:
+                out, _ = p.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+                self.crashed[v] = f"hung: no answer within {timeout_s:.0f} s"
+            else:
+                if p.returncode not in (0, 1):
+                    self.crashed[v] = f"crashed (exit {p.returncode}): {out[-600:]}"
+            tail = "\n    ".join(out.strip().splitlines()[-6:])
+            print(f"  smoke v{v}: exit {p.returncode} {self.crashed.get(v, '')}\n    {tail}", flush=True)
+        self.results["smoke"] = {str(v): self.crashed.get(v, "ran") for v in self.versions}
+        for v, why in self.crashed.items():
+            self.results["correctness"].append({"impl": impl_name(v), "ok": False, "error": why})
 
     # -------------------------------------------------------------- correct first
     def inputs(self, B, H, N, d, dtype, seed):
@@ -93,10 +146,14 @@ class HopperBench(Bench):
 
     def check_one(self, version, q, k, v, causal, ref, lse_ref, dtype) -> dict:
         O, L = self.ours_raw(version, q, k, v, causal)
-        verdict = ref.check(O.float().cpu().numpy())
-        lse_err = float(np.abs(L.cpu().numpy() - lse_ref).max())
-        lse_ok = bool(np.isfinite(lse_err) and np.allclose(L.cpu().numpy(), lse_ref, rtol=1e-5, atol=1e-4))
-        return {**verdict, "lse_max_abs_error": lse_err, "lse_ok": lse_ok, "ok": verdict["ok"] and lse_ok}
+        On, Ln = O.float().cpu().numpy(), L.cpu().numpy()
+        verdict = ref.check(On)
+        lse_err = float(np.abs(Ln - lse_ref).max())
+        lse_ok = bool(np.isfinite(lse_err) and np.allclose(Ln, lse_ref, rtol=1e-5, atol=1e-4))
+        out = {**verdict, "lse_max_abs_error": lse_err, "lse_ok": lse_ok, "ok": verdict["ok"] and lse_ok}
+        if not out["ok"]:
+            out["diagnosis"] = diagnose(On, ref.ref, Ln, lse_ref)
+        return out
 
     def ours_raw(self, version, q, k, v, causal):
         """(O, L) of cupy_flash3 at ``version`` as torch tensors."""
@@ -113,7 +170,7 @@ class HopperBench(Bench):
         """Every version x d x dtype x causal x N against the float64 reference."""
         import flashsim
 
-        failed = set()
+        failed = set(self.crashed)
         for d in head_dims:
             for dtype in dtypes:
                 for causal in (False, True):
@@ -123,7 +180,7 @@ class HopperBench(Bench):
                         Qn, Kn, Vn = (x.float().cpu().numpy().astype(np.float64) for x in (q, k, v))
                         ref = harness.Reference.of(Qn, Kn, Vn, causal, "fp16" if dtype == "float16" else "bf16")
                         lse_ref = flashsim.reference.logsumexp(Qn, Kn, causal=causal)[..., 0]
-                        for version in flash3.VERSIONS:
+                        for version in [v for v in self.versions if v not in self.crashed]:
                             what = {"impl": impl_name(version), "d": d, "N": N, "B": B, "H": H,
                                     "causal": causal, "dtype": dtype}
                             try:
@@ -138,14 +195,22 @@ class HopperBench(Bench):
                                   f"{verdict.get('max_abs_error', float('nan')):.2e} <= "
                                   f"{verdict.get('bound', float('nan')):.2e} {verdict.get('error', '')}", flush=True)
                         del q, k, v
-        self.passed = [v for v in flash3.VERSIONS if v not in failed]
+        self.passed = [v for v in self.versions if v not in failed]
         self.results["versions_passed"] = self.passed
         self.save()
         return not failed
 
     def resources(self, head_dims):
-        """Registers, shared memory and spills of every compiled variant (ptxas, sm_90a)."""
+        """Registers, shared memory and spills of every compiled variant (ptxas, sm_90a); every
+        variant the checks launch is compiled here, several at once (NVRTC runs outside the GIL)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from gpu_kernels.compile import parse_ptxas_log
+
+        keys = [tuple(sorted(flash3.defines(d, t, version=v).items()))
+                for d in head_dims for t in ("float16", "bfloat16") for v in self.versions]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda k: _try(flash3.cubin, k), keys))
 
         for d in head_dims:
             for version in flash3.VERSIONS:
@@ -277,13 +342,16 @@ def probe(args) -> int:
 
 
 def sanitize(args) -> int:
-    """Tiny launches of every version, d, causal (fp16), each checked; nothing timed. Run under
-    compute-sanitizer (memcheck, racecheck)."""
-    bench = HopperBench(args, "hopper_h200_sanitize.json")
+    """Tiny launches of every version (or --versions), d, causal (fp16), each checked; nothing
+    timed. Run under compute-sanitizer (memcheck, racecheck); --smoke is the same, in the
+    child processes of the main run."""
+    bench = HopperBench(args, "hopper_h200_smoke.json" if args.smoke else "hopper_h200_sanitize.json")
     bench.results["provenance"] = harness.provenance()
     ok = bench.check_versions(flash3.HEAD_DIMS, sizes=(333,), dtypes=("float16",))
-    print(f"wrote {bench.save()}; sanitize launches {'all passed' if ok else 'FAILED'}")
-    return 0 if ok else 1
+    raised = any("error" in c for c in bench.results["correctness"])
+    print(f"wrote {bench.save()}; sanitize launches {'all passed' if ok else 'FAILED'}"
+          f"{' (a launch raised: the CUDA context may be unusable)' if raised else ''}")
+    return 0 if ok else (3 if raised else 1)      # 3: the main run must not launch this version
 
 
 def main(argv=None) -> int:
@@ -293,10 +361,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="d = 64, 128; N = 2048, 4096, 16384")
     ap.add_argument("--probe", action="store_true", help="SASS opcode histogram of every version")
     ap.add_argument("--sanitize", action="store_true", help="tiny checked launches, no timing")
+    ap.add_argument("--smoke", action="store_true", help="as --sanitize (the main run's child processes)")
+    ap.add_argument("--versions", type=lambda t: [int(x) for x in t.split(",")], default=None,
+                    help="versions to run (default: all)")
     args = ap.parse_args(argv)
     if args.probe:
         return probe(args)
-    if args.sanitize:
+    if args.sanitize or args.smoke:
         return sanitize(args)
 
     import torch
@@ -312,7 +383,12 @@ def main(argv=None) -> int:
     print(json.dumps(bench.results["provenance"], indent=1), flush=True)
     all_ok = False
     try:
-        bench.resources(head_dims)
+        for phase in (bench.resources, lambda _: bench.smoke_children()):   # neither stops the run
+            try:
+                phase(head_dims)
+            except Exception:
+                traceback.print_exc()
+                bench.results.setdefault("phase_errors", []).append(traceback.format_exc())
         all_ok = bench.check_versions(head_dims)
         print(f"versions passing every check: {bench.passed}. Starting benchmarks.", flush=True)
         bench.timing(head_dims, sizes)
