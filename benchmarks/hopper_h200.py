@@ -164,7 +164,8 @@ class HopperBench(Bench):
                                  dtype=str(q.dtype).removeprefix("torch."), causal=causal, version=version)
         res = launch.run(q, k, v)
         torch = self.torch
-        return torch.as_tensor(res.O, device="cuda").view(q.shape), torch.as_tensor(res.L, device="cuda")
+        O = torch.as_tensor(res.O, device="cuda").view(q.shape)     # bf16 travels as int16
+        return (O.view(torch.bfloat16) if q.dtype == torch.bfloat16 else O), torch.as_tensor(res.L, device="cuda")
 
     def check_versions(self, head_dims, sizes=CHECK_N, dtypes=("float16", "bfloat16")):
         """Every version x d x dtype x causal x N against the float64 reference."""
@@ -180,7 +181,7 @@ class HopperBench(Bench):
                         Qn, Kn, Vn = (x.float().cpu().numpy().astype(np.float64) for x in (q, k, v))
                         ref = harness.Reference.of(Qn, Kn, Vn, causal, "fp16" if dtype == "float16" else "bf16")
                         lse_ref = flashsim.reference.logsumexp(Qn, Kn, causal=causal)[..., 0]
-                        for version in [v for v in self.versions if v not in self.crashed]:
+                        for version in [ver for ver in self.versions if ver not in self.crashed]:
                             what = {"impl": impl_name(version), "d": d, "N": N, "B": B, "H": H,
                                     "causal": causal, "dtype": dtype}
                             try:
