@@ -30,6 +30,7 @@ absent from "points" and listed in "skipped" with the reason.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -284,27 +285,49 @@ class HopperBench(Bench):
                     self.save()
 
     def table(self):
-        """One line per (d, causal, N): TFLOP/s of every implementation; the best version
-        against torch_flash."""
-        pts = {(p["impl"], p["d"], p["N"], p["causal"]): p["tflops"] for p in self.results["points"]}
-        impls = [impl_name(v) for v in flash3.VERSIONS] + ["cupy_flash2_tc", "torch_flash", "torch_cudnn",
-                                                           "torch_efficient", "torch_flex"]
-        short = ["v1", "v2", "v3", "v4", "fa2tc", "flash", "cudnn", "effic", "flex"]
-        keys = sorted({(d, c, N) for (_, d, N, c) in pts})
-        print("\nTFLOP/s (fp16 forward; best = best cupy_flash3 version / torch_flash)")
-        print(f"{'d':>3} {'c':>1} {'N':>5} " + " ".join(f"{s:>6}" for s in short) + "   best/flash")
-        ratios = []
-        for d, c, N in keys:
-            row = [pts.get((i, d, N, c)) for i in impls]
-            best = max((x for x in row[:4] if x is not None), default=None)
-            fl = row[5]
-            ratio = best / fl if best and fl else None
-            if ratio is not None:
-                ratios.append({"d": d, "N": N, "causal": c, "best_tflops": best, "torch_flash_tflops": fl,
-                               "ratio": ratio})
-            cells = " ".join(f"{x:6.1f}" if x is not None else f"{'-':>6}" for x in row)
-            print(f"{d:>3} {c:d} {N:>5} {cells}   {ratio:.2f}" if ratio else f"{d:>3} {c:d} {N:>5} {cells}")
+        lines, ratios, gains = gain_table(self.results["points"])
+        print("\n".join(lines))
         self.results["best_vs_torch_flash"] = ratios
+        self.results["step_gains"] = gains
+
+
+SHORT = {**{impl_name(v): f"v{v}" for v in flash3.VERSIONS}, "cupy_flash2_tc": "fa2tc",
+         "torch_flash": "flash", "torch_cudnn": "cudnn", "torch_efficient": "effic", "torch_flex": "flex"}
+
+
+def gain_table(points: list[dict]) -> tuple[list[str], list[dict], list[dict]]:
+    """(printed lines, best version / torch_flash per point, each step's gain): one line per
+    (d, causal, N) with every implementation's TFLOP/s; a step's gain is the geometric mean
+    over N of v(k) / v(k-1) per (d, causal)."""
+    pts = {(p["impl"], p["d"], p["N"], p["causal"]): p["tflops"] for p in points}
+    impls = list(SHORT)
+    lines = ["", "TFLOP/s (fp16 forward; best = best cupy_flash3 version / torch_flash)",
+             f"{'d':>3} {'c':>1} {'N':>5} " + " ".join(f"{SHORT[i]:>6}" for i in impls) + "   best/flash"]
+    ratios = []
+    for d, c, N in sorted({(d, c, N) for (_, d, N, c) in pts}):
+        row = [pts.get((i, d, N, c)) for i in impls]
+        best = max((x for x in row[:len(flash3.VERSIONS)] if x is not None), default=None)
+        fl = pts.get(("torch_flash", d, N, c))
+        cells = " ".join(f"{x:6.1f}" if x is not None else f"{'-':>6}" for x in row)
+        if best and fl:
+            ratios.append({"d": d, "N": N, "causal": c, "best_tflops": best, "torch_flash_tflops": fl,
+                           "ratio": best / fl})
+            cells += f"   {best / fl:.2f}"
+        lines.append(f"{d:>3} {c:d} {N:>5} {cells}")
+    gains = []
+    for d, c in sorted({(d, c) for (_, d, _, c) in pts}):
+        for v in flash3.VERSIONS[1:]:
+            r = [pts[(impl_name(v), d, N, c)] / pts[(impl_name(v - 1), d, N, c)]
+                 for (i, dd, N, cc) in pts if (i, dd, cc) == (impl_name(v), d, c)
+                 and (impl_name(v - 1), d, N, c) in pts]
+            if r:
+                gains.append({"d": d, "causal": c, "step": f"v{v - 1} -> v{v}", "points": len(r),
+                              "geomean_gain": math.exp(sum(map(math.log, r)) / len(r))})
+    if gains:
+        lines.append("each step's gain (geometric mean over N of TFLOP/s ratios):")
+        lines += [f"  d={g['d']:>3} causal={g['causal']:d} {g['step']}: x{g['geomean_gain']:.2f} "
+                  f"({g['points']} N)" for g in gains]
+    return lines, ratios, gains
 
 
 # ---------------------------------------------------------------- --probe and --sanitize
@@ -362,10 +385,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="d = 64, 128; N = 2048, 4096, 16384")
     ap.add_argument("--probe", action="store_true", help="SASS opcode histogram of every version")
     ap.add_argument("--sanitize", action="store_true", help="tiny checked launches, no timing")
+    ap.add_argument("--table", metavar="FILE", help="print the gain table of a hopper_h200.json")
     ap.add_argument("--smoke", action="store_true", help="as --sanitize (the main run's child processes)")
     ap.add_argument("--versions", type=lambda t: [int(x) for x in t.split(",")], default=None,
                     help="versions to run (default: all)")
     args = ap.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print("\n".join(gain_table(json.load(f)["points"])[0]))
+        return 0
     if args.probe:
         return probe(args)
     if args.sanitize or args.smoke:

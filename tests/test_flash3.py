@@ -219,3 +219,18 @@ def test_matches_float64_reference_within_flash_attentions_rule(N, d, dtype, cau
     assert verdict["ok"], verdict
     L_ref = flashsim.reference.logsumexp(Qn, Kn, causal=causal)[..., 0]
     np.testing.assert_allclose(L.cpu().numpy(), L_ref, rtol=1e-5, atol=1e-4)
+
+
+def test_gain_table_is_computed_from_the_points():
+    from benchmarks.hopper_h200 import gain_table
+
+    pts = [dict(impl=i, d=128, N=N, causal=False, tflops=t)
+           for i, N, t in [("cupy_flash3_v1", 2048, 200.0), ("cupy_flash3_v2", 2048, 300.0),
+                           ("cupy_flash3_v1", 4096, 200.0), ("cupy_flash3_v2", 4096, 600.0),
+                           ("torch_flash", 2048, 400.0), ("torch_flash", 4096, 300.0)]]
+    lines, ratios, gains = gain_table(pts)
+    assert [(r["N"], r["ratio"]) for r in ratios] == [(2048, 0.75), (4096, 2.0)]
+    (g,) = gains
+    assert g["step"] == "v1 -> v2" and g["points"] == 2
+    assert abs(g["geomean_gain"] - (1.5 * 3.0) ** 0.5) < 1e-12
+    assert any(line.startswith("128 0  4096") and line.endswith("2.00") for line in lines)
