@@ -42,7 +42,7 @@ import traceback
 import numpy as np
 
 from benchmarks.common import write_json
-from benchmarks.cupy_h200 import HIDDEN, PAPER_N, TOTAL_TOKENS, Bench
+from benchmarks.cupy_h200 import HIDDEN, PAPER_N, TOTAL_TOKENS, Bench, flops
 from gpu_kernels import harness
 from gpu_kernels.cupy import flash3
 
@@ -248,11 +248,14 @@ class HopperBench(Bench):
         impls_fast = [("torch_flash", self.sdpa("FLASH_ATTENTION")),
                       ("torch_cudnn", self.sdpa("CUDNN_ATTENTION")),
                       ("torch_efficient", self.sdpa("EFFICIENT_ATTENTION"))]
-        try:
-            flex = self.flex()
-        except Exception as exc:
-            flex = None
-            self.results["flex_note"] = f"flex_attention unavailable: {type(exc).__name__}: {exc}"
+        flex = None
+        if self.args.no_flex:
+            self.results["flex_note"] = "not run (--no-flex)"
+        else:
+            try:
+                flex = self.flex()
+            except Exception as exc:
+                self.results["flex_note"] = f"flex_attention unavailable: {type(exc).__name__}: {exc}"
         for d in sorted(head_dims, key=lambda d: (d != 128, d)):   # d = 128 first: the target
             ours = [(impl_name(v), self.ours("cupy_flash3", version=v)) for v in self.passed]
             if d in (64, 128):
@@ -280,6 +283,43 @@ class HopperBench(Bench):
                             self.failed(what, exc)
                             continue
                         self.point(what, ms, times, max_abs_err=err, err_bound=bound, check_ok=ok)
+                    del q, k, v, ref
+                    torch.cuda.empty_cache()
+                    self.save()
+
+    def sweep(self, head_dims, sizes=(4096, 16384)):
+        """Other tiles and stage counts for the versions that passed (fp16): B_c in {64, 128}
+        x {2, 3} stages where they fit; recorded under "tuning", not in the main table."""
+        torch = self.torch
+        self.results["tuning"] = []
+        for d in (d for d in (128, 64) if d in head_dims):
+            for causal in (False, True):
+                for N in sizes:
+                    B, H = TOTAL_TOKENS // N, HIDDEN // d
+                    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
+                    ref, bound = self.reference(q, k, v, causal)
+                    for version in self.passed:
+                        for bc in (64, 128):
+                            for st in (2, 3):
+                                if flash3.smem_bytes(d, bc, st) > flash3.SMEM_LIMIT or (version < 3 and st == 3):
+                                    continue
+                                what = {"impl": impl_name(version), "d": d, "N": N, "causal": causal,
+                                        "block_cols": bc, "stages": st}
+                                if not self.due(what):
+                                    continue
+                                fn = self.ours("cupy_flash3", version=version, block_cols=bc, stages=st)
+                                try:
+                                    ok, err = self.check_fp16(fn(q, k, v, causal), ref, bound)
+                                    if not ok:
+                                        self.skip(what, f"check failed: error {err:.3e} > {bound:.3e}")
+                                        continue
+                                    ms, _ = self.time_fn(lambda: fn(q, k, v, causal), repeats=5)
+                                except Exception as exc:
+                                    self.failed(what, exc)
+                                    continue
+                                tf = flops(B, H, N, d, causal) / ms / 1e9
+                                self.results["tuning"].append({**what, "time_ms": ms, "tflops": tf})
+                                print(f"  sweep {what}: {tf:.1f} TFLOP/s", flush=True)
                     del q, k, v, ref
                     torch.cuda.empty_cache()
                     self.save()
@@ -384,6 +424,8 @@ def main(argv=None) -> int:
     ap = parser(__doc__, deadline_s=240.0)
     ap.add_argument("--quick", action="store_true", help="d = 64, 128; N = 2048, 4096, 16384")
     ap.add_argument("--probe", action="store_true", help="SASS opcode histogram of every version")
+    ap.add_argument("--sweep", action="store_true", help="after the table: other B_c and stage counts")
+    ap.add_argument("--no-flex", action="store_true", help="leave flex_attention out (it compiles per shape)")
     ap.add_argument("--sanitize", action="store_true", help="tiny checked launches, no timing")
     ap.add_argument("--table", metavar="FILE", help="print the gain table of a hopper_h200.json")
     ap.add_argument("--smoke", action="store_true", help="as --sanitize (the main run's child processes)")
@@ -414,13 +456,15 @@ def main(argv=None) -> int:
     try:
         for phase in (bench.resources, lambda _: bench.smoke_children()):   # neither stops the run
             try:
-                phase(head_dims)
+                phase(flash3.HEAD_DIMS)
             except Exception:
                 traceback.print_exc()
                 bench.results.setdefault("phase_errors", []).append(traceback.format_exc())
-        all_ok = bench.check_versions(head_dims)
+        all_ok = bench.check_versions(flash3.HEAD_DIMS)          # every d, also with --quick
         print(f"versions passing every check: {bench.passed}. Starting benchmarks.", flush=True)
         bench.timing(head_dims, sizes)
+        if args.sweep:
+            bench.sweep(head_dims)
     except Exception:
         traceback.print_exc()
         bench.results["error"] = traceback.format_exc()
