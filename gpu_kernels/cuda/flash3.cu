@@ -414,6 +414,23 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
     auto needs_mask = [&](int j) {
         return j * B_c + B_c > N || (causal && j * B_c + B_c - 1 > row0 + w * 64);
     };
+    // Block j in FlashAttention-2's order, each GEMM waited for (v1, v2, v3): S_ij = Q_i K_j^T,
+    // mask, softmax, rescale O_i, P_ij V_j. wait_v() runs before the second GEMM (v3 waits for
+    // V_j there, so S_ij need not wait for it).
+    [[maybe_unused]] auto serial_block = [&](int j, u32 k_j, u32 v_j, auto wait_v) {
+        gemm_qk(s, q_tile, w, k_j);
+        wgmma_wait<0>();
+        fence_regs(s);
+        if (needs_mask(j)) mask_s(s, j * B_c, row_w, g, t, N, causal);
+        softmax_step(s, m_i, l_i, alpha, scale_log2);
+        rescale_o(o, alpha);
+        convert_p(s, p);
+        wait_v();
+        gemm_pv(o, p, v_j);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+    };
 
 #if VERSION == 1
     // ---- v1: all 256 threads load with cp.async; K_{j+1}, V_{j+1} in flight during block j
@@ -431,17 +448,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
             cp_async_tile<B_c, NUM_THREADS>(v_tile(st ^ 1), V + head, (j + 1) * B_c, N, threadIdx.x);
         }
         cp_async_commit();
-        gemm_qk(s, q_tile, w, k_tile(st));
-        wgmma_wait<0>();
-        fence_regs(s);
-        if (needs_mask(j)) mask_s(s, j * B_c, row_w, g, t, N, causal);
-        softmax_step(s, m_i, l_i, alpha, scale_log2);
-        rescale_o(o, alpha);
-        convert_p(s, p);
-        gemm_pv(o, p, v_tile(st));
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(p);
+        serial_block(j, k_tile(st), v_tile(st), [] {});
     }
 #elif VERSION == 2
     // ---- v2: thread 0 issues TMA copies; K_{j+1}, V_{j+1} (stage (j+1) % S) during block j
@@ -466,17 +473,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
             tma_tile<B_c>(v_tile(sn), &tm_v, jn * B_c, bh, k_full(sn));
         }
         mbar_wait(k_full(st), (j / S) & 1);    // K_j and V_j have landed
-        gemm_qk(s, q_tile, w, k_tile(st));
-        wgmma_wait<0>();
-        fence_regs(s);
-        if (needs_mask(j)) mask_s(s, j * B_c, row_w, g, t, N, causal);
-        softmax_step(s, m_i, l_i, alpha, scale_log2);
-        rescale_o(o, alpha);
-        convert_p(s, p);
-        gemm_pv(o, p, v_tile(st));
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(p);
+        serial_block(j, k_tile(st), v_tile(st), [] {});
     }
 #elif VERSION == 3
     // ---- v3: consumers only compute; a stage is released once both GEMMs that read it are done
@@ -484,18 +481,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
     for (int j = 0; j < j_end; ++j) {
         const int st = j % S, parity = (j / S) & 1;
         mbar_wait(k_full(st), parity);
-        gemm_qk(s, q_tile, w, k_tile(st));
-        wgmma_wait<0>();
-        fence_regs(s);
-        if (needs_mask(j)) mask_s(s, j * B_c, row_w, g, t, N, causal);
-        softmax_step(s, m_i, l_i, alpha, scale_log2);
-        rescale_o(o, alpha);
-        convert_p(s, p);
-        mbar_wait(v_full(st), parity);
-        gemm_pv(o, p, v_tile(st));
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(p);
+        serial_block(j, k_tile(st), v_tile(st), [&] { mbar_wait(v_full(st), parity); });
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(st));
     }
