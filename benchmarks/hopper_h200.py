@@ -63,14 +63,6 @@ def sass_histogram(sass: str) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def _try(fn, *args):
-    """fn(*args), or the exception it raised (the caller looks again, one at a time)."""
-    try:
-        return fn(*args)
-    except Exception as exc:
-        return exc
-
-
 def diagnose(O, ref, L, L_ref) -> dict:
     """Where a failing output is wrong: NaNs, the largest error by 16-row group of the 128-row
     query block (warp / warpgroup), by 8-column chunk of d (swizzle, descriptor panels), by
@@ -112,28 +104,42 @@ class HopperBench(Bench):
         """Run each version's tiny checks (``--smoke --versions V``) in its own process, all at
         once, each under a time limit: a version that hangs (an mbarrier or named barrier never
         completing) or crashes (an illegal address leaves the CUDA context unusable) is dropped
-        here, and cannot stop the rest of the run."""
+        here, and cannot stop the rest of the run. Versions with TMA run twice: tensor maps
+        as kernel parameters and from global memory (FLASHSIM_FLASH3_TMAP=global); where only
+        the second works, the rest of the run uses it."""
         procs = {}
         for v in self.versions:
-            folder = tempfile.mkdtemp(prefix=f"flash3-smoke-v{v}-")
-            cmd = [sys.executable, "-m", "benchmarks.hopper_h200", "--smoke", "--versions", str(v),
-                   "--out", folder]
-            procs[v] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for v, p in procs.items():
+            for mode in ("parameter", "global") if v >= 2 else ("parameter",):
+                folder = tempfile.mkdtemp(prefix=f"flash3-smoke-v{v}-")
+                cmd = [sys.executable, "-m", "benchmarks.hopper_h200", "--smoke", "--versions", str(v),
+                       "--out", folder]
+                env = dict(os.environ, FLASHSIM_FLASH3_TMAP=mode)
+                procs[(v, mode)] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                    text=True, env=env)
+        verdict = {}
+        for (v, mode), p in procs.items():
             try:
                 out, _ = p.communicate(timeout=timeout_s)
+                why = None if p.returncode in (0, 1) else f"crashed (exit {p.returncode}): {out[-600:]}"
             except subprocess.TimeoutExpired:
                 p.kill()
                 out, _ = p.communicate()
-                self.crashed[v] = f"hung: no answer within {timeout_s:.0f} s"
-            else:
-                if p.returncode not in (0, 1):
-                    self.crashed[v] = f"crashed (exit {p.returncode}): {out[-600:]}"
-            tail = "\n    ".join(out.strip().splitlines()[-6:])
-            print(f"  smoke v{v}: exit {p.returncode} {self.crashed.get(v, '')}\n    {tail}", flush=True)
-        self.results["smoke"] = {str(v): self.crashed.get(v, "ran") for v in self.versions}
-        for v, why in self.crashed.items():
-            self.results["correctness"].append({"impl": impl_name(v), "ok": False, "error": why})
+                why = f"hung: no answer within {timeout_s:.0f} s"
+            verdict[(v, mode)] = (p.returncode, why)
+            tail = "\n    ".join(out.strip().splitlines()[-4:])
+            print(f"  smoke v{v} ({mode}): exit {p.returncode} {why or ''}\n    {tail}", flush=True)
+        self.results["smoke"] = {f"v{v} {m}": {"exit": rc, "problem": why} for (v, m), (rc, why) in verdict.items()}
+        tma = [v for v in self.versions if v >= 2]
+        if tma and all(verdict[(v, "parameter")][1] for v in tma) and any(
+                not verdict[(v, "global")][1] for v in tma):
+            flash3.TMAP_BY_VALUE = False
+        mode = "parameter" if flash3.TMAP_BY_VALUE else "global"
+        self.results["tensor_maps"] = mode
+        for v in self.versions:
+            why = verdict[(v, mode if v >= 2 else "parameter")][1]
+            if why:
+                self.crashed[v] = why
+                self.results["correctness"].append({"impl": impl_name(v), "ok": False, "error": why})
 
     # -------------------------------------------------------------- correct first
     def inputs(self, B, H, N, d, dtype, seed):
@@ -203,16 +209,9 @@ class HopperBench(Bench):
         return not failed
 
     def resources(self, head_dims):
-        """Registers, shared memory and spills of every compiled variant (ptxas, sm_90a); every
-        variant the checks launch is compiled here, several at once (NVRTC runs outside the GIL)."""
-        from concurrent.futures import ThreadPoolExecutor
-
+        """Registers, shared memory and spills of every compiled variant (ptxas, sm_90a), one
+        at a time (compiled in threads, the first run's ptxas logs came back empty)."""
         from gpu_kernels.compile import parse_ptxas_log
-
-        keys = [tuple(sorted(flash3.defines(d, t, version=v).items()))
-                for d in head_dims for t in ("float16", "bfloat16") for v in self.versions]
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda k: _try(flash3.cubin, k), keys))
 
         for d in head_dims:
             for version in flash3.VERSIONS:
@@ -325,6 +324,7 @@ class HopperBench(Bench):
                     self.save()
 
     def table(self):
+        self.results["tensor_maps"] = "parameter" if flash3.TMAP_BY_VALUE else "global"
         lines, ratios, gains = gain_table(self.results["points"])
         print("\n".join(lines))
         self.results["best_vs_torch_flash"] = ratios

@@ -50,6 +50,8 @@
 //   BLOCK_C    B_c: 64 or 128 (S_ij per warpgroup is 64 x B_c fp32 in registers)
 //   KV_STAGES  K/V stages in shared memory (2 or 3; v1: 2)
 //   IS_BF16    0: fp16 inputs, 1: bf16 inputs      VERSION  1..4 as above
+//   TMAP_GLOBAL  0: tensor maps as __grid_constant__ parameters; 1: a pointer to the three
+//              in global memory (the loader's fallback where its caller cannot pass structs)
 // Runtime: N (any N >= 1; ragged last blocks are masked), causal (0/1, top-left aligned: key k
 // is visible to query q when k <= q), scale_log2 = tau * log2(e) with tau = 1/sqrt(d); three
 // from v2 on, three tensor maps (Q, K, V as 3-D tensors (d, N, B*H), boxes of 64 x rows x 1).
@@ -77,6 +79,9 @@
 #endif
 #ifndef VERSION
 #define VERSION 1
+#endif
+#ifndef TMAP_GLOBAL
+#define TMAP_GLOBAL 0      // 1: the tensor maps are read from global memory, not parameters
 #endif
 
 #define CONSUMERS 2                                      // consumer warpgroups, 64 rows each
@@ -331,7 +336,9 @@ __device__ __forceinline__ void convert_p(const float (&s)[S_REGS], u32 (&p)[P_R
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
            u16* __restrict__ O, float* __restrict__ L, int N, float scale_log2, int causal
-#if USE_TMA
+#if USE_TMA && TMAP_GLOBAL
+           , const TensorMap* __restrict__ tmaps     // Q, K, V
+#elif USE_TMA
            , const __grid_constant__ TensorMap tm_q, const __grid_constant__ TensorMap tm_k,
            const __grid_constant__ TensorMap tm_v
 #endif
@@ -366,7 +373,16 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
     const int g = lane / 4, t = lane % 4;
 
 #if USE_TMA
+#if TMAP_GLOBAL
+    const TensorMap *map_q = tmaps, *map_k = tmaps + 1, *map_v = tmaps + 2;
+#else
+    const TensorMap *map_q = &tm_q, *map_k = &tm_k, *map_v = &tm_v;
+#endif
     if (threadIdx.x == 0) {
+#if TMAP_GLOBAL   // maps written by the host into global memory: acquire them for the TMA unit
+        for (int m = 0; m < 3; ++m)
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" :: "l"(tmaps + m) : "memory");
+#endif
         mbar_init(q_full, 1);
         for (int s = 0; s < S; ++s) {
             mbar_init(k_full(s), 1);
@@ -385,14 +401,14 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         setmaxnreg_dec<24>();
         if (tid == 0) {
             mbar_expect_tx(q_full, TILE_BYTES(B_r));
-            tma_tile<B_r>(q_tile, &tm_q, row0, bh, q_full);
+            tma_tile<B_r>(q_tile, map_q, row0, bh, q_full);
             for (int j = 0; j < j_end; ++j) {
                 const int s = j % S;
                 if (j >= S) mbar_wait(empty(s), (j / S - 1) & 1);   // both warpgroups done with it
                 mbar_expect_tx(k_full(s), TILE_BYTES(B_c));
-                tma_tile<B_c>(k_tile(s), &tm_k, j * B_c, bh, k_full(s));
+                tma_tile<B_c>(k_tile(s), map_k, j * B_c, bh, k_full(s));
                 mbar_expect_tx(v_full(s), TILE_BYTES(B_c));
-                tma_tile<B_c>(v_tile(s), &tm_v, j * B_c, bh, v_full(s));
+                tma_tile<B_c>(v_tile(s), map_v, j * B_c, bh, v_full(s));
             }
         }
     } else   // setmaxnreg acts only where each warpgroup's role is one branch of an if/else
@@ -454,11 +470,11 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
     // ---- v2: thread 0 issues TMA copies; K_{j+1}, V_{j+1} (stage (j+1) % S) during block j
     if (threadIdx.x == 0) {
         mbar_expect_tx(q_full, TILE_BYTES(B_r));
-        tma_tile<B_r>(q_tile, &tm_q, row0, bh, q_full);
+        tma_tile<B_r>(q_tile, map_q, row0, bh, q_full);
         for (int j = 0; j < min(S - 1, j_end); ++j) {
             mbar_expect_tx(k_full(j), 2 * TILE_BYTES(B_c));
-            tma_tile<B_c>(k_tile(j), &tm_k, j * B_c, bh, k_full(j));
-            tma_tile<B_c>(v_tile(j), &tm_v, j * B_c, bh, k_full(j));
+            tma_tile<B_c>(k_tile(j), map_k, j * B_c, bh, k_full(j));
+            tma_tile<B_c>(v_tile(j), map_v, j * B_c, bh, k_full(j));
         }
     }
     mbar_wait(q_full, 0);
@@ -469,8 +485,8 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         if (threadIdx.x == 0 && j + S - 1 < j_end) {
             const int jn = j + S - 1, sn = jn % S;
             mbar_expect_tx(k_full(sn), 2 * TILE_BYTES(B_c));
-            tma_tile<B_c>(k_tile(sn), &tm_k, jn * B_c, bh, k_full(sn));
-            tma_tile<B_c>(v_tile(sn), &tm_v, jn * B_c, bh, k_full(sn));
+            tma_tile<B_c>(k_tile(sn), map_k, jn * B_c, bh, k_full(sn));
+            tma_tile<B_c>(v_tile(sn), map_v, jn * B_c, bh, k_full(sn));
         }
         mbar_wait(k_full(st), (j / S) & 1);    // K_j and V_j have landed
         serial_block(j, k_tile(st), v_tile(st), [] {});

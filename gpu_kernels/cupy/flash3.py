@@ -42,6 +42,10 @@ CONFIGS = {
     256: {"BLOCK_R": BLOCK_R, "BLOCK_C": 64, "KV_STAGES": 2, "VERSION": 1},
 }
 SMEM_LIMIT = 227 * 1024
+# Tensor maps travel as __grid_constant__ parameters (CuPy passes a one-element structured
+# array by value); should CuPy refuse that, the loader switches to the TMAP_GLOBAL build once.
+# FLASHSIM_FLASH3_TMAP=global starts with that build (the benchmark tries both).
+TMAP_BY_VALUE = os.environ.get("FLASHSIM_FLASH3_TMAP") != "global"
 
 
 def threads(version: int) -> int:
@@ -152,27 +156,43 @@ class Flash3Launch(TcLaunch):
     def plan_record(self) -> dict:
         return dict(super().plan_record(), stages=self.stages)
 
-    def kernel(self):
-        return get_kernel(tuple(sorted(self.defines().items())), self.dynamic_smem)
+    def compiled(self, tmap_global: int = 0):
+        """The loaded kernel (``kernel`` is the launch's name field, "cupy_flash3");
+        ``tmap_global``: the build that reads its tensor maps from global memory."""
+        D = self.defines()
+        if tmap_global:
+            D["TMAP_GLOBAL"] = 1
+        return get_kernel(tuple(sorted(D.items())), self.dynamic_smem)
 
     def run(self, Q, K, V, out=None, lse=None) -> Result:
         """Q, K, V: (B, H, N, d) fp16/bf16 CuPy arrays or torch tensors -> Result(O like Q,
         L (B, H, N) float32) as CuPy arrays; ``out`` / ``lse``: preallocated O and L."""
         import cupy
 
+        global TMAP_BY_VALUE
         q, k, v = self.inputs(Q, K, V)
         O = output(out, "out", tuple(q.shape), dtype_name(self.dtype), like=q)
         L = output(lse, "lse", tuple(q.shape[:-1]), "float32")
-        maps = ()
-        if self.version >= 2:     # v1 loads with cp.async and takes no tensor maps
-            bf16 = self.dtype == "bf16"
-            maps = (tensor_map(q, self.d, self.N, self.BH, self.block_rows, bf16),
-                    tensor_map(k, self.d, self.N, self.BH, self.block_cols, bf16),
-                    tensor_map(v, self.d, self.N, self.BH, self.block_cols, bf16))
         (kl,) = self.launches()
-        self.kernel()(kl.grid, (kl.threads,), (q, k, v, O, L, cupy.int32(self.N),
-                                               cupy.float32(self.tau * LOG2E), cupy.int32(self.causal),
-                                               *maps), shared_mem=kl.dynamic_smem)
+        args = (q, k, v, O, L, cupy.int32(self.N), cupy.float32(self.tau * LOG2E), cupy.int32(self.causal))
+        launch = dict(shared_mem=kl.dynamic_smem)
+        if self.version == 1:                 # v1 loads with cp.async and takes no tensor maps
+            self.compiled()(kl.grid, (kl.threads,), args, **launch)
+            return Result(O, L)
+        bf16 = self.dtype == "bf16"
+        maps = (tensor_map(q, self.d, self.N, self.BH, self.block_rows, bf16),
+                tensor_map(k, self.d, self.N, self.BH, self.block_cols, bf16),
+                tensor_map(v, self.d, self.N, self.BH, self.block_cols, bf16))
+        if TMAP_BY_VALUE:
+            try:
+                self.compiled()(kl.grid, (kl.threads,), args + maps, **launch)
+                return Result(O, L)
+            except TypeError:                 # CuPy refused the struct, before any launch
+                TMAP_BY_VALUE = False
+        import numpy as np
+
+        self.workspace["tensor_maps"] = buf = cupy.asarray(np.concatenate([m.view(np.uint64) for m in maps]))
+        self.compiled(1)(kl.grid, (kl.threads,), args + (buf,), **launch)
         return Result(O, L)
 
 
