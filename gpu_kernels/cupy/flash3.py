@@ -229,11 +229,14 @@ def configure(B: int, H: int, N: int, d: int, *, dtype: str = "fp16", causal: bo
 
 def compile_variants():
     """(file, defines, dynamic smem, hot kernels) that CI compiles: every version at every d,
-    fp16 and bf16, at CONFIGS' tiles."""
+    fp16 and bf16, at CONFIGS' tiles; and the TMA versions' TMAP_GLOBAL build (fp16, d = 128)."""
     out = []
     for d in HEAD_DIMS:
         for dtype in ("fp16", "bf16"):
             for v in VERSIONS:
                 D = defines(d, dtype, version=v)
                 out.append((CU_FILE, D, smem_bytes(d, D["BLOCK_C"], D["KV_STAGES"]), HOT))
+    for v in VERSIONS[1:]:
+        D = dict(defines(128, "fp16", version=v), TMAP_GLOBAL=1)
+        out.append((CU_FILE, D, smem_bytes(128, D["BLOCK_C"], D["KV_STAGES"]), HOT))
     return out
