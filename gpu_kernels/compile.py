@@ -23,6 +23,8 @@ import sys
 import sysconfig
 
 ARCH = "sm_90"
+# Files that need the architecture-specific target (wgmma, setmaxnreg exist only in sm_90a).
+FILE_ARCH = {"flash3.cu": "sm_90a"}
 SMEM_LIMIT_OPTIN = 227 * 1024  # bytes of shared memory per block on sm_90 with the opt-in
 SMEM_LIMIT_DEFAULT = 48 * 1024  # without it
 
@@ -131,7 +133,7 @@ def compile_variant(cu_file: str, defines: dict[str, int], dynamic_smem: int = 0
     """Compile one variant of one file in gpu_kernels/cuda/ and return each kernel's resources."""
     from gpu_kernels.cupy.common import read_source
 
-    _, log = compile_cubin(read_source(cu_file), defines, name=cu_file)
+    _, log = compile_cubin(read_source(cu_file), defines, arch=FILE_ARCH.get(cu_file, ARCH), name=cu_file)
     return [KernelResources(file=cu_file, variant=variant_label(defines), kernel=k, dynamic_smem=dynamic_smem, **r)
             for k, r in parse_ptxas_log(log).items()]
 

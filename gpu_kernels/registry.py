@@ -130,6 +130,12 @@ KERNELS = {k.name: k for k in (
            "32 B_r / WARP_M threads: one warp per 16 query rows (32 from version 5 on)",
            "(B_r + 2 stages B_c) (d, or d + 8 before v3) 2, dynamic (smem_bytes)",
            cu_file="flash2_tc.cu", options=("dtype", "version", "min_blocks")),
+    Kernel("cupy_flash3", "flash2", "cupy", "cupy.flash3", ("fp16", "bf16"), (64, 128, 256),
+           "B_r = 128, B_c from the table CONFIGS per d (128; 64 at d = 256)",
+           "256 threads (two consumer warpgroups of 64 query rows), 384 from version 3 on "
+           "(a producer warpgroup beside them)",
+           "1024 + 2 B_r d + 4 stages B_c d + 8 (1 + 3 stages), dynamic (smem_bytes)",
+           cu_file="flash3.cu", options=("dtype", "version", "stages")),
 )}
 
 

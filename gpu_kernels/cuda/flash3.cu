@@ -1,0 +1,587 @@
+// flash3.cu -- FlashAttention-3-style forward for Hopper (sm_90a): fp16 / bf16 in, fp32 accumulate.
+//
+// The same algorithm as flash2_tc.cu (FlashAttention-2's Algorithm 1: one thread block per query
+// block Q_i of B_r rows of one (batch, head); K_j, V_j blocks of B_c rows streamed through shared
+// memory; online softmax with the running row max m_i and row sum l_i in registers; O_i rescaled
+// by diag(l_i)^-1 once, at the end; only O and L = m_i + log(l_i) written to HBM), rebuilt on
+// Hopper's own instructions, one step of the FlashAttention-3 paper (Shah et al., 2024) per version.
+// Read flash2_tc.cu first: the loop, the names and the masks are the same.
+//
+//   HBM traffic per (batch, head), non-causal, T_r = ceil(N / B_r): as flash2_tc.cu
+//     read  Q: N*d*2 bytes, K and V: T_r * N*d*2 bytes each;  write O: N*d*2 bytes, L: N*4 bytes
+//
+// Work decomposition: B_r = 128 query rows per thread block, two consumer warpgroups (4 warps,
+// 128 threads each) of 64 rows: warpgroup w owns rows 64 w .. 64 w + 63 of Q_i. Per K/V block a
+// warpgroup computes its 64 x B_c slice of S_ij = Q_i K_j^T with wgmma (m64 n=B_c k16, both
+// operands in shared memory: "SS"), keeps it in registers, turns it into P_ij (fp32 statistics),
+// converts P_ij to fp16/bf16 in registers and uses it as the A operand of O_i += P_ij V_j (wgmma
+// m64 n=d k16 with A in registers: "RS"); V_j is read as B in its (key, d) row-major layout with
+// the descriptor's transpose bit (N-major B). O_i (64 x d per warpgroup) stays in registers.
+//
+// Shared memory: every tile (Q_i, K_j, V_j) is stored in panels of 64 columns (128 bytes of
+// fp16 per row) with the 128-byte swizzle: 16-byte chunk c of row r of a panel sits at chunk
+// c ^ (r % 8), the layout both wgmma's descriptors (swizzle mode 1) and the TMA unit
+// (CU_TENSOR_MAP_SWIZZLE_128B, box of 64 columns) use. A descriptor names a 64-column panel
+// with SBO = 1024 bytes (8 rows of 128 bytes); K-major (Q, K) steps along d by 32 bytes inside a
+// panel and to the next panel every 4 k-steps; N-major (V) takes LBO = B_c * 128 bytes, the
+// distance between its 64-column panels along d.
+//
+// Versions (VERSION compile-time constant; every version below is in this file):
+//   v1  the first Hopper version: wgmma (SS for S_ij = Q_i K_j^T, RS for O_i += P_ij V_j, V_j
+//       transposed by the descriptor), P_ij kept in registers, online softmax m_i, l_i, alpha
+//       in registers; Q_i, K_j, V_j loaded by all 256 threads with cp.async into the swizzled
+//       panels, K/V double-buffered (K_{j+1}, V_{j+1} in flight while block j is computed).
+//   v2  v1 with the loads done by the TMA unit (cp.async.bulk.tensor.3d with a CUtensorMap made
+//       on the host, passed as a __grid_constant__ parameter; rows past N are filled with zeros
+//       by the unit), completing on mbarriers (expect_tx bytes): one thread issues every copy,
+//       into a circular buffer of KV_STAGES stages.
+//   v3  v2 with warp specialisation: a producer warpgroup (128 threads, one of which issues the
+//       copies) and two consumer warpgroups, 384 threads, __launch_bounds__(384, 1); setmaxnreg
+//       moves registers from the producer (down to 24) to the consumers (up to 240). The
+//       producer waits on "empty" mbarriers that the consumers arrive on once a stage is read.
+//   v4  v3 with FlashAttention-3's two schedules: ping-pong between the two consumer
+//       warpgroups (named barriers: one warpgroup issues its GEMMs while the other does its
+//       softmax) and, inside a warpgroup, softmax of block j overlapping the GEMMs
+//       S_{j+1} = Q_i K_{j+1}^T ... in the paper's order: S_{j} and P_{j-1} V_{j-1} issued
+//       together, softmax of S_j while P_{j-1} V_{j-1} runs.
+//
+// Compile-time constants (all have defaults, so the file compiles on its own):
+//   HEAD_DIM   d: 64, 128 or 256           BLOCK_R  B_r = 128 (two consumer warpgroups of 64 rows)
+//   BLOCK_C    B_c: 64 or 128 (S_ij per warpgroup is 64 x B_c fp32 in registers)
+//   KV_STAGES  K/V stages in shared memory (2 or 3; v1: 2)
+//   IS_BF16    0: fp16 inputs, 1: bf16 inputs      VERSION  1..4 as above
+//   TMAP_GLOBAL  0: tensor maps as __grid_constant__ parameters; 1: a pointer to the three
+//              in global memory (the loader's fallback where its caller cannot pass structs)
+// Runtime: N (any N >= 1; ragged last blocks are masked), causal (0/1, top-left aligned: key k
+// is visible to query q when k <= q), scale_log2 = tau * log2(e) with tau = 1/sqrt(d); three
+// from v2 on, three tensor maps (Q, K, V as 3-D tensors (d, N, B*H), boxes of 64 x rows x 1).
+// Layout: Q, K, V, O are (B, H, N, d) contiguous; L is (B, H, N) fp32.
+// Grid: (ceil(N / B_r), B * H); block: NUM_THREADS (256 for v1, v2; 384 from v3 on); dynamic
+// shared memory SMEM_BYTES (below), above 48 KB: the loader opts in.
+//
+// Needs sm_90a (wgmma, setmaxnreg): compile with --gpu-architecture=sm_90a (NVRTC) or
+// -gencode=arch=compute_90a,code=sm_90a (nvcc). The only header is common.cuh (ours).
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef BLOCK_R
+#define BLOCK_R 128
+#endif
+#ifndef BLOCK_C
+#define BLOCK_C 128
+#endif
+#ifndef KV_STAGES
+#define KV_STAGES 2
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+#ifndef VERSION
+#define VERSION 1
+#endif
+#ifndef TMAP_GLOBAL
+#define TMAP_GLOBAL 0      // 1: the tensor maps are read from global memory, not parameters
+#endif
+
+#define CONSUMERS 2                                      // consumer warpgroups, 64 rows each
+#define PRODUCER (VERSION >= 3)                          // a warpgroup that only loads
+#define NUM_THREADS (128 * (CONSUMERS + PRODUCER))
+#define USE_TMA (VERSION >= 2)
+#define PANEL_BYTES(rows) ((rows) * 128)                 // one 64-column panel of a tile
+#define TILE_BYTES(rows) (PANEL_BYTES(rows) * (HEAD_DIM / 64))
+// 1024 bytes of slack to align the tiles to the 1024-byte swizzle pattern, Q_i, the K/V stages,
+// then the mbarriers (Q full, and per stage: K full, V full, empty).
+#define SMEM_BYTES (1024 + TILE_BYTES(BLOCK_R) + 2 * KV_STAGES * TILE_BYTES(BLOCK_C) + 8 * (1 + 3 * KV_STAGES))
+
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "HEAD_DIM must be 64, 128 or 256");
+static_assert(BLOCK_R == 64 * CONSUMERS, "B_r = 64 rows per consumer warpgroup");
+static_assert(BLOCK_C == 64 || BLOCK_C == 128, "BLOCK_C must be 64 or 128");
+static_assert(KV_STAGES >= 2 && KV_STAGES <= 3, "2 or 3 K/V stages");
+static_assert(VERSION >= 1 && VERSION <= 4, "VERSION is 1..4");
+static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
+
+#include "common.cuh"
+
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "flash3.cu needs the sm_90a target (wgmma, setmaxnreg): --gpu-architecture=sm_90a"
+#endif
+
+typedef unsigned long long u64;
+
+// ---------------------------------------------------------------- wgmma (warpgroup MMA)
+// D (64 x N fp32, N/2 registers per thread) = (or +=) A (64 x 16) B (16 x N). Accumulator
+// register 4 n + e of a thread (lane = 4 g + t of warp q of the warpgroup) holds row
+// 16 q + g + 8 (e / 2), column 8 n + 2 t + (e % 2): the mma.sync m16n8 layout, repeated.
+// A in registers (RS) is the mma.sync m16n8k16 A fragment of the warp's 16 rows.
+#if IS_BF16
+#define WG_TYPES ".f32.bf16.bf16"
+#else
+#define WG_TYPES ".f32.f16.f16"
+#endif
+#define WG_ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_ACC64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_ACC128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define WG_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_F32(i) WG_F8(i), WG_F8(i + 8), WG_F8(i + 16), WG_F8(i + 24)
+#define WG_OPS32 WG_F32(0)
+#define WG_OPS64 WG_F32(0), WG_F32(32)
+#define WG_OPS128 WG_F32(0), WG_F32(32), WG_F32(64), WG_F32(96)
+
+template <int N> struct Wgmma;
+// ss: A and B from shared memory (descriptors), B K-major; scale_d = 0 overwrites D.
+// rs: A from registers (4 x fp16x2), B from shared memory N-major (transpose bit set).
+// The operand numbers after the accumulators: a0..a5 (%N/2 ...).
+#define FLASH3_WGMMA(N, ACC, OPS, a0, a1, a2, a3, a4, a5)                                        \
+    template <> struct Wgmma<N> {                                                                \
+        static __device__ __forceinline__ void ss(float* d, u64 da, u64 db, int scale_d) {       \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " a2 ", 0;\n"                          \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16" WG_TYPES " " ACC ", " a0   \
+                         ", " a1 ", p, 1, 1, 0, 0;\n}\n"                                         \
+                         : OPS : "l"(da), "l"(db), "r"(scale_d));                                \
+        }                                                                                        \
+        static __device__ __forceinline__ void rs(float* d, const u32* a, u64 db, int scale_d) { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " a5 ", 0;\n"                          \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16" WG_TYPES " " ACC ", {" a0  \
+                         ", " a1 ", " a2 ", " a3 "}, " a4 ", p, 1, 1, 1;\n}\n"                    \
+                         : OPS : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db),            \
+                           "r"(scale_d));                                                        \
+        }                                                                                        \
+    };
+FLASH3_WGMMA(64, WG_ACC32, WG_OPS32, "%32", "%33", "%34", "%35", "%36", "%37")
+FLASH3_WGMMA(128, WG_ACC64, WG_OPS64, "%64", "%65", "%66", "%67", "%68", "%69")
+FLASH3_WGMMA(256, WG_ACC128, WG_OPS128, "%128", "%129", "%130", "%131", "%132", "%133")
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int n>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(n) : "memory"); }
+// After a wait, tie the accumulators to it: the compiler may not move their reads before it.
+template <int n>
+__device__ __forceinline__ void fence_regs(float (&r)[n]) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
+}
+// ... and the A fragments of an RS GEMM: wgmma reads them asynchronously, so they stay live
+// (their registers unused for anything else) until the wait.
+template <int n>
+__device__ __forceinline__ void fence_regs(u32 (&r)[n]) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) asm volatile("" : "+r"(r[i]) :: "memory");
+}
+
+// Shared-memory matrix descriptor: start address, LBO, SBO = 1024 (8 rows of 128 bytes),
+// swizzle mode 1 (128 B) in bits 62-63; addresses and offsets in 16-byte units.
+__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo_bytes) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo_bytes >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+// Byte offset of 16-byte chunk c (columns 8c .. 8c + 7) of row r in a swizzled tile of `rows` rows.
+__device__ __forceinline__ u32 tile_off(int rows, int r, int c) {
+    return (c / 8) * PANEL_BYTES(rows) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+}
+
+// ---------------------------------------------------------------- mbarrier, TMA, named barriers
+struct __align__(64) TensorMap { u64 opaque[16]; };   // CUtensorMap, made by the host
+
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {   // arrive, and bytes to come
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(u32 bar, int parity) {
+    u32 done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
+}
+// Wait until the phase of this parity has completed (phase k has parity k % 2). (No timeout:
+// a trap in this loop makes ptxas spill the consumers' registers; the benchmark runs each
+// version first in a child process with a time limit instead.)
+__device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
+    while (!mbar_try_wait(bar, parity)) {}
+}
+// One box (64 columns x rows x 1) of a 3-D tensor (d, N, B*H) into shared memory, counted on bar.
+__device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row, int bh, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 :: "r"(dst), "l"((u64)map), "r"(col), "r"(row), "r"(bh), "r"(bar) : "memory");
+}
+// Ordinary (generic-proxy) writes to shared memory made visible to wgmma and TMA (async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+template <int regs> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(regs));
+}
+template <int regs> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(regs));
+}
+
+// Named barrier ids (0 is __syncthreads): the ping-pong pair, then one per consumer warpgroup.
+#define BAR_SCHED 1     // 1 + w: warpgroup w may issue its GEMMs
+#define BAR_WG 3        // 3 + w: the 128 threads of consumer warpgroup w
+
+// ---------------------------------------------------------------- loads
+// cp.async (v1): rows [row0, row0 + ROWS) of a (N, d) matrix into a swizzled tile, by THREADS
+// threads numbered tid; rows >= N become zeros.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void cp_async_tile(u32 tile, const u16* g, int row0, int N, int tid) {
+    constexpr int CHUNKS = HEAD_DIM / 8;
+#pragma unroll
+    for (int it = 0; it < ROWS * CHUNKS / THREADS; ++it) {
+        const int c = it * THREADS + tid, r = c / CHUNKS, ch = c % CHUNKS;
+        const bool valid = row0 + r < N;
+        cp_async_16(tile + tile_off(ROWS, r, ch), g + (size_t)(valid ? row0 + r : 0) * HEAD_DIM + ch * 8, valid);
+    }
+}
+// TMA (v2 on): a whole tile, panel by panel; the caller has announced its bytes on bar.
+template <int ROWS>
+__device__ __forceinline__ void tma_tile(u32 tile, const TensorMap* map, int row0, int bh, u32 bar) {
+#pragma unroll
+    for (int p = 0; p < HEAD_DIM / 64; ++p) tma_load(tile + p * PANEL_BYTES(ROWS), map, p * 64, row0, bh, bar);
+}
+
+// ---------------------------------------------------------------- the two GEMMs of a warpgroup
+constexpr int S_REGS = BLOCK_C / 2;    // S_ij: 64 x B_c fp32 per warpgroup
+constexpr int O_REGS = HEAD_DIM / 2;   // O_i: 64 x d fp32 per warpgroup
+constexpr int P_REGS = BLOCK_C / 4;    // P_ij: 64 x B_c fp16/bf16, as B_c / 16 A fragments
+
+// S = Q_w K_j^T (issued, committed, not waited for). Q_w: this warpgroup's 64 rows of Q_i.
+__device__ __forceinline__ void gemm_qk(float (&s)[S_REGS], u32 q_tile, int w, u32 k_tile) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+        const u32 a = q_tile + (kk / 4) * PANEL_BYTES(BLOCK_R) + w * 64 * 128 + (kk % 4) * 32;
+        const u32 b = k_tile + (kk / 4) * PANEL_BYTES(BLOCK_C) + (kk % 4) * 32;
+        Wgmma<BLOCK_C>::ss(s, smem_desc(a, 16), smem_desc(b, 16), kk > 0);
+    }
+    wgmma_commit();
+}
+// O += P V_j (issued, committed, not waited for): 16 keys per k-step, V_j N-major.
+__device__ __forceinline__ void gemm_pv(float (&o)[O_REGS], const u32 (&p)[P_REGS], u32 v_tile) {
+    wgmma_fence();
+#pragma unroll
+    for (int kp = 0; kp < BLOCK_C / 16; ++kp)
+        Wgmma<HEAD_DIM>::rs(o, &p[4 * kp], smem_desc(v_tile + kp * 16 * 128, PANEL_BYTES(BLOCK_C)), 1);
+    wgmma_commit();
+}
+
+// ---------------------------------------------------------------- softmax pieces
+// Mask S_ij: columns >= N and (causal) key > query. row_w: first row (global) of this thread's
+// warp slice; col0: first key of block j.
+__device__ __forceinline__ void mask_s(float (&s)[S_REGS], int col0, int row_w, int g, int t, int N, int causal) {
+    const float NEG_INF = neg_inf();
+#pragma unroll
+    for (int n = 0; n < BLOCK_C / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = col0 + n * 8 + 2 * t + (e & 1), row = row_w + g + 8 * (e >> 1);
+            if (col >= N || (causal && col > row)) s[4 * n + e] = NEG_INF;
+        }
+}
+// Online softmax of one block (base 2, statistics fp32): m_i, l_i updated, S_ij -> P_ij in place,
+// alpha[h] = exp2(m_old - m_new) returned for the rescale of O_i (rows g, g + 8: h = 0, 1).
+__device__ __forceinline__ void softmax_step(float (&s)[S_REGS], float (&m_i)[2], float (&l_i)[2],
+                                             float (&alpha)[2], float scale_log2) {
+    const float NEG_INF = neg_inf();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < BLOCK_C / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 threads of a row
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_i[h], mx * scale_log2);
+        const float m_use = (m_new == NEG_INF) ? 0.f : m_new;  // fully masked so far
+        alpha[h] = fast_exp2(m_i[h] - m_use);
+        float rowsum = 0.f;
+#pragma unroll
+        for (int n = 0; n < BLOCK_C / 8; ++n) {
+            s[4 * n + 2 * h] = fast_exp2(fmaf(s[4 * n + 2 * h], scale_log2, -m_use));
+            s[4 * n + 2 * h + 1] = fast_exp2(fmaf(s[4 * n + 2 * h + 1], scale_log2, -m_use));
+            rowsum += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
+        }
+        l_i[h] = l_i[h] * alpha[h] + rowsum;
+        m_i[h] = m_new;
+    }
+}
+__device__ __forceinline__ void rescale_o(float (&o)[O_REGS], const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < O_REGS; ++i) o[i] *= alpha[(i >> 1) & 1];
+}
+// P_ij (fp32 accumulators) -> fp16/bf16 A fragments of P_ij V_j: k-step kp takes S columns
+// 16 kp .. 16 kp + 15, i.e. accumulator n-tiles 2 kp and 2 kp + 1 (as flash2_tc.cu).
+__device__ __forceinline__ void convert_p(const float (&s)[S_REGS], u32 (&p)[P_REGS]) {
+#pragma unroll
+    for (int kp = 0; kp < BLOCK_C / 16; ++kp) {
+        p[4 * kp + 0] = pack2<IS_BF16>(s[8 * kp + 0], s[8 * kp + 1]);
+        p[4 * kp + 1] = pack2<IS_BF16>(s[8 * kp + 2], s[8 * kp + 3]);
+        p[4 * kp + 2] = pack2<IS_BF16>(s[8 * kp + 4], s[8 * kp + 5]);
+        p[4 * kp + 3] = pack2<IS_BF16>(s[8 * kp + 6], s[8 * kp + 7]);
+    }
+}
+
+// ---------------------------------------------------------------- the kernel
+// One block per SM (the 1 also gives setmaxnreg the register cap it needs at entry).
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
+           u16* __restrict__ O, float* __restrict__ L, int N, float scale_log2, int causal
+#if USE_TMA && TMAP_GLOBAL
+           , const TensorMap* __restrict__ tmaps     // Q, K, V
+#elif USE_TMA
+           , const __grid_constant__ TensorMap tm_q, const __grid_constant__ TensorMap tm_k,
+           const __grid_constant__ TensorMap tm_v
+#endif
+           ) {
+    constexpr int D = HEAD_DIM, B_r = BLOCK_R, B_c = BLOCK_C, S = KV_STAGES;
+    const float NEG_INF = neg_inf();
+
+    extern __shared__ unsigned char smem_raw[];
+    const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;   // the swizzle repeats every 1024 B
+    const u32 q_tile = base;                                   // B_r x d
+    const u32 k_tiles = q_tile + TILE_BYTES(B_r);              // S x (B_c x d)
+    const u32 v_tiles = k_tiles + S * TILE_BYTES(B_c);         // S x (B_c x d)
+    const u32 bars = v_tiles + S * TILE_BYTES(B_c);            // mbarriers, 8 bytes each
+    [[maybe_unused]] const u32 q_full = bars;
+    [[maybe_unused]] auto k_full = [&](int s) { return bars + 8 * (1 + s); };
+    [[maybe_unused]] auto v_full = [&](int s) { return bars + 8 * (1 + S + s); };
+    [[maybe_unused]] auto empty = [&](int s) { return bars + 8 * (1 + 2 * S + s); };
+    auto k_tile = [&](int s) { return k_tiles + s * TILE_BYTES(B_c); };
+    auto v_tile = [&](int s) { return v_tiles + s * TILE_BYTES(B_c); };
+
+    // Causal blocks differ in cost: launch the longest (last) query blocks first.
+    const int i = causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int bh = blockIdx.y;
+    const size_t head = (size_t)bh * N * D;
+    const int row0 = i * B_r;
+    const int T_c = cdiv(N, B_c);
+    const int j_end = causal ? min(T_c, cdiv(min(row0 + B_r, N), B_c)) : T_c;
+
+    const int wg_all = threadIdx.x / 128;          // warpgroup of the block
+    const int w = wg_all - PRODUCER;               // consumer warpgroup (-1: the producer)
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+
+#if USE_TMA
+#if TMAP_GLOBAL
+    const TensorMap *map_q = tmaps, *map_k = tmaps + 1, *map_v = tmaps + 2;
+#else
+    const TensorMap *map_q = &tm_q, *map_k = &tm_k, *map_v = &tm_v;
+#endif
+    if (threadIdx.x == 0) {
+#if TMAP_GLOBAL   // maps written by the host into global memory: acquire them for the TMA unit
+        for (int m = 0; m < 3; ++m)
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" :: "l"(tmaps + m) : "memory");
+#endif
+        mbar_init(q_full, 1);
+        for (int s = 0; s < S; ++s) {
+            mbar_init(k_full(s), 1);
+            mbar_init(v_full(s), 1);
+            mbar_init(empty(s), CONSUMERS * 4);       // lane 0 of every consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_proxy_async();
+    }
+    __syncthreads();
+#endif
+
+    // ---------------------------------------------------------------- producer (v3, v4)
+#if PRODUCER
+    if (w < 0) {
+        setmaxnreg_dec<24>();
+        if (tid == 0) {
+            mbar_expect_tx(q_full, TILE_BYTES(B_r));
+            tma_tile<B_r>(q_tile, map_q, row0, bh, q_full);
+            for (int j = 0; j < j_end; ++j) {
+                const int s = j % S;
+                if (j >= S) mbar_wait(empty(s), (j / S - 1) & 1);   // both warpgroups done with it
+                mbar_expect_tx(k_full(s), TILE_BYTES(B_c));
+                tma_tile<B_c>(k_tile(s), map_k, j * B_c, bh, k_full(s));
+                mbar_expect_tx(v_full(s), TILE_BYTES(B_c));
+                tma_tile<B_c>(v_tile(s), map_v, j * B_c, bh, v_full(s));
+            }
+        }
+    } else   // setmaxnreg acts only where each warpgroup's role is one branch of an if/else
+#endif
+    {
+    // ---------------------------------------------------------------- consumers
+#if PRODUCER
+    setmaxnreg_inc<240>();
+#endif
+    // This thread's rows: row_w + g and row_w + g + 8 of the sequence (row_w: its warp's first).
+    const int row_w = row0 + w * 64 + warp * 16;
+    float o[O_REGS];
+#pragma unroll
+    for (int k = 0; k < O_REGS; ++k) o[k] = 0.f;
+    float m_i[2] = {NEG_INF, NEG_INF}, l_i[2] = {0.f, 0.f}, alpha[2];
+    float s[S_REGS];
+    u32 p[P_REGS];
+    // mask needed: the block reaches past N, or (causal) past this warpgroup's first row
+    auto needs_mask = [&](int j) {
+        return j * B_c + B_c > N || (causal && j * B_c + B_c - 1 > row0 + w * 64);
+    };
+    // Block j in FlashAttention-2's order, each GEMM waited for (v1, v2, v3): S_ij = Q_i K_j^T,
+    // mask, softmax, rescale O_i, P_ij V_j. wait_v() runs before the second GEMM (v3 waits for
+    // V_j there, so S_ij need not wait for it).
+    [[maybe_unused]] auto serial_block = [&](int j, u32 k_j, u32 v_j, auto wait_v) {
+        gemm_qk(s, q_tile, w, k_j);
+        wgmma_wait<0>();
+        fence_regs(s);
+        if (needs_mask(j)) mask_s(s, j * B_c, row_w, g, t, N, causal);
+        softmax_step(s, m_i, l_i, alpha, scale_log2);
+        rescale_o(o, alpha);
+        convert_p(s, p);
+        wait_v();
+        gemm_pv(o, p, v_j);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+    };
+
+#if VERSION == 1
+    // ---- v1: all 256 threads load with cp.async; K_{j+1}, V_{j+1} in flight during block j
+    cp_async_tile<B_r, NUM_THREADS>(q_tile, Q + head, row0, N, threadIdx.x);
+    cp_async_tile<B_c, NUM_THREADS>(k_tile(0), K + head, 0, N, threadIdx.x);
+    cp_async_tile<B_c, NUM_THREADS>(v_tile(0), V + head, 0, N, threadIdx.x);
+    cp_async_commit();
+    for (int j = 0; j < j_end; ++j) {
+        const int st = j & 1;
+        cp_async_wait<0>();            // this thread's part of K_j, V_j (and Q_i)
+        fence_proxy_async();           // ... visible to wgmma (async proxy)
+        __syncthreads();               // everyone's part; everyone done with block j - 1
+        if (j + 1 < j_end) {           // into the stage block j - 1 used
+            cp_async_tile<B_c, NUM_THREADS>(k_tile(st ^ 1), K + head, (j + 1) * B_c, N, threadIdx.x);
+            cp_async_tile<B_c, NUM_THREADS>(v_tile(st ^ 1), V + head, (j + 1) * B_c, N, threadIdx.x);
+        }
+        cp_async_commit();
+        serial_block(j, k_tile(st), v_tile(st), [] {});
+    }
+#elif VERSION == 2
+    // ---- v2: thread 0 issues TMA copies; K_{j+1}, V_{j+1} (stage (j+1) % S) during block j
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(q_full, TILE_BYTES(B_r));
+        tma_tile<B_r>(q_tile, map_q, row0, bh, q_full);
+        for (int j = 0; j < min(S - 1, j_end); ++j) {
+            mbar_expect_tx(k_full(j), 2 * TILE_BYTES(B_c));
+            tma_tile<B_c>(k_tile(j), map_k, j * B_c, bh, k_full(j));
+            tma_tile<B_c>(v_tile(j), map_v, j * B_c, bh, k_full(j));
+        }
+    }
+    mbar_wait(q_full, 0);
+    for (int j = 0; j < j_end; ++j) {
+        const int st = j % S;
+        // Everyone is done with block j - 1, so its stage ((j + S - 1) % S) can take block j + S - 1.
+        __syncthreads();
+        if (threadIdx.x == 0 && j + S - 1 < j_end) {
+            const int jn = j + S - 1, sn = jn % S;
+            mbar_expect_tx(k_full(sn), 2 * TILE_BYTES(B_c));
+            tma_tile<B_c>(k_tile(sn), map_k, jn * B_c, bh, k_full(sn));
+            tma_tile<B_c>(v_tile(sn), map_v, jn * B_c, bh, k_full(sn));
+        }
+        mbar_wait(k_full(st), (j / S) & 1);    // K_j and V_j have landed
+        serial_block(j, k_tile(st), v_tile(st), [] {});
+    }
+#elif VERSION == 3
+    // ---- v3: consumers only compute; a stage is released once both GEMMs that read it are done
+    mbar_wait(q_full, 0);
+    for (int j = 0; j < j_end; ++j) {
+        const int st = j % S, parity = (j / S) & 1;
+        mbar_wait(k_full(st), parity);
+        serial_block(j, k_tile(st), v_tile(st), [&] { mbar_wait(v_full(st), parity); });
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(st));
+    }
+#else
+    // ---- v4: ping-pong between the warpgroups (BAR_SCHED + w: "your turn to issue GEMMs"),
+    // and inside a warpgroup S_j and P_{j-1} V_{j-1} in flight while softmax of S_j runs.
+    // Warpgroup 1 lets warpgroup 0 go first; each warpgroup hands the turn over after issuing.
+    // Warpgroup 1 skips its last hand-over so the arrivals match the waits.
+    const int me = BAR_SCHED + w, other = BAR_SCHED + (w ^ 1);
+    if (w == 1) named_arrive(BAR_SCHED + 0, 2 * 128);
+    mbar_wait(q_full, 0);
+    mbar_wait(k_full(0), 0);
+    named_sync(me, 2 * 128);
+    gemm_qk(s, q_tile, w, k_tile(0));
+    named_arrive(other, 2 * 128);
+    wgmma_wait<0>();
+    fence_regs(s);
+    if (needs_mask(0)) mask_s(s, 0, row_w, g, t, N, causal);
+    softmax_step(s, m_i, l_i, alpha, scale_log2);     // O_i = 0: nothing to rescale
+    convert_p(s, p);
+    for (int j = 1; j < j_end; ++j) {
+        const int st = j % S, prev = (j - 1) % S;
+        mbar_wait(k_full(st), (j / S) & 1);
+        named_sync(me, 2 * 128);
+        gemm_qk(s, q_tile, w, k_tile(st));                     // S_j
+        mbar_wait(v_full(prev), ((j - 1) / S) & 1);
+        gemm_pv(o, p, v_tile(prev));                           // O_i += P_{j-1} V_{j-1}
+        named_arrive(other, 2 * 128);
+        wgmma_wait<1>();                                       // S_j done, P V still running
+        fence_regs(s);
+        if (needs_mask(j)) mask_s(s, j * B_c, row_w, g, t, N, causal);
+        softmax_step(s, m_i, l_i, alpha, scale_log2);
+        wgmma_wait<0>();                                       // P_{j-1} V_{j-1} done
+        fence_regs(o);
+        fence_regs(p);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(prev));
+        rescale_o(o, alpha);
+        convert_p(s, p);
+    }
+    {
+        const int last = (j_end - 1) % S;
+        mbar_wait(v_full(last), ((j_end - 1) / S) & 1);
+        named_sync(me, 2 * 128);
+        gemm_pv(o, p, v_tile(last));
+        if (w == 0) named_arrive(other, 2 * 128);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+    }
+#endif
+
+    // ---------------------------------------------------------------- epilogue
+    // O_i = diag(l_i)^-1 O_i, L_i = m_i + log(l_i) (natural log). This warpgroup's 64 x d slice
+    // of O_i is staged in its own rows of the Q_i tile (no GEMM reads them any more), then
+    // written to HBM in 16-byte chunks.
+    const float LN2 = 0.6931471805599453f;
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 1);
+        l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 2);
+        inv[h] = 1.f / l_i[h];
+        const int row = row_w + g + 8 * h;
+        if (t == 0 && row < N) L[(size_t)bh * N + row] = (m_i[h] + __log2f(l_i[h])) * LN2;
+    }
+    unsigned char* smem_gen = smem_raw + (q_tile - smem_addr(smem_raw));   // generic pointer to Q_i
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = w * 64 + warp * 16 + g + 8 * h;    // row inside Q_i
+            *reinterpret_cast<u32*>(smem_gen + tile_off(B_r, r, n) + 4 * t) =
+                pack2<IS_BF16>(o[4 * n + 2 * h] * inv[h], o[4 * n + 2 * h + 1] * inv[h]);
+        }
+    named_sync(BAR_WG + w, 128);
+    u16* Og = O + head;
+#pragma unroll
+    for (int it = 0; it < 64 * (D / 8) / 128; ++it) {
+        const int c = it * 128 + tid, r = c / (D / 8), ch = c % (D / 8);
+        const int row = row0 + w * 64 + r;
+        if (row < N)
+            *reinterpret_cast<uint4*>(Og + (size_t)row * D + ch * 8) =
+                *reinterpret_cast<const uint4*>(smem_gen + tile_off(B_r, w * 64 + r, ch));
+    }
+    }   // consumers
+}

@@ -1,0 +1,242 @@
+"""FlashAttention-3-style forward for Hopper, fp16 / bf16 (``cuda/flash3.cu``, sm_90a).
+
+    Q, K, V, O: (B, H, N, d) float16 or bfloat16, d in {64, 128, 256}; L: (B, H, N) float32,
+    the natural-log logsumexp of each row of tau Q K^T.
+
+wgmma (SS for S = Q K^T, RS for O += P V) with fp32 accumulation and fp32 softmax statistics;
+any N (ragged last blocks are masked); causal is top-left aligned (query r sees keys <= r).
+The header of the .cu file lists the versions (``version=1..4``): v1 cp.async loads, v2 TMA
+loads (tensor maps made here with ``cuda.bindings``), v3 a producer warpgroup and setmaxnreg,
+v4 ping-pong and intra-warpgroup overlap. Tiles: B_r = 128 (two consumer warpgroups of 64
+rows), B_c from ``CONFIGS`` (128, or 64 at d = 256). Threads: 256 (v1, v2) or 384 (v3, v4).
+Shared memory (dynamic): ``smem_bytes``.
+
+CuPy compiles RawModule code for the plain sm_90 target, which has no wgmma, so this loader
+compiles the file itself with NVRTC for sm_90a (``gpu_kernels.compile.compile_cubin``) and
+loads the cubin through ``cupy.RawModule(path=...)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+
+from ..common import KernelInputError, KernelLaunch, Result, cdiv, dtype_name, flashsim_dtype
+from .common import LOG2E, output, read_source
+from .flash2_tc import TcLaunch
+
+ALGORITHM = "flash2"          # the same loop nest as FlashAttention-2; other instructions
+CU_FILE = "flash3.cu"
+ARCH = "sm_90a"
+HOT = ("flash3_fwd",)
+HEAD_DIMS = (64, 128, 256)
+VERSIONS = (1, 2, 3, 4)
+BLOCK_R = 128
+CONSUMER_WARPS = 8            # S_ij, P_ij and O_i live in the registers of these warps
+CONFIGS = {
+    64: {"BLOCK_R": BLOCK_R, "BLOCK_C": 128, "KV_STAGES": 2, "VERSION": 1},
+    128: {"BLOCK_R": BLOCK_R, "BLOCK_C": 128, "KV_STAGES": 2, "VERSION": 1},
+    256: {"BLOCK_R": BLOCK_R, "BLOCK_C": 64, "KV_STAGES": 2, "VERSION": 1},
+}
+SMEM_LIMIT = 227 * 1024
+# Tensor maps travel as __grid_constant__ parameters (CuPy passes a one-element structured
+# array by value); should CuPy refuse that, the loader switches to the TMAP_GLOBAL build once.
+# FLASHSIM_FLASH3_TMAP=global starts with that build (the benchmark tries both).
+TMAP_BY_VALUE = os.environ.get("FLASHSIM_FLASH3_TMAP") != "global"
+
+
+def threads(version: int) -> int:
+    """Threads per block: two consumer warpgroups, plus the producer warpgroup from v3 on."""
+    return 128 * (2 + (version >= 3))
+
+
+def smem_bytes(d: int, block_cols: int, stages: int) -> int:
+    """Dynamic shared memory of one block (SMEM_BYTES in the .cu file): 1024 bytes to align
+    the tiles, Q_i (B_r x d), K_j and V_j in every stage (B_c x d each), 8-byte mbarriers."""
+    return 1024 + BLOCK_R * d * 2 + 2 * stages * block_cols * d * 2 + 8 * (1 + 3 * stages)
+
+
+_MACROS = {"block_rows": "BLOCK_R", "block_cols": "BLOCK_C", "version": "VERSION", "stages": "KV_STAGES"}
+
+
+def defines(d: int, dtype: str, **config) -> dict[str, int]:
+    """The compile-time constants: CONFIGS[d] with the given ones (by macro or argument name)."""
+    c = dict(CONFIGS[d])
+    c.update({_MACROS.get(k, k): v for k, v in config.items() if v is not None})
+    return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), **c}
+
+
+# ---------------------------------------------------------------- compiling and loading
+
+@functools.lru_cache(maxsize=None)
+def cubin(defines_items: tuple) -> tuple[bytes, str]:
+    """(cubin, ptxas log) of flash3.cu with these constants, for sm_90a (no GPU needed)."""
+    from ..compile import compile_cubin
+
+    return compile_cubin(read_source(CU_FILE), dict(defines_items), arch=ARCH, name=CU_FILE)
+
+
+def cubin_path(defines: dict[str, int]) -> str:
+    """The cubin written to a file (CuPy loads modules from files), named by its hash."""
+    data, _ = cubin(tuple(sorted(defines.items())))
+    folder = os.path.join(tempfile.gettempdir(), "flashsim-cubin")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, hashlib.sha256(data).hexdigest()[:32] + ".cubin")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def get_kernel(defines_items: tuple, dynamic_smem: int):
+    """The loaded ``cupy.RawKernel`` flash3_fwd with these constants, shared memory opted in."""
+    import cupy
+
+    kernel = cupy.RawModule(path=cubin_path(dict(defines_items))).get_function("flash3_fwd")
+    if dynamic_smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = dynamic_smem
+    return kernel
+
+
+# ---------------------------------------------------------------- tensor maps (TMA)
+
+def _tmap_dtype():
+    import numpy as np
+
+    return np.dtype([("opaque", np.uint64, (16,))])      # CUtensorMap: 128 opaque bytes
+
+
+def tensor_map(x, d: int, N: int, BH: int, box_rows: int, bf16: bool):
+    """CUtensorMap of a (B, H, N, d) fp16/bf16 CuPy array seen as the 3-D tensor (d, N, B*H):
+    boxes of 64 columns x ``box_rows`` rows x 1 head, 128-byte swizzle (the layout the
+    kernel's wgmma descriptors read), rows past N filled with zeros. Returned as a one-element
+    NumPy array of a 128-byte structured dtype, which CuPy passes by value (CuPy's
+    examples/custom_struct), here a __grid_constant__ parameter."""
+    import numpy as np
+    from cuda.bindings import driver
+
+    T = driver.CUtensorMapDataType
+    dt = T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if bf16 else T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t      # the binding takes no plain ints
+    args = (dt, 3, int(x.data.ptr), [u64(n) for n in (d, N, BH)], [u64(n) for n in (d * 2, N * d * 2)],
+            [u32(n) for n in (64, box_rows, 1)], [u32(1)] * 3,
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    err, tmap = driver.cuTensorMapEncodeTiled(*args)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err}")
+    words = np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
+    return words.view(_tmap_dtype())     # shape (1,): CuPy passes it by value, as a struct
+
+
+# ---------------------------------------------------------------- the launch
+
+@dataclass
+class Flash3Launch(TcLaunch):
+    CU_FILE = CU_FILE
+    PLAN_WARPS = staticmethod(lambda launch: CONSUMER_WARPS)
+    stages: int = 2
+
+    def defines(self) -> dict[str, int]:
+        return defines(self.d, self.dtype, block_rows=self.block_rows, block_cols=self.block_cols,
+                       version=self.version, stages=self.stages)
+
+    def launches(self) -> list[KernelLaunch]:
+        return [KernelLaunch("flash3_fwd", (cdiv(self.N, self.block_rows), self.BH), self.threads,
+                             self.dynamic_smem, step=0)]
+
+    def plan_record(self) -> dict:
+        return dict(super().plan_record(), stages=self.stages)
+
+    def compiled(self, tmap_global: int = 0):
+        """The loaded kernel (``kernel`` is the launch's name field, "cupy_flash3");
+        ``tmap_global``: the build that reads its tensor maps from global memory."""
+        D = self.defines()
+        if tmap_global:
+            D["TMAP_GLOBAL"] = 1
+        return get_kernel(tuple(sorted(D.items())), self.dynamic_smem)
+
+    def run(self, Q, K, V, out=None, lse=None) -> Result:
+        """Q, K, V: (B, H, N, d) fp16/bf16 CuPy arrays or torch tensors -> Result(O like Q,
+        L (B, H, N) float32) as CuPy arrays; ``out`` / ``lse``: preallocated O and L."""
+        import cupy
+
+        global TMAP_BY_VALUE
+        q, k, v = self.inputs(Q, K, V)
+        O = output(out, "out", tuple(q.shape), dtype_name(self.dtype), like=q)
+        L = output(lse, "lse", tuple(q.shape[:-1]), "float32")
+        (kl,) = self.launches()
+        args = (q, k, v, O, L, cupy.int32(self.N), cupy.float32(self.tau * LOG2E), cupy.int32(self.causal))
+        launch = dict(shared_mem=kl.dynamic_smem)
+        if self.version == 1:                 # v1 loads with cp.async and takes no tensor maps
+            self.compiled()(kl.grid, (kl.threads,), args, **launch)
+            return Result(O, L)
+        bf16 = self.dtype == "bf16"
+        maps = (tensor_map(q, self.d, self.N, self.BH, self.block_rows, bf16),
+                tensor_map(k, self.d, self.N, self.BH, self.block_cols, bf16),
+                tensor_map(v, self.d, self.N, self.BH, self.block_cols, bf16))
+        if TMAP_BY_VALUE:
+            try:
+                self.compiled()(kl.grid, (kl.threads,), args + maps, **launch)
+                return Result(O, L)
+            except TypeError:                 # CuPy refused the struct, before any launch
+                TMAP_BY_VALUE = False
+        import numpy as np
+
+        self.workspace["tensor_maps"] = buf = cupy.asarray(np.concatenate([m.view(np.uint64) for m in maps]))
+        self.compiled(1)(kl.grid, (kl.threads,), args + (buf,), **launch)
+        return Result(O, L)
+
+
+def configure(B: int, H: int, N: int, d: int, *, dtype: str = "fp16", causal: bool = False,
+              block_rows=None, block_cols=None, version=None, stages=None) -> Flash3Launch:
+    """The launch for (B, H, N, d): CONFIGS[d] unless B_c, ``version`` or ``stages`` are given;
+    checked against what the kernel can run before anything is compiled."""
+    if version is not None and version not in VERSIONS:
+        raise KernelInputError(f"version {version} does not exist; choose one of {VERSIONS}")
+    if d not in HEAD_DIMS:
+        raise KernelInputError(f"head dimension d = {d} is not supported; this kernel takes d in {HEAD_DIMS}")
+    dtype = flashsim_dtype(dtype)
+    if dtype not in ("fp16", "bf16"):
+        raise KernelInputError(f"dtype {dtype}: the Hopper kernel takes fp16 or bf16")
+    D = defines(d, dtype, block_rows=block_rows, block_cols=block_cols, version=version, stages=stages)
+    Br, Bc, st = D["BLOCK_R"], D["BLOCK_C"], D["KV_STAGES"]
+    if Br != BLOCK_R or Bc not in (64, 128) or st not in (2, 3):
+        raise KernelInputError(f"the Hopper kernel takes block_rows = {BLOCK_R}, block_cols 64 or 128 "
+                               f"and 2 or 3 stages, got {Br}, {Bc}, {st}")
+    smem = smem_bytes(d, Bc, st)
+    if smem > SMEM_LIMIT:
+        raise KernelInputError(f"d = {d}, block_cols = {Bc}, {st} stages need {smem} bytes of shared "
+                               f"memory, above the {SMEM_LIMIT} a block can have")
+    from flashsim.algorithms import ALGORITHMS
+    from flashsim.hardware.presets import DEFAULT_GPU, gpu
+
+    need = ALGORITHMS[ALGORITHM].working_set_bytes(Br, Bc, d, 2)
+    sram = None if need <= gpu(DEFAULT_GPU).sram_per_block else need
+    launch = Flash3Launch("cupy_flash3", ALGORITHM, B, H, N, d, dtype, causal, Br, Bc,
+                          threads(D["VERSION"]), 0, smem, sram, version=D["VERSION"], stages=st)
+    launch.plan()             # flashsim accepts it (raises KernelInputError if not)
+    return launch
+
+
+def compile_variants():
+    """(file, defines, dynamic smem, hot kernels) that CI compiles: every version at every d,
+    fp16 and bf16, at CONFIGS' tiles; and the TMA versions' TMAP_GLOBAL build (fp16, d = 128)."""
+    out = []
+    for d in HEAD_DIMS:
+        for dtype in ("fp16", "bf16"):
+            for v in VERSIONS:
+                D = defines(d, dtype, version=v)
+                out.append((CU_FILE, D, smem_bytes(d, D["BLOCK_C"], D["KV_STAGES"]), HOT))
+    for v in VERSIONS[1:]:
+        D = dict(defines(128, "fp16", version=v), TMAP_GLOBAL=1)
+        out.append((CU_FILE, D, smem_bytes(128, D["BLOCK_C"], D["KV_STAGES"]), HOT))
+    return out
