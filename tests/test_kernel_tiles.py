@@ -19,7 +19,7 @@ RULE = {"cupy_standard": dict(sram="48KiB"), "cupy_flash1": dict(sram="48KiB"),
         "numba_flash1": dict(gpu="h200", sram="48KiB"),
         "numba_flash2": dict(gpu="h200", sram="48KiB"),
         "numba_flash2_bwd": dict(gpu="h200", sram="48KiB"),
-        "cupy_flash2_tc": dict(gpu="h200")}
+        "cupy_flash2_tc": dict(gpu="h200"), "cupy_flash3": dict(gpu="h200")}
 SAME = {"cupy_standard", "cupy_flash1", "cupy_flash2", "numba_standard", "numba_standard_bwd"}
 SHAPES = [(N, d) for N in (100, 4096) for d in (16, 32, 64, 128)]   # N capping B, and not
 
@@ -58,7 +58,8 @@ def test_kernels_that_say_the_same_take_the_rules_tiles(name):
 def test_kernels_that_say_they_differ_take_smaller_tiles_than_the_rule(name):
     pairs = _pairs(name)
     for N, d, (br, bc), (rr, rc) in pairs:
-        assert br * bc <= rr * rc, (name, N, d)
+        # the rule caps its tiles at N; a kernel's fixed tile past N covers N rows of it
+        assert min(br, N) * min(bc, N) <= rr * rc, (name, N, d)
     assert any(got != rule for *_, got, rule in pairs)
     if name == "numba_flash2_bwd":      # the same at d = 64 and 128, as its line says
         assert all(got == rule for _, d, got, rule in pairs if d >= 64)

@@ -100,9 +100,9 @@ def test_bad_input_is_refused_before_the_gpu_is_looked_for(capsys):
 def test_all_skips_kernels_without_the_dtype():
     args = cli.build_parser().parse_args(["measure", "--all", "--dtype", "FP16"])
     launches, skipped = measure._launches(args)
-    assert [x.kernel for x in launches] == ["cupy_flash2_tc"]
+    assert [x.kernel for x in launches] == ["cupy_flash2_tc", "cupy_flash3"]
     forward = [k for k, e in registry.KERNELS.items() if e.pass_ == "fwd"]
-    assert sorted(s["kernel"] for s in skipped) == sorted(set(forward) - {"cupy_flash2_tc"})
+    assert sorted(s["kernel"] for s in skipped) == sorted(set(forward) - {"cupy_flash2_tc", "cupy_flash3"})
     assert all("fp16" in s["skipped"] for s in skipped)
 
 

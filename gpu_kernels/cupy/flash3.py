@@ -14,6 +14,10 @@ Shared memory (dynamic): ``smem_bytes``.
 CuPy compiles RawModule code for the plain sm_90 target, which has no wgmma, so this loader
 compiles the file itself with NVRTC for sm_90a (``gpu_kernels.compile.compile_cubin``) and
 loads the cubin through ``cupy.RawModule(path=...)``.
+
+Tiles against flashsim's default rule: they differ; its rule for this placement (S, P and
+O in the registers of the launch's warps, H200 preset) takes larger square tiles than the
+kernel's B_r = 128 (two warpgroups of wgmma's 64 rows) by B_c = 128 (64 at d = 256).
 """
 
 from __future__ import annotations
