@@ -5,6 +5,8 @@ with ``--quiet`` or when stderr is no terminal)."""
 
 from __future__ import annotations
 
+import traceback
+
 import argparse
 import json
 import os
@@ -85,3 +87,22 @@ class Recorder:
 
     def save(self) -> str:
         return write_json(self.args.out, self.name, self.results)
+
+    def guarded(self, *steps) -> bool:
+        """Run ``steps`` in order. An exception is printed and kept under "error", not
+        raised, so what was measured before it is still saved; returns whether all ran."""
+        try:
+            for step in steps:
+                step()
+        except Exception:                # noqa: BLE001 - recorded, and the run ends well
+            traceback.print_exc()
+            self.results["error"] = traceback.format_exc()
+            return False
+        return True
+
+    def finish(self, note: str = "") -> str:
+        """Record the elapsed time, save, and say where (``note`` after the time)."""
+        self.results["elapsed_s"] = self.deadline.elapsed()
+        path = self.save()
+        print(f"wrote {path} in {self.results['elapsed_s']:.0f} s{note}", flush=True)
+        return path

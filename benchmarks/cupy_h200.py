@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import traceback
 
 from benchmarks.common import Progress, Recorder, parser
 from gpu_kernels import harness, registry
@@ -183,7 +182,6 @@ class Bench(Recorder):
         self.save()
 
     def main_table(self):
-        torch = self.torch
         impls_fast = [("torch_flash", self.sdpa("FLASH_ATTENTION")),
                       ("torch_efficient", self.sdpa("EFFICIENT_ATTENTION")),
                       ("torch_cudnn", self.sdpa("CUDNN_ATTENTION"))]
@@ -194,31 +192,37 @@ class Bench(Recorder):
             for causal in (False, True):
                 for N in PAPER_N:
                     bar.update()
-                    B, H = TOTAL_TOKENS // N, HIDDEN // d
-                    base = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "dtype": "float16"}
-                    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
-                    ref, bound = self.reference(q, k, v, causal)
-                    impls = [("cupy_flash2_tc", tc_fn)] + impls_fast
-                    if not self.args.no_eager:
-                        impls.append(("torch_eager", self.eager(q, k, v, causal)))
-                    for name, fn in impls:
-                        what = {"impl": name, **base}
-                        if not self.due(what):
-                            continue
-                        try:
-                            ok, err = self.check_fp16(fn(q, k, v, causal), ref, bound)
-                            if not ok and name.startswith("cupy"):  # peers are timed anyway
-                                self.skip(what, f"check failed: error {err:.3e} > 2 x SDPA error {bound:.3e}")
-                                continue
-                            ms, times = self.time_fn(lambda: fn(q, k, v, causal))
-                        except Exception as exc:  # OOM, unsupported backend, ...
-                            self.failed(what, exc)
-                            continue
-                        self.point(what, ms, times, max_abs_err=err, err_bound=bound, check_ok=ok)
-                    del q, k, v, ref
-                    torch.cuda.empty_cache()
-                    self.save()
+                    self.paper_point(d, N, causal, lambda q, k, v: (
+                        [("cupy_flash2_tc", tc_fn)] + impls_fast
+                        + ([] if self.args.no_eager else [("torch_eager", self.eager(q, k, v, causal))])))
         bar.close()
+
+    def paper_point(self, d, N, causal, impls) -> None:
+        """One configuration of the FA2 paper's (16k tokens, hidden 2048), fp16: every
+        ``(name, fn)`` of ``impls(q, k, v)`` checked against the float64 reference (ours must
+        pass to be timed; peers are timed anyway), then timed, one point each."""
+        torch = self.torch
+        B, H = TOTAL_TOKENS // N, HIDDEN // d
+        base = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "dtype": "float16"}
+        q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        ref, bound = self.reference(q, k, v, causal)
+        for name, fn in impls(q, k, v):
+            what = {"impl": name, **base}
+            if not self.due(what):
+                continue
+            try:
+                ok, err = self.check_fp16(fn(q, k, v, causal), ref, bound)
+                if not ok and name.startswith("cupy"):  # peers are timed anyway
+                    self.skip(what, f"check failed: error {err:.3e} > 2 x SDPA error {bound:.3e}")
+                    continue
+                ms, times = self.time_fn(lambda: fn(q, k, v, causal))
+            except Exception as exc:  # OOM, unsupported backend, ...
+                self.failed(what, exc)
+                continue
+            self.point(what, ms, times, max_abs_err=err, err_bound=bound, check_ok=ok)
+        del q, k, v, ref
+        torch.cuda.empty_cache()
+        self.save()
 
     def fp32_table(self):
         ours = [(f"cupy_{a}_fp32", self.ours(f"cupy_{a}")) for a in ("standard", "flash1", "flash2")]
@@ -326,18 +330,10 @@ def main(argv=None) -> int:
     bench.results["configs"] = {"total_tokens": TOTAL_TOKENS, "hidden": HIDDEN, "N": list(PAPER_N),
                                 "head_dims": list(HEAD_DIMS), "fp32_N": args.fp32_n, "sweep_N": args.sweep_n}
     print(json.dumps(bench.results["provenance"], indent=1), flush=True)
-    try:
-        bench.sweep()
-        bench.main_table()
-        if not args.no_fp32:
-            bench.fp32_table()
-    except Exception:
-        traceback.print_exc()
-        bench.results["error"] = traceback.format_exc()
+    ok = bench.guarded(bench.sweep, bench.main_table, *([] if args.no_fp32 else [bench.fp32_table]))
     bench.ratios()
-    bench.results["elapsed_s"] = bench.deadline.elapsed()
-    print(f"wrote {bench.save()} in {bench.results['elapsed_s']:.0f} s")
-    return 1 if "error" in bench.results else 0
+    bench.finish()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

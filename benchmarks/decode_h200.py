@@ -563,7 +563,7 @@ def main(argv=None) -> int:
     bench.results["configs"] = {"heads": H, "head_dim": D, "batches": list(BATCHES), "kv_lens": list(KV_LENS),
                                 "kv_heads": list(KV_HEADS), "q_lens": list(Q_LENS), "pages": list(PAGES),
                                 "max_cache_bytes": MAX_CACHE_BYTES}
-    try:
+    def table():
         if not args.no_tune:
             bench.tune()
         for B, kvh, n, ql in grid_points(args.quick):
@@ -581,14 +581,12 @@ def main(argv=None) -> int:
         bench.save()
         if not args.no_flex:
             bench.flex_points()
-    except Exception:
-        traceback.print_exc()
-        bench.results["error"] = traceback.format_exc()
+
+    ok = bench.guarded(table)
     bench.summary()
     bench.results["failed_checks"] = bench.failures
-    bench.results["elapsed_s"] = bench.deadline.elapsed()
-    print(f"wrote {bench.save()} in {bench.results['elapsed_s']:.0f} s; {bench.failures} failed checks")
-    return 1 if bench.failures or "error" in bench.results else 0
+    bench.finish(f"; {bench.failures} failed checks")
+    return 0 if ok and not bench.failures else 1
 
 
 if __name__ == "__main__":

@@ -243,7 +243,6 @@ class HopperBench(Bench):
         return run
 
     def timing(self, head_dims, sizes):
-        torch = self.torch
         impls_fast = [("torch_flash", self.sdpa("FLASH_ATTENTION")),
                       ("torch_cudnn", self.sdpa("CUDNN_ATTENTION")),
                       ("torch_efficient", self.sdpa("EFFICIENT_ATTENTION"))]
@@ -261,30 +260,9 @@ class HopperBench(Bench):
                 ours.append(("cupy_flash2_tc", self.ours("cupy_flash2_tc")))
             for causal in (False, True):
                 for N in sizes:
-                    B, H = TOTAL_TOKENS // N, HIDDEN // d
-                    base = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "dtype": "float16"}
-                    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
-                    ref, bound = self.reference(q, k, v, causal)
-                    impls = ours + impls_fast
-                    if flex is not None and N in FLEX_N and d in (64, 128):
-                        impls = impls + [("torch_flex", flex)]
-                    for name, fn in impls:
-                        what = {"impl": name, **base}
-                        if not self.due(what):
-                            continue
-                        try:
-                            ok, err = self.check_fp16(fn(q, k, v, causal), ref, bound)
-                            if not ok and name.startswith("cupy"):
-                                self.skip(what, f"check failed: error {err:.3e} > 2 x SDPA error {bound:.3e}")
-                                continue
-                            ms, times = self.time_fn(lambda: fn(q, k, v, causal))
-                        except Exception as exc:
-                            self.failed(what, exc)
-                            continue
-                        self.point(what, ms, times, max_abs_err=err, err_bound=bound, check_ok=ok)
-                    del q, k, v, ref
-                    torch.cuda.empty_cache()
-                    self.save()
+                    with_flex = flex is not None and N in FLEX_N and d in (64, 128)
+                    self.paper_point(d, N, causal, lambda q, k, v: (
+                        ours + impls_fast + ([("torch_flex", flex)] if with_flex else [])))
 
     def sweep(self, head_dims, sizes=(4096, 16384)):
         """Other tiles and stage counts for the versions that passed (fp16): B_c in {64, 128}
@@ -452,26 +430,25 @@ def main(argv=None) -> int:
                                 "head_dims": list(head_dims), "check_N": list(CHECK_N),
                                 "kernel_configs": {str(d): flash3.CONFIGS[d] for d in head_dims}}
     print(json.dumps(bench.results["provenance"], indent=1), flush=True)
-    all_ok = False
-    try:
+    checks = {}
+
+    def run():
         for phase in (bench.resources, lambda _: bench.smoke_children()):   # neither stops the run
             try:
                 phase(flash3.HEAD_DIMS)
             except Exception:
                 traceback.print_exc()
                 bench.results.setdefault("phase_errors", []).append(traceback.format_exc())
-        all_ok = bench.check_versions(flash3.HEAD_DIMS)          # every d, also with --quick
+        checks["ok"] = bench.check_versions(flash3.HEAD_DIMS)   # every d, also with --quick
         print(f"versions passing every check: {bench.passed}. Starting benchmarks.", flush=True)
         bench.timing(head_dims, sizes)
         if args.sweep:
             bench.sweep(head_dims)
-    except Exception:
-        traceback.print_exc()
-        bench.results["error"] = traceback.format_exc()
+
+    ok = bench.guarded(run)
     bench.table()
-    bench.results["elapsed_s"] = bench.deadline.elapsed()
-    print(f"wrote {bench.save()} in {bench.results['elapsed_s']:.0f} s; versions passed {bench.passed}")
-    return 0 if all_ok and "error" not in bench.results else 1
+    bench.finish(f"; versions passed {bench.passed}")
+    return 0 if ok and checks.get("ok") else 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ module with ``configure(B, H, N, d, *, causal, block_rows, block_cols, ...) -> L
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
+import os
 from dataclasses import dataclass, field
 from numbers import Integral
 
@@ -225,79 +228,25 @@ def find(algorithm: str, backend: str, dtype: str = "fp32", pass_: str = "fwd") 
 
 
 # What each compiled variant holds per thread block, as ptxas built it for the H200 and
-# Nsight Compute reported it (launch__registers_per_thread, launch__shared_mem_per_block_static):
-# {kernel: {(launch kernel, d, B_r, B_c, causal, threads): (registers per thread, static
-# shared bytes)}}. Head dimension and tiles are compile-time constants (numba also
-# specialises on the mask), so each key is its own code. Taken from the held-out sweep
-# (today's sources) where it ran the variant, else from ncu_h200.json (the block-size
-# experiment's tiles); tests/test_predict.py holds this table equal to those datasets.
-# Dynamic shared memory is each launch's own (KernelLaunch.dynamic_smem). Local NVRTC
+# Nsight Compute reported it: compiled_h200.json beside this file (measured, so data; its
+# note says where from). Head dimension and tiles are compile-time constants (numba also
+# specialises on the mask), so each (launch kernel, d, B_r, B_c, causal, threads) is its own
+# code. Dynamic shared memory is each launch's own (KernelLaunch.dynamic_smem). Local NVRTC
 # builds differ by a few registers (python -m gpu_kernels.compile); the GPU's are stated.
-COMPILED = {
-    'cupy_flash2': {
-        ('flash2_fwd', 128, 16, 16, False, 256): (40, 34432),
-        ('flash2_fwd', 128, 16, 16, True, 256): (40, 34432),
-        ('flash2_fwd', 64, 32, 32, False, 256): (109, 37376),
-        ('flash2_fwd', 64, 32, 32, True, 256): (109, 37376),
-    },
-    'cupy_flash2_tc': {
-        ('flash2_tc_fwd', 128, 128, 64, False, 256): (255, 0),
-        ('flash2_tc_fwd', 128, 128, 64, True, 256): (255, 0),
-        ('flash2_tc_fwd', 64, 128, 128, False, 128): (255, 0),
-        ('flash2_tc_fwd', 64, 128, 32, False, 128): (154, 0),
-        ('flash2_tc_fwd', 64, 128, 64, False, 128): (209, 0),
-        ('flash2_tc_fwd', 64, 128, 64, True, 128): (209, 0),
-        ('flash2_tc_fwd', 64, 64, 32, False, 64): (176, 0),
-        ('flash2_tc_fwd', 64, 64, 64, False, 64): (238, 0),
-    },
-    'numba_flash2': {
-        ('flash2_forward', 128, 32, 16, False, 128): (128, 39680),
-        ('flash2_forward', 128, 32, 16, True, 128): (130, 39680),
-        ('flash2_forward', 64, 16, 16, False, 64): (84, 15872),
-        ('flash2_forward', 64, 32, 16, False, 64): (127, 21248),
-        ('flash2_forward', 64, 32, 16, True, 64): (128, 21248),
-        ('flash2_forward', 64, 48, 16, False, 96): (127, 26880),
-        ('flash2_forward', 64, 64, 16, False, 128): (139, 32512),
-        ('flash2_forward', 64, 64, 32, False, 128): (127, 45568),
-        ('flash2_forward', 64, 64, 32, True, 128): (123, 45568),
-    },
-    'cupy_standard': {
-        ('standard_pv', 128, 32, 32, False, 256): (40, 36864),
-        ('standard_pv', 128, 32, 32, True, 256): (40, 36864),
-        ('standard_pv', 64, 64, 64, False, 256): (64, 49152),
-        ('standard_pv', 64, 64, 64, True, 256): (64, 49152),
-        ('standard_qk', 128, 32, 32, False, 256): (40, 33280),
-        ('standard_qk', 128, 32, 32, True, 256): (40, 33280),
-        ('standard_qk', 64, 64, 64, False, 256): (64, 33024),
-        ('standard_qk', 64, 64, 64, True, 256): (64, 33024),
-        ('standard_softmax', 128, 32, 32, False, 256): (32, 0),
-        ('standard_softmax', 128, 32, 32, True, 256): (32, 0),
-        ('standard_softmax', 64, 64, 64, False, 256): (32, 0),
-        ('standard_softmax', 64, 64, 64, True, 256): (32, 0),
-        ('standard_softmax_streaming', 128, 32, 32, False, 256): (32, 4352),
-        ('standard_softmax_streaming', 128, 32, 32, True, 256): (32, 4352),
-    },
-    'numba_standard': {
-        ('row_softmax_fits', 128, 32, 32, False, 128): (35, 1024),
-        ('row_softmax_fits', 128, 32, 32, True, 128): (37, 1024),
-        ('row_softmax_fits', 64, 64, 64, False, 128): (35, 1024),
-        ('row_softmax_fits', 64, 64, 64, False, 64): (35, 512),
-        ('row_softmax_fits', 64, 64, 64, True, 128): (37, 1024),
-        ('row_softmax_stream', 64, 64, 64, False, 128): (32, 1024),
-        ('scores', 128, 32, 32, False, 128): (43, 35840),
-        ('scores', 128, 32, 32, True, 128): (43, 35840),
-        ('scores', 64, 64, 64, False, 128): (72, 34816),
-        ('scores', 64, 64, 64, True, 128): (72, 34816),
-        ('weighted_sum', 128, 32, 32, False, 64): (159, 20992),
-        ('weighted_sum', 128, 32, 32, True, 64): (159, 20992),
-        ('weighted_sum', 64, 64, 64, False, 128): (105, 33792),
-        ('weighted_sum', 64, 64, 64, True, 128): (105, 33792),
-    },
-    'cupy_flash1': {
-        ('flash1_fwd', 128, 21, 21, False, 256): (64, 45452),
-        ('flash1_fwd', 64, 33, 33, False, 256): (114, 38668),
-    },
-}
+COMPILED_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compiled_h200.json")
+
+
+@functools.cache
+def compiled_table() -> dict:
+    """{entry: {(launch kernel, d, B_r, B_c, causal, threads): (registers, static shared
+    bytes)}} from ``compiled_h200.json``."""
+    with open(COMPILED_FILE) as f:
+        rows = json.load(f)["rows"]
+    out: dict = {}
+    for r in rows:
+        key = (r["kernel"], r["d"], r["block_rows"], r["block_cols"], r["causal"], r["threads"])
+        out.setdefault(r["entry"], {})[key] = (r["registers"], r["static_smem"])
+    return out
 
 
 def compiled(name: str, kernel: str, d: int, block_rows: int, block_cols: int, causal: bool,
@@ -305,7 +254,7 @@ def compiled(name: str, kernel: str, d: int, block_rows: int, block_cols: int, c
     """``(registers per thread, static shared bytes)`` of one compiled launch of entry
     ``name``, or None when that variant was never built on the GPU (the mask's other
     setting is taken when only it was: the CUDA C++ kernels take the mask at run time)."""
-    table = COMPILED.get(name, {})
+    table = compiled_table().get(name, {})
     for c in (causal, not causal):
         got = table.get((kernel, d, block_rows, block_cols, c, threads))
         if got is not None:

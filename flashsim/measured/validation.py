@@ -219,10 +219,11 @@ def sources(module: str = f"{__package__}.validation") -> list[pathlib.Path]:
 def inputs(dataset=DATASET) -> dict[str, str]:
     """``{path: SHA-256}`` of everything the stored predictions of ``dataset`` are a pure
     function of: the dataset, the source files of :func:`sources` (paths relative to the
-    flashsim package) and every Python file of ``gpu_kernels`` (the registry's launches,
-    tile rules and compiled resources, which ``flashsim.predict`` reads)."""
+    flashsim package) and every Python and JSON file of ``gpu_kernels`` (the registry's
+    launches, tile rules and compiled resources, which ``flashsim.predict`` reads)."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    kernels = sorted((root.parent / "gpu_kernels").rglob("*.py"))
+    kernels = sorted(p for p in (root.parent / "gpu_kernels").rglob("*")
+                     if p.suffix in (".py", ".json"))
     return {f.relative_to(root.parent if f in kernels else root).as_posix():
             hashlib.sha256(f.read_bytes()).hexdigest()
             for f in [pathlib.Path(dataset), *sources(), *kernels]}

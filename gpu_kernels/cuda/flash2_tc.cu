@@ -46,21 +46,11 @@
 // Grid: (ceil(N / B_r), B * H); block: 32 * NUM_WARPS threads; dynamic shared memory
 // SMEM_BYTES (below), which needs the > 48 KB opt-in for the larger tiles.
 //
-// The only header is common.cuh (ours): conversions and tensor-core instructions are inline
-// PTX there, so the file compiles under NVRTC without the CUDA toolkit's include folder.
+// The only headers are ours (common.cuh, and tc_tiles.cuh for the tile constants' defaults):
+// conversions and tensor-core instructions are inline PTX there, so the file compiles under
+// NVRTC without the CUDA toolkit's include folder.
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef BLOCK_R
-#define BLOCK_R 128
-#endif
-#ifndef BLOCK_C
-#define BLOCK_C 64
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
+#include "tc_tiles.cuh"
 #ifndef VERSION
 #define VERSION 3
 #endif

@@ -60,22 +60,12 @@
 // shared memory SMEM_BYTES (below), above 48 KB: the loader opts in.
 //
 // Needs sm_90a (wgmma, setmaxnreg): compile with --gpu-architecture=sm_90a (NVRTC) or
-// -gencode=arch=compute_90a,code=sm_90a (nvcc). The only header is common.cuh (ours).
+// -gencode=arch=compute_90a,code=sm_90a (nvcc). The only headers are ours: common.cuh and
+// tc_tiles.cuh (the tile constants' defaults, shared with flash2_tc.cu).
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef BLOCK_R
-#define BLOCK_R 128
-#endif
-#ifndef BLOCK_C
-#define BLOCK_C 128
-#endif
+#include "tc_tiles.cuh"
 #ifndef KV_STAGES
 #define KV_STAGES 2
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
 #endif
 #ifndef VERSION
 #define VERSION 1

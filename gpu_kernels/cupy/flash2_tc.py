@@ -67,16 +67,22 @@ def defines(d: int, dtype: str, **config) -> dict[str, int]:
 @dataclass
 class TcLaunch(CupyLaunch):
     CU_FILE = CU_FILE
+    KERNEL = "flash2_tc_fwd"
+    DEFINES = staticmethod(defines)
     PLAN_WARPS = staticmethod(lambda launch: launch.threads // 32)   # S, P, O in registers
     version: int = 0
     min_blocks: int = 1
 
+    def tuning(self) -> dict[str, int]:
+        """The compile-time options beside the tiles and the version."""
+        return {"min_blocks": self.min_blocks}
+
     def defines(self) -> dict[str, int]:
-        return defines(self.d, self.dtype, block_rows=self.block_rows, block_cols=self.block_cols,
-                       version=self.version, min_blocks=self.min_blocks)
+        return self.DEFINES(self.d, self.dtype, block_rows=self.block_rows,
+                            block_cols=self.block_cols, version=self.version, **self.tuning())
 
     def launches(self) -> list[KernelLaunch]:
-        return [KernelLaunch("flash2_tc_fwd", (cdiv(self.N, self.block_rows), self.BH), self.threads,
+        return [KernelLaunch(self.KERNEL, (cdiv(self.N, self.block_rows), self.BH), self.threads,
                              self.dynamic_smem, step=0)]
 
     def plan_record(self) -> dict:
@@ -97,17 +103,24 @@ class TcLaunch(CupyLaunch):
         return Result(O, L)
 
 
+def checked_choice(version, d: int, dtype, versions, head_dims, kernel: str) -> str:
+    """The fp16/bf16 dtype name, once ``version``, ``d`` and ``dtype`` are ones ``kernel``
+    (its name in the error) takes; else KernelInputError."""
+    if version is not None and version not in versions:
+        raise KernelInputError(f"version {version} does not exist; choose one of {versions}")
+    if d not in head_dims:
+        raise KernelInputError(f"head dimension d = {d} is not supported; this kernel takes d in {head_dims}")
+    dtype = flashsim_dtype(dtype)
+    if dtype not in ("fp16", "bf16"):
+        raise KernelInputError(f"dtype {dtype}: {kernel} takes fp16 or bf16")
+    return dtype
+
+
 def configure(B: int, H: int, N: int, d: int, *, dtype: str = "fp16", causal: bool = False,
               block_rows=None, block_cols=None, version=None, min_blocks=None) -> TcLaunch:
     """The launch for (B, H, N, d): CONFIGS[d] unless tiles, ``version`` or ``min_blocks``
     are given; checked against what the kernel can run."""
-    if version is not None and version not in VERSIONS:
-        raise KernelInputError(f"version {version} does not exist; choose one of {VERSIONS}")
-    if d not in HEAD_DIMS:
-        raise KernelInputError(f"head dimension d = {d} is not supported; this kernel takes d in {HEAD_DIMS}")
-    dtype = flashsim_dtype(dtype)
-    if dtype not in ("fp16", "bf16"):
-        raise KernelInputError(f"dtype {dtype}: the tensor-core kernel takes fp16 or bf16")
+    dtype = checked_choice(version, d, dtype, VERSIONS, HEAD_DIMS, "the tensor-core kernel")
     Br, Bc = table_rule(TILES, d, block_rows, block_cols)
     D = defines(d, dtype, block_rows=Br, block_cols=Bc, version=version, min_blocks=min_blocks)
     wm = warp_rows(D["VERSION"])

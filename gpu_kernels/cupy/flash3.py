@@ -28,9 +28,9 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from ..common import KernelInputError, KernelLaunch, Result, cdiv, dtype_name, flashsim_dtype
+from ..common import KernelInputError, Result, dtype_name
 from .common import LOG2E, output, read_source
-from .flash2_tc import TcLaunch
+from .flash2_tc import TcLaunch, checked_choice
 
 ALGORITHM = "flash2"          # the same loop nest as FlashAttention-2; other instructions
 CU_FILE = "flash3.cu"
@@ -146,16 +146,13 @@ def tensor_map(x, d: int, N: int, BH: int, box_rows: int, bf16: bool):
 @dataclass
 class Flash3Launch(TcLaunch):
     CU_FILE = CU_FILE
+    KERNEL = "flash3_fwd"
+    DEFINES = staticmethod(defines)
     PLAN_WARPS = staticmethod(lambda launch: CONSUMER_WARPS)
     stages: int = 2
 
-    def defines(self) -> dict[str, int]:
-        return defines(self.d, self.dtype, block_rows=self.block_rows, block_cols=self.block_cols,
-                       version=self.version, stages=self.stages)
-
-    def launches(self) -> list[KernelLaunch]:
-        return [KernelLaunch("flash3_fwd", (cdiv(self.N, self.block_rows), self.BH), self.threads,
-                             self.dynamic_smem, step=0)]
+    def tuning(self) -> dict[str, int]:
+        return {"stages": self.stages}
 
     def plan_record(self) -> dict:
         return dict(super().plan_record(), stages=self.stages)
@@ -204,13 +201,7 @@ def configure(B: int, H: int, N: int, d: int, *, dtype: str = "fp16", causal: bo
               block_rows=None, block_cols=None, version=None, stages=None) -> Flash3Launch:
     """The launch for (B, H, N, d): CONFIGS[d] unless B_c, ``version`` or ``stages`` are given;
     checked against what the kernel can run before anything is compiled."""
-    if version is not None and version not in VERSIONS:
-        raise KernelInputError(f"version {version} does not exist; choose one of {VERSIONS}")
-    if d not in HEAD_DIMS:
-        raise KernelInputError(f"head dimension d = {d} is not supported; this kernel takes d in {HEAD_DIMS}")
-    dtype = flashsim_dtype(dtype)
-    if dtype not in ("fp16", "bf16"):
-        raise KernelInputError(f"dtype {dtype}: the Hopper kernel takes fp16 or bf16")
+    dtype = checked_choice(version, d, dtype, VERSIONS, HEAD_DIMS, "the Hopper kernel")
     D = defines(d, dtype, block_rows=block_rows, block_cols=block_cols, version=version, stages=stages)
     Br, Bc, st = D["BLOCK_R"], D["BLOCK_C"], D["KV_STAGES"]
     if Br != BLOCK_R or Bc not in (64, 128) or st not in (2, 3):
