@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from ..nest import Alloc, Loop, Store
+
 # fp32: what tensor cores (and these kernels' CUDA-core code) accumulate in, whatever the
 # data type, so an accumulator in registers takes 4 bytes an element.
 ACC_BYTES = 4
@@ -102,3 +104,19 @@ def exp_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def matmul_flops(a: str, b: str, d: int):
     """FLOPs of an (a x d) @ (d x b) product, 2 per multiply-add, from block extents."""
     return lambda ext: 2 * ext(a) * ext(b) * d
+
+
+def product_kernel(plan, label: str, acc: str, into: str, step: tuple):
+    """A kernel of a tiled product with d columns, one thread block per block of ``acc``'s
+    index (its last letter: ``"O_i"`` is over i, ``"dV_j"`` over j): the accumulator
+    (rows x d, in SRAM) starts at 0, the other index's blocks stream through ``step`` (its
+    loads and the product), and the accumulator is written once to ``into``.
+    Bytes: what ``step`` loads, for every pair of blocks, plus ``into`` written once."""
+    outer = acc[-1]
+    inner = "j" if outer == "i" else "i"
+    size, N = {"i": plan.block_rows, "j": plan.block_cols}, plan.seq_len
+    return Loop(outer, size[outer], N, label=label, parallel=True, body=(
+        Alloc(acc, outer, plan.head_dim, plan.elem_bytes, 0.0),
+        Loop(inner, size[inner], N, body=step),
+        Store(acc, into, rows=outer),
+    ))
