@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ..nest import Alloc, Loop, Store
+from ..units import cdiv
 
 # fp32: what tensor cores (and these kernels' CUDA-core code) accumulate in, whatever the
 # data type, so an accumulator in registers takes 4 bytes an element.
@@ -120,3 +121,14 @@ def product_kernel(plan, label: str, acc: str, into: str, step: tuple):
         Loop(inner, size[inner], N, body=step),
         Store(acc, into, rows=outer),
     ))
+
+
+def kv_block_reach(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each K/V block j of a one-device plan: (rows(j), tiles(j), c(j)), the query rows
+    and Q blocks that reach it (under a causal mask those from Q block
+    ``first = floor(j B_c / B_r)`` on, :func:`causal_start_i`; all N and T_r otherwise) and
+    its width B_c (the last one may be short). The closed forms sum these."""
+    N, Br, Bc = plan.seq_len, plan.block_rows, plan.block_cols
+    j = np.arange(cdiv(N, Bc))
+    first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
+    return N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_causal_mask, block_extent, causal_start_i, exp_diff,
+from ._common import (ACC_BYTES, kv_block_reach, apply_causal_mask, causal_start_i, exp_diff,
                       matmul_flops, registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
@@ -156,23 +156,21 @@ def build(plan) -> Nest:
 
 def closed_form(plan) -> tuple[dict, dict, int]:
     """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
-    N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
-    j = np.arange(cdiv(N, Bc))
-    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
+    N, d, b = plan.seq_len, plan.head_dim, plan.elem_bytes
+    rows, _, c = kv_block_reach(plan)
     R = int(rows.sum())
     s = STAT_BYTES
     read = {"Q": R * d * b, "K": N * d * b, "V": N * d * b, "O": R * d * b,
             "l": s * R, "m": s * R}
     write = {"Q": 0, "K": 0, "V": 0, "O": R * d * b + N * d * b,
              "l": s * R + s * N, "m": s * R + s * N}
-    flops = int(4 * d * (block_extent(j, Bc, N) * rows).sum())
+    flops = int(4 * d * (c * rows).sum())
     return read, write, flops
 
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
-    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
-    j = np.arange(cdiv(N, Bc))
-    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
-    E, R = int((block_extent(j, Bc, N) * rows).sum()), int(rows.sum())
+    N, d = plan.seq_len, plan.head_dim
+    rows, _, c = kv_block_reach(plan)
+    E, R = int((c * rows).sum()), int(rows.sum())
     return E + 2 * R, 5 * E + (9 + 4 * d) * R

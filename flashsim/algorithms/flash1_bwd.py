@@ -49,7 +49,7 @@ import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_causal_mask, block_extent, causal_start_i, exp_diff,
+from ._common import (ACC_BYTES, kv_block_reach, apply_causal_mask, causal_start_i, exp_diff,
                       matmul_flops, registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
@@ -161,23 +161,20 @@ def build(plan) -> Nest:
 
 def closed_form(plan) -> tuple[dict, dict, int]:
     """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
-    N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
-    j = np.arange(cdiv(N, Bc))
-    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
+    N, d, b = plan.seq_len, plan.head_dim, plan.elem_bytes
+    rows, _, c = kv_block_reach(plan)
     R, nd, s = int(rows.sum()), N * d * b, STAT_BYTES
     read = {"Q": R * d * b, "K": nd, "V": nd, "O": R * d * b, "dO": R * d * b,
             "dQ": R * d * b, "dK": 0, "dV": 0, "l": s * R, "m": s * R}
     write = {"Q": 0, "K": 0, "V": 0, "O": 0, "dO": 0,
              "dQ": R * d * b + nd, "dK": nd, "dV": nd, "l": 0, "m": 0}
-    flops = int(10 * d * (block_extent(j, Bc, N) * rows).sum())
+    flops = int(10 * d * (c * rows).sum())
     return read, write, flops
 
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
-    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
-    j = np.arange(cdiv(N, Bc))
-    first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
-    rows, tiles, c = N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+    N, d = plan.seq_len, plan.head_dim
+    rows, tiles, c = kv_block_reach(plan)
     E, R, C = int((c * rows).sum()), int(rows.sum()), int((c * tiles).sum())
     return E, 6 * E + 3 * d * R + d * C

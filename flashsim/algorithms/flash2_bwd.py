@@ -67,7 +67,7 @@ import numpy as np
 from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff,
+from ._common import (ACC_BYTES, kv_block_reach, apply_position_mask, block_extent, exp_diff,
                       largest_square_block, matmul_flops, registers, visible_start_i)
 from .flash2 import _positions
 from ..masks import dropout_scale
@@ -245,10 +245,8 @@ def closed_form(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
-    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
-    j = np.arange(cdiv(N, Bc))
-    first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
-    rows, tiles, c = N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+    N, d = plan.seq_len, plan.head_dim
+    rows, tiles, c = kv_block_reach(plan)
     if getattr(plan, "mask", None) is not None:
         rows, tiles = _mask_rows(plan)
     E, R, C = int((c * rows).sum()), int(rows.sum()), int((c * tiles).sum())
