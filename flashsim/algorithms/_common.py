@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Loop, Store
+from ..nest import Alloc, Load, Loop, Store
 from ..units import cdiv
 
 # fp32: what tensor cores (and these kernels' CUDA-core code) accumulate in, whatever the
@@ -132,3 +132,19 @@ def kv_block_reach(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     j = np.arange(cdiv(N, Bc))
     first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
     return N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+
+
+def kv_outer_loop(plan, n_kv: int, label: str, inner, parallel: bool = False):
+    """The outer loop of a FlashAttention backward over K/V blocks j (``n_kv`` keys): K_j
+    and V_j loaded once, dK_j and dV_j (B_c x d) accumulated in SRAM over ``inner`` (the Q
+    blocks) and written once. Bytes: K, V read and dK, dV written once each."""
+    d, b = plan.head_dim, plan.elem_bytes
+    return Loop("j", plan.block_cols, n_kv, label=label, parallel=parallel, body=(
+        Load("K_j", "K", rows="j"),
+        Load("V_j", "V", rows="j"),
+        Alloc("dK_j", "j", d, b, 0.0),
+        Alloc("dV_j", "j", d, b, 0.0),
+        inner,
+        Store("dK_j", "dK", rows="j"),
+        Store("dV_j", "dV", rows="j"),
+    ))

@@ -49,8 +49,8 @@ import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, kv_block_reach, apply_causal_mask, causal_start_i, exp_diff,
-                      matmul_flops, registers)
+from ._common import (ACC_BYTES, apply_causal_mask, causal_start_i, exp_diff, kv_block_reach,
+                      kv_outer_loop, matmul_flops, registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
 REGISTERS = {"dK_j": ACC_BYTES, "dV_j": ACC_BYTES, "dQ_i": ACC_BYTES, "l_i": STAT_BYTES,
@@ -147,15 +147,7 @@ def build(plan) -> Nest:
                      Compute("dK~_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
                              nonmatmul=lambda e: e("j") * d),          # tau x
                  ))
-    outer = Loop("j", Bc, N, label="K/V blocks (outer)", body=(
-        Load("K_j", "K", rows="j"),
-        Load("V_j", "V", rows="j"),
-        Alloc("dK_j", "j", d, b, 0.0),
-        Alloc("dV_j", "j", d, b, 0.0),
-        inner,
-        Store("dK_j", "dK", rows="j"),
-        Store("dV_j", "dV", rows="j"),
-    ))
+    outer = kv_outer_loop(plan, N, "K/V blocks (outer)", inner)
     return Nest(tensors, place((init, outer), registers(plan, REGISTERS)))
 
 

@@ -67,8 +67,9 @@ import numpy as np
 from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, kv_block_reach, apply_position_mask, block_extent, exp_diff,
-                      largest_square_block, matmul_flops, registers, visible_start_i)
+from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff, kv_block_reach,
+                      kv_outer_loop, largest_square_block, matmul_flops, registers,
+                      visible_start_i)
 from .flash2 import _positions
 from ..masks import dropout_scale
 
@@ -189,15 +190,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                      Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
                              nonmatmul=lambda e: e("j") * d),          # tau x
                  ))
-    main = Loop("j", Bc, N_k, label="K/V blocks (one thread block each)", parallel=True, body=(
-        Load("K_j", "K", rows="j"),
-        Load("V_j", "V", rows="j"),
-        Alloc("dK_j", "j", d, b, 0.0),
-        Alloc("dV_j", "j", d, b, 0.0),
-        inner,
-        Store("dK_j", "dK", rows="j"),
-        Store("dV_j", "dV", rows="j"),
-    ))
+    main = kv_outer_loop(plan, N_k, "K/V blocks (one thread block each)", inner, parallel=True)
     body = (pre, main)
     if acc != "dQ":
         def convert(sram, ctx):
