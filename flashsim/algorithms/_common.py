@@ -140,11 +140,16 @@ def kv_outer_loop(plan, n_kv: int, label: str, inner, parallel: bool = False):
     blocks) and written once. Bytes: K, V read and dK, dV written once each."""
     d, b = plan.head_dim, plan.elem_bytes
     return Loop("j", plan.block_cols, n_kv, label=label, parallel=parallel, body=(
-        Load("K_j", "K", rows="j"),
-        Load("V_j", "V", rows="j"),
+        *block_loads("j", "K", "V"),
         Alloc("dK_j", "j", d, b, 0.0),
         Alloc("dV_j", "j", d, b, 0.0),
         inner,
         Store("dK_j", "dK", rows="j"),
         Store("dV_j", "dV", rows="j"),
     ))
+
+
+def block_loads(var: str, *names: str) -> tuple:
+    """Loads of block ``var`` of each tensor named: ``block_loads("i", "Q", "O")`` is
+    ``Load("Q_i", "Q", rows="i"), Load("O_i", "O", rows="i")``."""
+    return tuple(Load(f"{name}_{var}", name, rows=var) for name in names)

@@ -43,8 +43,8 @@ import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, kv_block_reach, apply_causal_mask, causal_start_i, exp_diff,
-                      matmul_flops, registers)
+from ._common import (ACC_BYTES, apply_causal_mask, block_loads, causal_start_i, exp_diff,
+                      kv_block_reach, matmul_flops, registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
 REGISTERS = {"S_ij": ACC_BYTES, "O_i": ACC_BYTES, "l_i": STAT_BYTES, "m_i": STAT_BYTES,
@@ -120,10 +120,7 @@ def build(plan) -> Nest:
     inner = Loop("i", Br, N, label="Q blocks: O_i, l_i, m_i read and written each time",
                  start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
                  body=(
-                     Load("Q_i", "Q", rows="i"),
-                     Load("O_i", "O", rows="i"),
-                     Load("l_i", "l", rows="i"),
-                     Load("m_i", "m", rows="i"),
+                     *block_loads("i", "Q", "O", "l", "m"),
                      Alloc("S_ij", "i", "j", b),
                      Alloc("mt_ij", "i", 1, STAT_BYTES),
                      Alloc("lt_ij", "i", 1, STAT_BYTES),
@@ -147,8 +144,7 @@ def build(plan) -> Nest:
                      Store("m_i", "m", rows="i"),
                  ))
     outer = Loop("j", Bc, N, label="K/V blocks (outer)", body=(
-        Load("K_j", "K", rows="j"),
-        Load("V_j", "V", rows="j"),
+        *block_loads("j", "K", "V"),
         inner,
     ))
     return Nest(tensors, place((init, outer), registers(plan, REGISTERS)))

@@ -49,8 +49,8 @@ import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_causal_mask, causal_start_i, exp_diff, kv_block_reach,
-                      kv_outer_loop, matmul_flops, registers)
+from ._common import (ACC_BYTES, apply_causal_mask, block_loads, causal_start_i, exp_diff,
+                      kv_block_reach, kv_outer_loop, matmul_flops, registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
 REGISTERS = {"dK_j": ACC_BYTES, "dV_j": ACC_BYTES, "dQ_i": ACC_BYTES, "l_i": STAT_BYTES,
@@ -124,12 +124,7 @@ def build(plan) -> Nest:
     inner = Loop("i", Br, N, label="Q blocks: Q_i, O_i, dO_i, dQ_i, l_i, m_i read each time",
                  start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
                  body=(
-                     Load("Q_i", "Q", rows="i"),
-                     Load("O_i", "O", rows="i"),
-                     Load("dO_i", "dO", rows="i"),
-                     Load("dQ_i", "dQ", rows="i"),
-                     Load("l_i", "l", rows="i"),
-                     Load("m_i", "m", rows="i"),
+                     *block_loads("i", "Q", "O", "dO", "dQ", "l", "m"),
                      Alloc("S_ij", "i", "j", b),
                      Alloc("dP_ij", "i", "j", b),
                      Alloc("D_i", "i", 1, STAT_BYTES),

@@ -67,9 +67,9 @@ import numpy as np
 from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff, kv_block_reach,
-                      kv_outer_loop, largest_square_block, matmul_flops, registers,
-                      visible_start_i)
+from ._common import (ACC_BYTES, apply_position_mask, block_extent, block_loads, exp_diff,
+                      kv_block_reach, kv_outer_loop, largest_square_block, matmul_flops,
+                      registers, visible_start_i)
 from .flash2 import _positions
 from ..masks import dropout_scale
 
@@ -128,8 +128,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
         sram["D_i"] = (sram["dO_i"] * sram["O_i"]).sum(axis=-1, keepdims=True)
 
     pre = Loop("i", Br, N, label="D = rowsum(dO o O); dQ = 0 (fp32)", parallel=True, body=(
-        Load("O_i", "O", rows="i"),
-        Load("dO_i", "dO", rows="i"),
+        *block_loads("i", "O", "dO"),
         Alloc("D_i", "i", 1, STAT_BYTES),
         Compute("D_i = rowsum(dO_i o O_i)", rowsum_do_o,
                 nonmatmul=lambda e: 2 * e("i") * d),                   # x, +
@@ -168,10 +167,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                  visit=(lambda ctx: mask.visited_rows(Br, Bc)[ctx.idx["j"]])   # classified
                  if mask is not None else None,                         # when first run
                  body=(
-                     Load("Q_i", "Q", rows="i"),
-                     Load("dO_i", "dO", rows="i"),
-                     Load("L_i", "L", rows="i"),
-                     Load("D_i", "D", rows="i"),
+                     *block_loads("i", "Q", "dO", "L", "D"),
                      Alloc("S_ij", "i", "j", b),
                      Alloc("dS_ij", "i", "j", b),
                      Compute("S_ij = tau Q_i K_j^T, masked; P_ij = exp(S_ij - L_i)",
