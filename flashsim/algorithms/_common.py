@@ -153,3 +153,16 @@ def block_loads(var: str, *names: str) -> tuple:
     """Loads of block ``var`` of each tensor named: ``block_loads("i", "Q", "O")`` is
     ``Load("Q_i", "Q", rows="i"), Load("O_i", "O", rows="i")``."""
     return tuple(Load(f"{name}_{var}", name, rows=var) for name in names)
+
+
+def paper_blocks(n: int, d: int, sram: int, b: int, working_set, next_bc) -> tuple[int, int]:
+    """FlashAttention's block rule: B_c = ceil(M / 4d) (M in elements), B_r = min(B_c, d),
+    capped at N; then B_c lowered, ``next_bc(B_r, B_c)`` at a time (B_r following it),
+    until ``working_set(B_r, B_c) <= sram``. (0, 0) when nothing fits."""
+    Bc = min(cdiv(sram // b, 4 * d), n)
+    while Bc > 0:
+        Br = min(Bc, d, n)
+        if working_set(Br, Bc) <= sram:
+            return Br, Bc
+        Bc = next_bc(Br, Bc)
+    return 0, 0

@@ -42,9 +42,9 @@ import math
 import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
-from ..units import STAT_BYTES, cdiv
+from ..units import STAT_BYTES
 from ._common import (ACC_BYTES, apply_causal_mask, block_loads, causal_start_i, exp_diff,
-                      kv_block_reach, matmul_flops, registers)
+                      kv_block_reach, matmul_flops, paper_blocks, registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
 REGISTERS = {"S_ij": ACC_BYTES, "O_i": ACC_BYTES, "l_i": STAT_BYTES, "m_i": STAT_BYTES,
@@ -67,16 +67,12 @@ def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     """The paper's rule B_c = ceil(M / 4d), B_r = min(B_c, d) with M in elements, capped at
     N, then B_c shrunk until the whole working set (which the paper's rule leaves out of
     its budget: the S_ij tile and the statistics) fits in ``sram`` bytes."""
-    m_elems = sram // b
-    Bc = min(cdiv(m_elems, 4 * d), n)
-    while Bc > 0:
-        Br = min(Bc, d, n)
-        if working_set_bytes(Br, Bc, d, b) <= sram:
-            return Br, Bc
+    def next_bc(Br, Bc):
         # Largest B_c that fits with this B_r (the working set is linear in B_c).
         fit = (sram - b * 2 * Br * d - 4 * STAT_BYTES * Br) // (b * (2 * d + Br))
-        Bc = min(Bc - 1, max(fit, 0))
-    return 0, 0
+        return min(Bc - 1, max(fit, 0))
+
+    return paper_blocks(n, d, sram, b, lambda r, c: working_set_bytes(r, c, d, b), next_bc)
 
 
 def build(plan) -> Nest:

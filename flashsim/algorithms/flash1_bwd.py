@@ -48,9 +48,10 @@ import math
 import numpy as np
 
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
-from ..units import STAT_BYTES, cdiv
+from ..units import STAT_BYTES
 from ._common import (ACC_BYTES, apply_causal_mask, block_loads, causal_start_i, exp_diff,
-                      kv_block_reach, kv_outer_loop, matmul_flops, registers)
+                      kv_block_reach, kv_outer_loop, matmul_flops, paper_blocks,
+                      registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
 REGISTERS = {"dK_j": ACC_BYTES, "dV_j": ACC_BYTES, "dQ_i": ACC_BYTES, "l_i": STAT_BYTES,
@@ -74,17 +75,13 @@ def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     """The paper's rule (the forward's: B_c = ceil(M / 4d), B_r = min(B_c, d) in elements,
     capped at N), then the largest B_c below it, B_r = min(B_c, d) following, whose
     backward working set fits in ``sram``."""
-    m_elems = sram // b
-    Bc = min(cdiv(m_elems, 4 * d), n)
-    while Bc > 0:
-        Br = min(Bc, d, n)
-        if working_set_bytes(Br, Bc, d, b) <= sram:
-            return Br, Bc
+    def next_bc(Br, Bc):
         # The largest B_c that fits with this B_r (the working set is linear in B_c), if
         # B_r stays the same there; else one step down, B_r shrinking with B_c.
         fit = (sram - b * 4 * Br * d - 3 * STAT_BYTES * Br) // (b * (4 * d + 2 * Br))
-        Bc = fit if Br <= fit < Bc else Bc - 1
-    return 0, 0
+        return fit if Br <= fit < Bc else Bc - 1
+
+    return paper_blocks(n, d, sram, b, lambda r, c: working_set_bytes(r, c, d, b), next_bc)
 
 
 def build(plan) -> Nest:
