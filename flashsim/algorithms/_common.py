@@ -1,4 +1,6 @@
-"""Pieces the three algorithms share: block arithmetic, causal bounds, safe exponentials."""
+"""Pieces the three algorithms share: block arithmetic, causal bounds, safe exponentials,
+and the loop-nest pieces several nests build alike (a tiled product, the backward's K/V
+loop, runs of block loads)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
+from ..nest import Alloc, Compute, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES
 from ._common import (ACC_BYTES, apply_causal_mask, block_loads, causal_start_i, exp_diff,
                       kv_block_reach, matmul_flops, paper_blocks, registers)
@@ -162,7 +162,7 @@ def closed_form(plan) -> tuple[dict, dict, int]:
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
-    N, d = plan.seq_len, plan.head_dim
+    d = plan.head_dim
     rows, _, c = kv_block_reach(plan)
     E, R = int((c * rows).sum()), int(rows.sum())
     return E + 2 * R, 5 * E + (9 + 4 * d) * R

@@ -47,7 +47,7 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
+from ..nest import Alloc, Compute, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES
 from ._common import (ACC_BYTES, apply_causal_mask, block_loads, causal_start_i, exp_diff,
                       kv_block_reach, kv_outer_loop, matmul_flops, paper_blocks,
@@ -158,7 +158,7 @@ def closed_form(plan) -> tuple[dict, dict, int]:
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
-    N, d = plan.seq_len, plan.head_dim
+    d = plan.head_dim
     rows, tiles, c = kv_block_reach(plan)
     E, R, C = int((c * rows).sum()), int(rows.sum()), int((c * tiles).sum())
     return E, 6 * E + 3 * d * R + d * C
