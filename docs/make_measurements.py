@@ -44,14 +44,23 @@ def _section(lines, name: str, title: str):
     return d
 
 
+def _results(lines, name: str, title: str, header: list[str], row):
+    """A section of one table, a row ``row(r)`` per entry r of the file's ``results``;
+    returns the file's data (None, and nothing added, when it is not committed)."""
+    d = _section(lines, name, title)
+    if d:
+        lines += _table(header, [row(r) for r in d["results"]])
+        lines.append("")
+    return d
+
+
 def core(lines):
-    d = _section(lines, "core_speed.json", "The simulator's speed (CPU)")
+    d = _results(lines, "core_speed.json", "The simulator's speed (CPU)",
+                 ["what", "median", "target", "met"],
+                 lambda r: [r["what"], f"{r['seconds'] * 1e3:.1f} ms",
+                            f"{r['target_s'] * 1e3:.0f} ms", "yes" if r["met"] else "no"])
     if not d:
         return
-    lines += _table(["what", "median", "target", "met"],
-                    [[r["what"], f"{r['seconds'] * 1e3:.1f} ms", f"{r['target_s'] * 1e3:.0f} ms",
-                      "yes" if r["met"] else "no"] for r in d["results"]])
-    lines.append("")
     if d.get("cli"):
         limit = d["provenance"].get("cli_memory_limit_bytes", 0) / 2**30
         lines += [f"The CLI, one fresh process per line under `/usr/bin/time -v` with a "
@@ -69,13 +78,10 @@ def core(lines):
 
 
 def slider(lines):
-    d = _section(lines, "slider_latency.json", "Notebook slider latency (CPU: recompute + redraw)")
-    if not d:
-        return
-    lines += _table(["view", "median", "p90", "met (< 100 ms)"],
-                    [[r["what"], f"{r['median_s'] * 1e3:.1f} ms", f"{r['p90_s'] * 1e3:.1f} ms",
-                      "yes" if r["met"] else "no"] for r in d["results"]])
-    lines.append("")
+    _results(lines, "slider_latency.json", "Notebook slider latency (CPU: recompute + redraw)",
+             ["view", "median", "p90", "met (< 100 ms)"],
+             lambda r: [r["what"], f"{r['median_s'] * 1e3:.1f} ms", f"{r['p90_s'] * 1e3:.1f} ms",
+                        "yes" if r["met"] else "no"])
 
 
 def numba(lines):

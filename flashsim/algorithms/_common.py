@@ -1,10 +1,15 @@
-"""Pieces the three algorithms share: block arithmetic, causal bounds, safe exponentials."""
+"""Pieces the three algorithms share: block arithmetic, causal bounds, safe exponentials,
+and the loop-nest pieces several nests build alike (a tiled product, the backward's K/V
+loop, runs of block loads)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from ..nest import Alloc, Load, Loop, Store
+from ..units import cdiv
 
 # fp32: what tensor cores (and these kernels' CUDA-core code) accumulate in, whatever the
 # data type, so an accumulator in registers takes 4 bytes an element.
@@ -102,3 +107,64 @@ def exp_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def matmul_flops(a: str, b: str, d: int):
     """FLOPs of an (a x d) @ (d x b) product, 2 per multiply-add, from block extents."""
     return lambda ext: 2 * ext(a) * ext(b) * d
+
+
+def product_kernel(plan, label: str, acc: str, into: str, step: tuple):
+    """A kernel of a tiled product with d columns, one thread block per block of ``acc``'s
+    index (its last letter: ``"O_i"`` is over i, ``"dV_j"`` over j): the accumulator
+    (rows x d, in SRAM) starts at 0, the other index's blocks stream through ``step`` (its
+    loads and the product), and the accumulator is written once to ``into``.
+    Bytes: what ``step`` loads, for every pair of blocks, plus ``into`` written once."""
+    outer = acc[-1]
+    inner = "j" if outer == "i" else "i"
+    size, N = {"i": plan.block_rows, "j": plan.block_cols}, plan.seq_len
+    return Loop(outer, size[outer], N, label=label, parallel=True, body=(
+        Alloc(acc, outer, plan.head_dim, plan.elem_bytes, 0.0),
+        Loop(inner, size[inner], N, body=step),
+        Store(acc, into, rows=outer),
+    ))
+
+
+def kv_block_reach(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each K/V block j of a one-device plan: (rows(j), tiles(j), c(j)), the query rows
+    and Q blocks that reach it (under a causal mask those from Q block
+    ``first = floor(j B_c / B_r)`` on, :func:`causal_start_i`; all N and T_r otherwise) and
+    its width B_c (the last one may be short). The closed forms sum these."""
+    N, Br, Bc = plan.seq_len, plan.block_rows, plan.block_cols
+    j = np.arange(cdiv(N, Bc))
+    first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
+    return N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+
+
+def kv_outer_loop(plan, n_kv: int, label: str, inner, parallel: bool = False):
+    """The outer loop of a FlashAttention backward over K/V blocks j (``n_kv`` keys): K_j
+    and V_j loaded once, dK_j and dV_j (B_c x d) accumulated in SRAM over ``inner`` (the Q
+    blocks) and written once. Bytes: K, V read and dK, dV written once each."""
+    d, b = plan.head_dim, plan.elem_bytes
+    return Loop("j", plan.block_cols, n_kv, label=label, parallel=parallel, body=(
+        *block_loads("j", "K", "V"),
+        Alloc("dK_j", "j", d, b, 0.0),
+        Alloc("dV_j", "j", d, b, 0.0),
+        inner,
+        Store("dK_j", "dK", rows="j"),
+        Store("dV_j", "dV", rows="j"),
+    ))
+
+
+def block_loads(var: str, *names: str) -> tuple:
+    """Loads of block ``var`` of each tensor named: ``block_loads("i", "Q", "O")`` is
+    ``Load("Q_i", "Q", rows="i"), Load("O_i", "O", rows="i")``."""
+    return tuple(Load(f"{name}_{var}", name, rows=var) for name in names)
+
+
+def paper_blocks(n: int, d: int, sram: int, b: int, working_set, next_bc) -> tuple[int, int]:
+    """FlashAttention's block rule: B_c = ceil(M / 4d) (M in elements), B_r = min(B_c, d),
+    capped at N; then B_c lowered, ``next_bc(B_r, B_c)`` at a time (B_r following it),
+    until ``working_set(B_r, B_c) <= sram``. (0, 0) when nothing fits."""
+    Bc = min(cdiv(sram // b, 4 * d), n)
+    while Bc > 0:
+        Br = min(Bc, d, n)
+        if working_set(Br, Bc) <= sram:
+            return Br, Bc
+        Bc = next_bc(Br, Bc)
+    return 0, 0

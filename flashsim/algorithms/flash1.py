@@ -41,10 +41,10 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
-from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_causal_mask, block_extent, causal_start_i, exp_diff,
-                      matmul_flops, registers)
+from ..nest import Alloc, Compute, Loop, Nest, Store, Tensor, place
+from ..units import STAT_BYTES
+from ._common import (ACC_BYTES, apply_causal_mask, block_loads, causal_start_i, exp_diff,
+                      kv_block_reach, matmul_flops, paper_blocks, registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
 REGISTERS = {"S_ij": ACC_BYTES, "O_i": ACC_BYTES, "l_i": STAT_BYTES, "m_i": STAT_BYTES,
@@ -67,16 +67,12 @@ def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     """The paper's rule B_c = ceil(M / 4d), B_r = min(B_c, d) with M in elements, capped at
     N, then B_c shrunk until the whole working set (which the paper's rule leaves out of
     its budget: the S_ij tile and the statistics) fits in ``sram`` bytes."""
-    m_elems = sram // b
-    Bc = min(cdiv(m_elems, 4 * d), n)
-    while Bc > 0:
-        Br = min(Bc, d, n)
-        if working_set_bytes(Br, Bc, d, b) <= sram:
-            return Br, Bc
+    def next_bc(Br, Bc):
         # Largest B_c that fits with this B_r (the working set is linear in B_c).
         fit = (sram - b * 2 * Br * d - 4 * STAT_BYTES * Br) // (b * (2 * d + Br))
-        Bc = min(Bc - 1, max(fit, 0))
-    return 0, 0
+        return min(Bc - 1, max(fit, 0))
+
+    return paper_blocks(n, d, sram, b, lambda r, c: working_set_bytes(r, c, d, b), next_bc)
 
 
 def build(plan) -> Nest:
@@ -120,10 +116,7 @@ def build(plan) -> Nest:
     inner = Loop("i", Br, N, label="Q blocks: O_i, l_i, m_i read and written each time",
                  start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
                  body=(
-                     Load("Q_i", "Q", rows="i"),
-                     Load("O_i", "O", rows="i"),
-                     Load("l_i", "l", rows="i"),
-                     Load("m_i", "m", rows="i"),
+                     *block_loads("i", "Q", "O", "l", "m"),
                      Alloc("S_ij", "i", "j", b),
                      Alloc("mt_ij", "i", 1, STAT_BYTES),
                      Alloc("lt_ij", "i", 1, STAT_BYTES),
@@ -147,8 +140,7 @@ def build(plan) -> Nest:
                      Store("m_i", "m", rows="i"),
                  ))
     outer = Loop("j", Bc, N, label="K/V blocks (outer)", body=(
-        Load("K_j", "K", rows="j"),
-        Load("V_j", "V", rows="j"),
+        *block_loads("j", "K", "V"),
         inner,
     ))
     return Nest(tensors, place((init, outer), registers(plan, REGISTERS)))
@@ -156,23 +148,21 @@ def build(plan) -> Nest:
 
 def closed_form(plan) -> tuple[dict, dict, int]:
     """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
-    N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
-    j = np.arange(cdiv(N, Bc))
-    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
+    N, d, b = plan.seq_len, plan.head_dim, plan.elem_bytes
+    rows, _, c = kv_block_reach(plan)
     R = int(rows.sum())
     s = STAT_BYTES
     read = {"Q": R * d * b, "K": N * d * b, "V": N * d * b, "O": R * d * b,
             "l": s * R, "m": s * R}
     write = {"Q": 0, "K": 0, "V": 0, "O": R * d * b + N * d * b,
              "l": s * R + s * N, "m": s * R + s * N}
-    flops = int(4 * d * (block_extent(j, Bc, N) * rows).sum())
+    flops = int(4 * d * (c * rows).sum())
     return read, write, flops
 
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
-    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
-    j = np.arange(cdiv(N, Bc))
-    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
-    E, R = int((block_extent(j, Bc, N) * rows).sum()), int(rows.sum())
+    d = plan.head_dim
+    rows, _, c = kv_block_reach(plan)
+    E, R = int((c * rows).sum()), int(rows.sum())
     return E + 2 * R, 5 * E + (9 + 4 * d) * R

@@ -47,10 +47,11 @@ import math
 
 import numpy as np
 
-from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
-from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_causal_mask, block_extent, causal_start_i, exp_diff,
-                      matmul_flops, registers)
+from ..nest import Alloc, Compute, Loop, Nest, Store, Tensor, place
+from ..units import STAT_BYTES
+from ._common import (ACC_BYTES, apply_causal_mask, block_loads, causal_start_i, exp_diff,
+                      kv_block_reach, kv_outer_loop, matmul_flops, paper_blocks,
+                      registers)
 
 # The buffers a kernel keeps in registers, with their bytes per element there.
 REGISTERS = {"dK_j": ACC_BYTES, "dV_j": ACC_BYTES, "dQ_i": ACC_BYTES, "l_i": STAT_BYTES,
@@ -74,17 +75,13 @@ def default_blocks(n: int, d: int, sram: int, b: int) -> tuple[int, int]:
     """The paper's rule (the forward's: B_c = ceil(M / 4d), B_r = min(B_c, d) in elements,
     capped at N), then the largest B_c below it, B_r = min(B_c, d) following, whose
     backward working set fits in ``sram``."""
-    m_elems = sram // b
-    Bc = min(cdiv(m_elems, 4 * d), n)
-    while Bc > 0:
-        Br = min(Bc, d, n)
-        if working_set_bytes(Br, Bc, d, b) <= sram:
-            return Br, Bc
+    def next_bc(Br, Bc):
         # The largest B_c that fits with this B_r (the working set is linear in B_c), if
         # B_r stays the same there; else one step down, B_r shrinking with B_c.
         fit = (sram - b * 4 * Br * d - 3 * STAT_BYTES * Br) // (b * (4 * d + 2 * Br))
-        Bc = fit if Br <= fit < Bc else Bc - 1
-    return 0, 0
+        return fit if Br <= fit < Bc else Bc - 1
+
+    return paper_blocks(n, d, sram, b, lambda r, c: working_set_bytes(r, c, d, b), next_bc)
 
 
 def build(plan) -> Nest:
@@ -124,12 +121,7 @@ def build(plan) -> Nest:
     inner = Loop("i", Br, N, label="Q blocks: Q_i, O_i, dO_i, dQ_i, l_i, m_i read each time",
                  start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
                  body=(
-                     Load("Q_i", "Q", rows="i"),
-                     Load("O_i", "O", rows="i"),
-                     Load("dO_i", "dO", rows="i"),
-                     Load("dQ_i", "dQ", rows="i"),
-                     Load("l_i", "l", rows="i"),
-                     Load("m_i", "m", rows="i"),
+                     *block_loads("i", "Q", "O", "dO", "dQ", "l", "m"),
                      Alloc("S_ij", "i", "j", b),
                      Alloc("dP_ij", "i", "j", b),
                      Alloc("D_i", "i", 1, STAT_BYTES),
@@ -147,37 +139,26 @@ def build(plan) -> Nest:
                      Compute("dK~_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
                              nonmatmul=lambda e: e("j") * d),          # tau x
                  ))
-    outer = Loop("j", Bc, N, label="K/V blocks (outer)", body=(
-        Load("K_j", "K", rows="j"),
-        Load("V_j", "V", rows="j"),
-        Alloc("dK_j", "j", d, b, 0.0),
-        Alloc("dV_j", "j", d, b, 0.0),
-        inner,
-        Store("dK_j", "dK", rows="j"),
-        Store("dV_j", "dV", rows="j"),
-    ))
+    outer = kv_outer_loop(plan, N, "K/V blocks (outer)", inner)
     return Nest(tensors, place((init, outer), registers(plan, REGISTERS)))
 
 
 def closed_form(plan) -> tuple[dict, dict, int]:
     """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
-    N, d, Br, Bc, b = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols, plan.elem_bytes
-    j = np.arange(cdiv(N, Bc))
-    rows = N - (j * Bc // Br) * Br if plan.causal else np.full(len(j), N)
+    N, d, b = plan.seq_len, plan.head_dim, plan.elem_bytes
+    rows, _, c = kv_block_reach(plan)
     R, nd, s = int(rows.sum()), N * d * b, STAT_BYTES
     read = {"Q": R * d * b, "K": nd, "V": nd, "O": R * d * b, "dO": R * d * b,
             "dQ": R * d * b, "dK": 0, "dV": 0, "l": s * R, "m": s * R}
     write = {"Q": 0, "K": 0, "V": 0, "O": 0, "dO": 0,
              "dQ": R * d * b + nd, "dK": nd, "dV": nd, "l": 0, "m": 0}
-    flops = int(10 * d * (block_extent(j, Bc, N) * rows).sum())
+    flops = int(10 * d * (c * rows).sum())
     return read, write, flops
 
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
-    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
-    j = np.arange(cdiv(N, Bc))
-    first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
-    rows, tiles, c = N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+    d = plan.head_dim
+    rows, tiles, c = kv_block_reach(plan)
     E, R, C = int((c * rows).sum()), int(rows.sum()), int((c * tiles).sum())
     return E, 6 * E + 3 * d * R + d * C

@@ -49,7 +49,7 @@ import numpy as np
 from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff,
+from ._common import (ACC_BYTES, apply_position_mask, block_extent, block_loads, exp_diff,
                       largest_square_block, matmul_flops, registers, visible_stop_j)
 from ..masks import dropout_scale
 
@@ -141,8 +141,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                  visit=(lambda ctx: mask.visited_cols(Br, Bc)[ctx.idx["i"]])   # classified
                  if mask is not None else None,                         # when first run
                  body=(
-                     Load("K_j", "K", rows="j"),
-                     Load("V_j", "V", rows="j"),
+                     *block_loads("j", "K", "V"),
                      Alloc("S_ij", "i", "j", b),
                      Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d),
                              nonmatmul=lambda e: e("i") * e("j")),             # tau x

@@ -67,8 +67,9 @@ import numpy as np
 from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import (ACC_BYTES, apply_position_mask, block_extent, exp_diff,
-                      largest_square_block, matmul_flops, registers, visible_start_i)
+from ._common import (ACC_BYTES, apply_position_mask, block_extent, block_loads, exp_diff,
+                      kv_block_reach, kv_outer_loop, largest_square_block, matmul_flops,
+                      registers, visible_start_i)
 from .flash2 import _positions
 from ..masks import dropout_scale
 
@@ -127,8 +128,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
         sram["D_i"] = (sram["dO_i"] * sram["O_i"]).sum(axis=-1, keepdims=True)
 
     pre = Loop("i", Br, N, label="D = rowsum(dO o O); dQ = 0 (fp32)", parallel=True, body=(
-        Load("O_i", "O", rows="i"),
-        Load("dO_i", "dO", rows="i"),
+        *block_loads("i", "O", "dO"),
         Alloc("D_i", "i", 1, STAT_BYTES),
         Compute("D_i = rowsum(dO_i o O_i)", rowsum_do_o,
                 nonmatmul=lambda e: 2 * e("i") * d),                   # x, +
@@ -167,10 +167,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                  visit=(lambda ctx: mask.visited_rows(Br, Bc)[ctx.idx["j"]])   # classified
                  if mask is not None else None,                         # when first run
                  body=(
-                     Load("Q_i", "Q", rows="i"),
-                     Load("dO_i", "dO", rows="i"),
-                     Load("L_i", "L", rows="i"),
-                     Load("D_i", "D", rows="i"),
+                     *block_loads("i", "Q", "dO", "L", "D"),
                      Alloc("S_ij", "i", "j", b),
                      Alloc("dS_ij", "i", "j", b),
                      Compute("S_ij = tau Q_i K_j^T, masked; P_ij = exp(S_ij - L_i)",
@@ -189,15 +186,7 @@ def build(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None) -> Nest:
                      Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
                              nonmatmul=lambda e: e("j") * d),          # tau x
                  ))
-    main = Loop("j", Bc, N_k, label="K/V blocks (one thread block each)", parallel=True, body=(
-        Load("K_j", "K", rows="j"),
-        Load("V_j", "V", rows="j"),
-        Alloc("dK_j", "j", d, b, 0.0),
-        Alloc("dV_j", "j", d, b, 0.0),
-        inner,
-        Store("dK_j", "dK", rows="j"),
-        Store("dV_j", "dV", rows="j"),
-    ))
+    main = kv_outer_loop(plan, N_k, "K/V blocks (one thread block each)", inner, parallel=True)
     body = (pre, main)
     if acc != "dQ":
         def convert(sram, ctx):
@@ -245,10 +234,8 @@ def closed_form(plan, *, kv_len: int | None = None, q_pos=None, k_pos=None
 
 def closed_form_nonmatmul(plan) -> tuple[int, int]:
     """(exponentials, non-matmul operations) per head, from the formulas in the header."""
-    N, d, Br, Bc = plan.seq_len, plan.head_dim, plan.block_rows, plan.block_cols
-    j = np.arange(cdiv(N, Bc))
-    first = j * Bc // Br if plan.causal else np.zeros(len(j), dtype=np.int64)
-    rows, tiles, c = N - first * Br, cdiv(N, Br) - first, block_extent(j, Bc, N)
+    N, d = plan.seq_len, plan.head_dim
+    rows, tiles, c = kv_block_reach(plan)
     if getattr(plan, "mask", None) is not None:
         rows, tiles = _mask_rows(plan)
     E, R, C = int((c * rows).sum()), int(rows.sum()), int((c * tiles).sum())

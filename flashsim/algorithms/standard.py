@@ -56,7 +56,8 @@ import numpy as np
 from ..errors import FlashsimError
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
-from ._common import ACC_BYTES, apply_causal_mask, exp_diff, matmul_flops, registers
+from ._common import (ACC_BYTES, apply_causal_mask, exp_diff, matmul_flops,
+                      product_kernel, registers)
 from ..masks import dropout_scale
 
 MASK_BYTES = 1          # a boolean mask or dropout keep-mask element, as PyTorch stores it
@@ -183,23 +184,24 @@ def build(plan) -> Nest:
             Store("S_r", "P", rows="r"),
         ))
     else:
-        def stats(sram, ctx):
+        def masked_tile(sram, ctx):
+            """S_ij with the causal or dense mask applied (in place), as both passes read it."""
             S = sram["S_ij"]
             if causal:
                 apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
             if fused_mask:
                 hide(S, sram, "M_ij")
+            return S
+
+        def stats(sram, ctx):
+            S = masked_tile(sram, ctx)
             m_new = np.maximum(sram["m_i"], S.max(axis=-1, keepdims=True))
             sram["l_i"] = (exp_diff(sram["m_i"], m_new) * sram["l_i"]
                            + exp_diff(S, m_new).sum(axis=-1, keepdims=True))
             sram["m_i"] = m_new
 
         def normalise(sram, ctx):
-            S = sram["S_ij"]
-            if causal:
-                apply_causal_mask(S, ctx.range("i"), ctx.range("j"))
-            if fused_mask:
-                hide(S, sram, "M_ij")
+            S = masked_tile(sram, ctx)
             with np.errstate(invalid="ignore", divide="ignore"):
                 sram["S_ij"] = np.where(sram["l_i"] > 0, exp_diff(S, sram["m_i"]) / sram["l_i"],
                                         0.0)
@@ -245,14 +247,10 @@ def build(plan) -> Nest:
             Store("X_ij", "P_drop", rows="i", cols="j"),
         )),)),) if p_drop else ()
 
-    kernel3 = Loop("i", Br, N, label="kernel 3: O = P V", parallel=True, body=(
-        Alloc("O_i", "i", d, b, 0.0),
-        Loop("j", Bc, N, body=(
-            Load("P_ij", "P_drop" if p_drop else "P", rows="i", cols="j"),
-            Load("V_j", "V", rows="j"),
-            Compute("O_i += P_ij V_j", pv, matmul_flops("i", "j", d)),
-        )),
-        Store("O_i", "O", rows="i"),
+    kernel3 = product_kernel(plan, "kernel 3: O = P V", "O_i", "O", (
+        Load("P_ij", "P_drop" if p_drop else "P", rows="i", cols="j"),
+        Load("V_j", "V", rows="j"),
+        Compute("O_i += P_ij V_j", pv, matmul_flops("i", "j", d)),
     ))
     return Nest(tensors, place((kernel1,) + pass_loops + (kernel2,) + dropout + (kernel3,),
                                registers(plan, REGISTERS)))

@@ -62,7 +62,7 @@ import numpy as np
 from ..nest import Alloc, Compute, Load, Loop, Nest, Store, Tensor, place
 from ..units import STAT_BYTES, cdiv
 from . import standard
-from ._common import ACC_BYTES, matmul_flops, registers
+from ._common import ACC_BYTES, matmul_flops, product_kernel, registers
 from .standard import MASK_BYTES
 
 # The buffers a kernel keeps in registers, with their bytes per element there (None: as in
@@ -131,14 +131,10 @@ def build(plan) -> Nest:
     def dv(sram, ctx):
         sram["dV_j"] = sram["dV_j"] + T(sram["P_ij"], -1, -2) @ sram["dO_i"]
 
-    kernel1 = Loop("j", Bc, N, label="kernel 1: dV = P^T dO", parallel=True, body=(
-        Alloc("dV_j", "j", d, b, 0.0),
-        Loop("i", Br, N, body=(
-            Load("P_ij", "P_drop" if p_drop else "P", rows="i", cols="j"),
-            Load("dO_i", "dO", rows="i"),
-            Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),
-        )),
-        Store("dV_j", "dV", rows="j"),
+    kernel1 = product_kernel(plan, "kernel 1: dV = P^T dO", "dV_j", "dV", (
+        Load("P_ij", "P_drop" if p_drop else "P", rows="i", cols="j"),
+        Load("dO_i", "dO", rows="i"),
+        Compute("dV_j += P_ij^T dO_i", dv, matmul_flops("i", "j", d)),
     ))
 
     def dp(sram, ctx):
@@ -232,29 +228,21 @@ def build(plan) -> Nest:
     def dq(sram, ctx):
         sram["dQ_i"] = sram["dQ_i"] + alpha * (sram["dS_ij"] @ sram["K_j"])
 
-    kernel4 = Loop("i", Br, N, label="kernel 4: dQ = dS K", parallel=True, body=(
-        Alloc("dQ_i", "i", d, b, 0.0),
-        Loop("j", Bc, N, body=(
-            Load("dS_ij", "dS", rows="i", cols="j"),
-            Load("K_j", "K", rows="j"),
-            Compute("dQ_i += tau dS_ij K_j", dq, matmul_flops("i", "j", d),
-                    nonmatmul=None if "scale" in passes else (lambda e: e("i") * d)),
-        )),
-        Store("dQ_i", "dQ", rows="i"),
+    kernel4 = product_kernel(plan, "kernel 4: dQ = dS K", "dQ_i", "dQ", (
+        Load("dS_ij", "dS", rows="i", cols="j"),
+        Load("K_j", "K", rows="j"),
+        Compute("dQ_i += tau dS_ij K_j", dq, matmul_flops("i", "j", d),
+                nonmatmul=None if "scale" in passes else (lambda e: e("i") * d)),
     ))
 
     def dk(sram, ctx):
         sram["dK_j"] = sram["dK_j"] + alpha * (T(sram["dS_ij"], -1, -2) @ sram["Q_i"])
 
-    kernel5 = Loop("j", Bc, N, label="kernel 5: dK = dS^T Q", parallel=True, body=(
-        Alloc("dK_j", "j", d, b, 0.0),
-        Loop("i", Br, N, body=(
-            Load("dS_ij", "dS", rows="i", cols="j"),
-            Load("Q_i", "Q", rows="i"),
-            Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
-                    nonmatmul=None if "scale" in passes else (lambda e: e("j") * d)),
-        )),
-        Store("dK_j", "dK", rows="j"),
+    kernel5 = product_kernel(plan, "kernel 5: dK = dS^T Q", "dK_j", "dK", (
+        Load("dS_ij", "dS", rows="i", cols="j"),
+        Load("Q_i", "Q", rows="i"),
+        Compute("dK_j += tau dS_ij^T Q_i", dk, matmul_flops("i", "j", d),
+                nonmatmul=None if "scale" in passes else (lambda e: e("j") * d)),
     ))
     return Nest(tensors, place((kernel1, kernel2) + dropout + (kernel3,) + pass_loops
                                + (kernel4, kernel5),

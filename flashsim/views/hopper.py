@@ -18,6 +18,7 @@ from ..errors import FlashsimError
 from ..hardware import schedules
 from ..hardware.presets import DEFAULT_GPU, GPUS, gpu as _gpu
 from ..plan import plan
+from ._text import text_table
 
 HEAD_DIMS = (32, 64, 128, 256)
 OUTLIER_FRACTIONS = (0.0, 0.0003, 0.001, 0.003, 0.01)
@@ -137,11 +138,11 @@ def fp8_view(outlier_fraction: float = 0.001, block: int = 128, seq_len: int = 5
 
 
 def format_error_rows(rows: list[dict]) -> str:
-    lines = [f"{'method':<28}{'ours':>10}{'paper':>10}{'ours/paper':>12}"]
-    for r in rows:
-        lines.append(f"{r['method']:<28}{r['rmse']:>10.2e}{r['paper_rmse']:>10.2e}"
-                     f"{r['rmse'] / r['paper_rmse']:>12.2f}")
-    return "\n".join(lines)
+    return text_table([("method", "<28", "", lambda r: r["method"]),
+                       ("ours", ">10", ".2e", lambda r: r["rmse"]),
+                       ("paper", ">10", ".2e", lambda r: r["paper_rmse"]),
+                       ("ours/paper", ">12", ".2f", lambda r: r["rmse"] / r["paper_rmse"])],
+                      rows)
 
 
 # ================================================================ conditional rescaling

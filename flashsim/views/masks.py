@@ -23,6 +23,7 @@ import numpy as np
 from .. import masks as _masks, measured
 from ..hardware.presets import DEFAULT_GPU, gpu as _gpu, roofline_time
 from ..plan import plan
+from ._text import text_table
 
 FAMILIES = ("sliding", "document", "blocksparse", "causal", "prefix")
 WINDOWS = tuple(2**k for k in range(6, 15))                 # 64 .. 16384
@@ -137,11 +138,10 @@ def carry_table(sizes=(1024, 4096, 16384, 65536, 131072)) -> list[dict]:
 
 
 def format_carry(rows: list[dict]) -> str:
-    lines = [f"{'N':>8}{'dense bool (B)':>18}{'FlashMask (B)':>16}{'ratio':>10}"]
-    for r in rows:
-        lines.append(f"{r['seq_len']:>8,}{r['dense_bytes']:>18,}{r['flashmask_bytes']:>16,}"
-                     f"{r['ratio']:>10,.0f}")
-    return "\n".join(lines)
+    return text_table([("N", ">8", ",", lambda r: r["seq_len"]),
+                       ("dense bool (B)", ">18", ",", lambda r: r["dense_bytes"]),
+                       ("FlashMask (B)", ">16", ",", lambda r: r["flashmask_bytes"]),
+                       ("ratio", ">10", ",.0f", lambda r: r["ratio"])], rows)
 
 
 def format_padding(w: dict) -> str:
