@@ -43,8 +43,23 @@ MAX_SPLITS = flashdecoding.MAX_SPLITS
 MAX_Q_LEN = validate.MAX_Q_LEN
 
 
+class GroupShape:
+    """The grouped-query shape of a decode step, for a class with ``heads``, ``kv_heads`` and
+    ``q_len`` (the plan here; the decode kernel's launch in ``gpu_kernels``)."""
+
+    @property
+    def group(self) -> int:
+        """g: query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def group_rows(self) -> int:
+        """G = g q_len: the query rows of one KV head's group."""
+        return self.group * self.q_len
+
+
 @dataclass(frozen=True)
-class DecodePlan:
+class DecodePlan(GroupShape):
     algorithm: str
     q_len: int
     lens: tuple                   # KV lengths: one when every sequence has it, else each's
@@ -83,16 +98,6 @@ class DecodePlan:
     @property
     def seq_len(self) -> int:      # what Report.to_dict calls N: the longest cache
         return self.kv_len
-
-    @property
-    def group(self) -> int:
-        """g: query heads per KV head."""
-        return self.heads // self.kv_heads
-
-    @property
-    def group_rows(self) -> int:
-        """G = g q_len: the query rows of one KV head's group."""
-        return self.group * self.q_len
 
     @property
     def uniform(self) -> bool:

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from flashsim.decode import GroupShape
+
 from ..common import (SHARED_OPTIN, KernelInputError, KernelLaunch, Result, cdiv, describe, dtype_name,
                       flashsim_dtype)
 from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
@@ -135,7 +137,7 @@ TUNING = ((BLOCK_C, STAGES[128]), (64, 2), (64, 4))
 
 
 @dataclass
-class DecodeLaunch(CupyLaunch):
+class DecodeLaunch(CupyLaunch, GroupShape):
     """One decode step's launch. Launch's N is the longest kv_len, block_rows B_r the packed
     query rows of a block (16 ROW_WARPS), block_cols B_c."""
     CU_FILE = CU_FILE
@@ -155,13 +157,9 @@ class DecodeLaunch(CupyLaunch):
     page_prefetch: int = 1           # PAGE_PREFETCH: block-table entries one tile ahead
 
     @property
-    def group(self) -> int:
-        return self.heads // self.kv_heads
-
-    @property
     def rows(self) -> int:
-        """Packed query rows per KV head: q_len x group."""
-        return self.q_len * self.group
+        """Packed query rows per KV head: q_len x group (flashsim's G)."""
+        return self.group_rows
 
     @property
     def flops(self) -> int:
