@@ -19,8 +19,11 @@ import statistics
 from . import load, path
 
 
-def _sum(launches, metric):
-    return sum(x[metric] or 0 for x in launches)
+def _counters(key):
+    """A quantity of an Nsight Compute point: its launches' counters summed, as
+    ``validation.measured`` sums them."""
+    from .validation import measured
+    return lambda p: measured(p)[key]
 
 
 # dataset: (list of points, the key that names a point, {quantity: value of a point})
@@ -34,11 +37,9 @@ DATASETS = {
     "ncu_h200.json": (
         "points", lambda p: (p["kernel"], p["N"], p["d"], p["causal"], p.get("block_rows"),
                              p.get("block_cols")),
-        {"time_ratio": lambda p: _sum(p["launches"], "gpu__time_duration.sum"),
-         "dram_read_ratio": lambda p: _sum(p["launches"], "dram__bytes_read.sum"),
-         "dram_write_ratio": lambda p: _sum(p["launches"], "dram__bytes_write.sum"),
-         "l2_read_request_ratio": lambda p: _sum(p["launches"],
-                                                 "lts__t_sectors_srcunit_tex_op_read.sum")}),
+        {"time_ratio": _counters("time_s"), "dram_read_ratio": _counters("dram_read_bytes"),
+         "dram_write_ratio": _counters("dram_write_bytes"),
+         "l2_read_request_ratio": _counters("l2_read_bytes")}),
 }
 
 
