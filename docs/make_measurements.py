@@ -274,23 +274,23 @@ def measure_all(lines):
               "against the float64 reference, timed by the harness, profiled once by Nsight "
               "Compute, beside `flashsim predict` for the same launch (measured / predicted):", ""]
 
-    def cell(m, p, key, scale, pkey=None):
-        a, b = m.get(key), p.get(pkey or key)
+    def cells(a, b, scale):
+        """measured, predicted and their ratio (blank when either is missing)."""
         if a is None or not b:
             return "", "", ""
         return f"{a * scale:.4g}", f"{b * scale:.4g}", f"{a / b:.2f}"
 
+    def dram(x):
+        return (x.get("dram_read_bytes") or 0) + (x.get("dram_write_bytes") or 0)
+
     rows = []
     for r in d["rows"]:
         m, p = r.get("measured") or {}, r.get("predicted") or {}
-        t = cell(m, p, "time_s", 1e3, "predicted_time_s")
-        dram = cell({"x": (m.get("dram_read_bytes") or 0) + (m.get("dram_write_bytes") or 0)},
-                    {"x": (p.get("dram_read_bytes") or 0) + (p.get("dram_write_bytes") or 0)},
-                    "x", 1e-6)
-        l2 = cell(m, p, "l2_read_bytes", 1e-6)
+        t = cells(m.get("time_s"), p.get("predicted_time_s"), 1e3)
+        l2 = cells(m.get("l2_read_bytes"), p.get("l2_read_bytes"), 1e-6)
         rows.append([r["kernel"], r["config"]["dtype"],
                      f"{r['tiles']['block_rows']}x{r['tiles']['block_cols']}",
-                     "ok" if r["check_ok"] else "FAILED", *t, *dram, *l2])
+                     "ok" if r["check_ok"] else "FAILED", *t, *cells(dram(m), dram(p), 1e-6), *l2])
     lines += _table(["kernel", "dtype", "tiles", "check", "time ms", "predicted", "ratio",
                      "DRAM MB", "predicted", "ratio", "L2 read requests MB", "predicted", "ratio"],
                     rows)
