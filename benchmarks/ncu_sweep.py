@@ -66,7 +66,12 @@ OPTIONAL_METRICS = [
 ]
 
 
-def sweep(quick: bool = False, heldout: bool = False) -> list[dict]:
+def sweep(quick: bool = False, heldout: bool = False, kernels=None) -> list[dict]:
+    """The points of ``sweep_all`` whose kernel is in ``kernels`` (all when None)."""
+    return [p for p in sweep_all(quick, heldout) if kernels is None or p["kernel"] in kernels]
+
+
+def sweep_all(quick: bool = False, heldout: bool = False) -> list[dict]:
     """The points: (kernel, N, d, causal, tiles). Batch and heads as the FA2 paper: 16k
     tokens in total, hidden size 2048. ``quick``: a handful, to try the harness.
     ``heldout``: the launches drawn by ``flashsim.measured.heldout`` instead (``quick``: the
@@ -76,7 +81,7 @@ def sweep(quick: bool = False, heldout: bool = False) -> list[dict]:
         pts = drawn.draw()
         return [p for k, p in enumerate(pts) if not quick or k % drawn.PER_KERNEL == 0]
     if quick:
-        return [dict(p) for p in sweep() if p["N"] == 1024 and p["d"] == 64
+        return [dict(p) for p in sweep_all() if p["N"] == 1024 and p["d"] == 64
                 and "experiment" not in p and not p["causal"]]
     pts = []
     Ns = (512, 1024, 2048, 4096, 8192, 16384)
@@ -102,6 +107,12 @@ def sweep(quick: bool = False, heldout: bool = False) -> list[dict]:
     for bm, bn in ((64, 32), (64, 64), (128, 32), (128, 64), (128, 128)):
         pts.append(dict(kernel="cupy_flash2_tc", N=1024, d=64, causal=False,
                         block_rows=bm, block_cols=bn, experiment="block_size"))
+    # The Hopper kernel (issue 19) at its default version, the FA2 paper's configurations
+    # with d = 256 too; profiled on their own (``--kernels cupy_flash3``) after the rest.
+    for d in (64, 128, 256):
+        for N in Ns:
+            for causal in (False, True):
+                pts.append(dict(kernel="cupy_flash3", N=N, d=d, causal=causal))
     for p in pts:
         p["batch"] = TOTAL_TOKENS // p["N"] if p["N"] <= TOTAL_TOKENS else 1
         p["heads"] = HIDDEN // p["d"]
@@ -135,13 +146,13 @@ class Runner:
         return (lambda: launch.run(Q, K, V)), launch.plan_record()
 
 
-def check_correctness(runner, heldout: bool = False) -> list[dict]:
+def check_correctness(runner, heldout: bool = False, kernels=None) -> list[dict]:
     """Every kernel on small ragged inputs against the float64 reference, before profiling."""
     import numpy as np
 
     import flashsim
     out = []
-    for k in sorted({p["kernel"] for p in sweep(heldout=heldout)}):
+    for k in sorted({p["kernel"] for p in sweep(heldout=heldout, kernels=kernels)}):
         for causal in (False, True):
             p = dict(kernel=k, N=200, d=64, causal=causal, batch=2, heads=2)
             try:
@@ -151,11 +162,11 @@ def check_correctness(runner, heldout: bool = False) -> list[dict]:
                 continue
             O = fn().O
             O = np.asarray(runner.cp.asarray(O).get(), dtype=np.float64).reshape(2, 2, 200, 64)
+            half = registry.get(k).dtypes[0] == "fp16"
             Q, K, V = (np.asarray(x.get(), np.float64) for x in runner.inputs(
-                p, runner.cp.float16 if k.endswith("_tc") else runner.cp.float32))
+                p, runner.cp.float16 if half else runner.cp.float32))
             ref = flashsim.reference.attention(Q, K, V, causal)
-            verdict = harness.max_error_rule(float(np.max(np.abs(O - ref))),
-                                             2e-2 if k.endswith("_tc") else 1e-4)
+            verdict = harness.max_error_rule(float(np.max(np.abs(O - ref))), 2e-2 if half else 1e-4)
             err, ok = verdict["max_abs_error"], verdict["ok"]
             out.append(dict(kernel=k, causal=causal, max_abs_error=err, ok=ok))
             print(f"check {k:16s} causal={causal!s:5s} max|O-ref| = {err:.2e} "
@@ -163,15 +174,15 @@ def check_correctness(runner, heldout: bool = False) -> list[dict]:
     return out
 
 
-def workload(manifest_path: str, quick: bool, heldout: bool = False) -> None:
+def workload(manifest_path: str, quick: bool, heldout: bool = False, kernels=None) -> None:
     """One point at a time (inputs freed after each, so the largest fit): build, warm up
     outside the profiled range, then inside it a marker and exactly one run."""
     import cupy
 
     runner = Runner()
-    manifest = {"correctness": check_correctness(runner, heldout), "points": [], "skipped": []}
+    manifest = {"correctness": check_correctness(runner, heldout, kernels), "points": [], "skipped": []}
     bad = {c["kernel"] for c in manifest["correctness"] if c.get("ok") is False}
-    for p in sweep(quick, heldout):
+    for p in sweep(quick, heldout, kernels):
         if p["kernel"] in bad:
             manifest["skipped"].append(dict(p, reason="failed its correctness check"))
             continue
@@ -210,9 +221,9 @@ def known_metrics(out_dir: str) -> list[str]:
     return METRICS + [m for m in OPTIONAL_METRICS if m.rsplit(".", 1)[0] in names]
 
 
-def run(out_dir: str, quick: bool, heldout: bool = False) -> None:
+def run(out_dir: str, quick: bool, heldout: bool = False, kernels=None) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    name = "ncu_h200_heldout" if heldout else "ncu_h200"
+    name = ("ncu_h200_heldout" if heldout else "ncu_h200") + "".join(f"_{k}" for k in kernels or ())
     manifest = os.path.join(out_dir, f"{name}_manifest.json")
     metrics = known_metrics(out_dir)
     env, root = ncu.child_env(), ncu.ROOT
@@ -220,7 +231,8 @@ def run(out_dir: str, quick: bool, heldout: bool = False) -> None:
     def command(metrics):
         cmd = ncu.command(metrics, [sys.executable, "-m", "benchmarks.ncu_sweep", "workload",
                                     "--manifest", manifest])
-        return cmd + ["--quick"] * quick + ["--heldout"] * heldout
+        return (cmd + ["--quick"] * quick + ["--heldout"] * heldout
+                + (["--kernels", ",".join(kernels)] if kernels else []))
     cmd = command(metrics)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
     if proc.returncode != 0 and len(metrics) > len(METRICS):
@@ -256,16 +268,19 @@ def main() -> None:
     w.add_argument("--manifest", required=True)
     w.add_argument("--quick", action="store_true")
     w.add_argument("--heldout", action="store_true")
+    w.add_argument("--kernels", type=lambda t: t.split(","), default=None)
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
     r.add_argument("--quick", action="store_true", help="a handful of points")
     r.add_argument("--heldout", action="store_true",
                    help="the held-out launches of flashsim.measured.heldout")
+    r.add_argument("--kernels", type=lambda t: t.split(","), default=None,
+                   help="only these kernels (comma-separated); the file is named after them")
     a = ap.parse_args()
     if a.cmd == "workload":
-        workload(a.manifest, a.quick, a.heldout)
+        workload(a.manifest, a.quick, a.heldout, a.kernels)
     else:
-        run(a.out, a.quick, a.heldout)
+        run(a.out, a.quick, a.heldout, a.kernels)
 
 
 if __name__ == "__main__":

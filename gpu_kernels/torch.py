@@ -184,11 +184,19 @@ def _says_no_more_than(mask, N: int, causal: bool) -> bool:
     return bool((allowed == (want.tril() if causal else want)).all())
 
 
-def register_hf(name: str = "flashsim") -> str:
+def register_hf(name: str = "tiled_sim") -> str:
     """Register ``hf_attention_fn`` with transformers as ``name`` (and, where transformers
     has a mask registry, SDPA's mask builder under the same name, so padding reaches the
     function and is refused rather than silently dropped). Load a model with
-    ``attn_implementation=name``. Returns ``name``."""
+    ``attn_implementation=name``. Returns ``name``.
+
+    ``name`` must not contain "flash": transformers 5 takes any such implementation name
+    for a flash-attention kernel to load from its hub (seen with 5.17 on the H200: "Could
+    not find the currently requested flash attention implementation")."""
+    if not isinstance(name, str) or not name or "flash" in name.lower():
+        raise KernelInputError(f"register_hf: name {name!r} must be a non-empty string without "
+                               "'flash' (transformers 5 reads such names as hub flash-attention "
+                               "kernels), e.g. 'tiled_sim'")
     try:
         from transformers import AttentionInterface
     except ImportError:

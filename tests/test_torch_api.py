@@ -50,6 +50,11 @@ def test_the_backward_kernel_of_each_algorithm_and_dtype():
         gt.backward_kernel("flash1", "fp32")
 
 
+def test_register_hf_refuses_names_transformers_reads_as_flash_kernels():
+    with pytest.raises(KernelInputError, match="without 'flash'"):
+        gt.register_hf("flashsim")
+
+
 def test_register_hf_without_transformers(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(KernelInputError, match="needs transformers"):
@@ -245,7 +250,7 @@ def test_a_hugging_face_model_with_our_attention():
     torch = _cuda_or_skip("numba")
     _cuda_or_skip("cupy")
     transformers = pytest.importorskip("transformers")
-    name = gt.register_hf("flashsim_test")
+    name = gt.register_hf("tiled_sim_test")
     config = transformers.LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=256,
                                       num_hidden_layers=2, num_attention_heads=2,
                                       num_key_value_heads=1, max_position_embeddings=256)

@@ -48,6 +48,7 @@ KERNELS = {
     "cupy_flash1": (4, 20e12, False, 32, True),
     "cupy_flash2": (4, 15e12, True, 32, False),
     "cupy_flash2_tc": (2, 250e12, True, 128, False),
+    "cupy_flash3": (2, 450e12, True, 128, False),     # drawn 2026-12-02, before its fit
 }
 
 
