@@ -365,3 +365,21 @@ def test_the_docs_predict_commands_answer():
     for ln in lines:
         code, out, err = call(*shlex.split(ln))
         assert code == 0 and out and err == "", (ln, err)
+
+
+@pytest.mark.parametrize("kernel,dtype", [("cupy_decode", "bf16"), ("cupy_decode_paged", "fp16")])
+def test_device_inputs_are_the_cache_the_launch_reads(monkeypatch, kernel, dtype):
+    """``decode.device_inputs`` (measure_decode's and the ncu child's inputs), with NumPy in
+    CuPy's place (the same Generator calls): q and a cache of the launch's layout, stored in its
+    dtype, that its check reads through the block table."""
+    monkeypatch.setattr(decode, "_cupy", lambda: np)
+    kw = {"page_size": 16} if kernel.endswith("paged") else {}
+    launch = registry.get(kernel).launch(batch=2, heads=8, kv_heads=2, head_dim=64,
+                                         kv_lens=[40, 130], q_len=2, dtype=dtype, **kw)
+    q, k, v = decode.device_inputs(launch, seed=1)
+    cache = (launch.num_pages, 16) if kw else (2, 130)
+    assert q.shape == (2, 2, 8, 64) and k.shape == v.shape == cache + (2, 64)
+    assert q.dtype == k.dtype == (np.float16 if dtype == "fp16" else np.int16)
+    assert launch.cache_shape_ok(k.shape) is None
+    assert [r.shape for r in launch.used_rows(k)] == [(40, 2, 64), (130, 2, 64)]
+    assert 0.9 < decode.to_float32(k).std() < 1.1 and not np.array_equal(k, v)
