@@ -123,18 +123,6 @@ def paged_copy(torch, k, v, page_size: int, seed: int):
     return out[0], out[1], bt
 
 
-class HeadRows:
-    """The cached rows (kv_len, kv_heads, d) of one sequence on the GPU, copied to the host
-    (float32) one KV head at a time as ``reference_rows`` indexes them: rows[:n, kvh]."""
-
-    def __init__(self, x):
-        self.x = x
-
-    def __getitem__(self, index):
-        rows, kvh = index
-        return self.x[rows, kvh].float().cpu().numpy()
-
-
 class Bench(Recorder):
     def __init__(self, args):
         import cupy
@@ -193,9 +181,10 @@ class Bench(Recorder):
         k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16, generator=g)
         v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16, generator=g)
         launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tile)
-        pairs = [(B - 1, kvh - 1)] if n >= 32768 else [(0, 0), (B - 1, kvh - 1)]
+        pairs = decode.checked_pairs(launch)
         qh = q.float().cpu().numpy()
-        rows = {b: HeadRows(k[b]) for b, _ in pairs}, {b: HeadRows(v[b]) for b, _ in pairs}
+        rows = ({b: decode.HeadRows(k[b]) for b, _ in pairs},
+                {b: decode.HeadRows(v[b]) for b, _ in pairs})
         refs = {True: decode.reference_rows(launch, qh, *rows, pairs)}
         if ql > 1:
             refs[False] = decode.reference_rows(launch, qh, *rows, pairs, causal=False)

@@ -7,15 +7,18 @@ GPU tests of our kernels from PyTorch and of ``flashsim measure``.
 Writes DIR/measure_h200.json: ``provenance`` (``gpu_kernels.harness.provenance``, with ncu's
 version), ``command`` (the flashsim command it is the output of), ``rows`` (one per
 registered forward kernel at flashsim measure's default shape, B = 2, H = 8, N = 2048,
-d = 64, each kernel's first dtype: the check against the float64 reference, the harness's
-time, Nsight Compute's DRAM and L2 request bytes and kernel time, and flashsim's prediction
-for that launch) and ``skipped``. Without ncu on PATH the counters are left out and a note
-says so. Commit it as flashsim/measured/data/measure_h200.json.
+d = 64, each kernel's first dtype, and one per decode kernel at its default decode shape,
+B = 8, H = 32, kv_heads = 8, q_len = 1, kv_len = 32768, d = 128, fp16, pages of 16: the
+check against the float64 reference, the harness's time, Nsight Compute's DRAM and L2
+request bytes and kernel time, and flashsim's prediction for that launch) and ``skipped``.
+Without ncu on PATH the counters are left out and a note says so. Commit it as
+flashsim/measured/data/measure_h200.json.
 
 Then (unless ``--no-tests``) ``FLASHSIM_REAL_GPU=1 python -m pytest -m gpu
-tests/test_torch_api.py tests/test_measure.py``: gpu_kernels.torch's forward and backward
-against PyTorch's scaled_dot_product_attention, and ``flashsim measure`` run as a user runs
-it; the log in DIR/logs/gpu_tests.log.
+tests/test_torch_api.py tests/test_measure.py tests/test_predict_decode.py``:
+gpu_kernels.torch's forward and backward against PyTorch's scaled_dot_product_attention,
+and ``flashsim measure`` run as a user runs it (a decode kernel too); the log in
+DIR/logs/gpu_tests.log.
 
 Prints the table of ``flashsim measure``; exit status 1 if any check, the ncu run or a test
 failed, 2 if there is no GPU to measure on.
@@ -34,7 +37,7 @@ from flashsim.errors import FlashsimError
 from gpu_kernels import harness, ncu
 
 NAME = "measure_h200.json"
-TESTS = ["tests/test_torch_api.py", "tests/test_measure.py"]
+TESTS = ["tests/test_torch_api.py", "tests/test_measure.py", "tests/test_predict_decode.py"]
 
 
 def measure_all(use_ncu: bool, quiet: bool) -> dict:

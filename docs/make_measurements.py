@@ -264,15 +264,27 @@ def counters(lines):
     lines.append("")
 
 
+def _measure_shape(config: dict) -> str:
+    """A decode row's shape as flashsim measure's table says it."""
+    from flashsim import measure   # noqa: PLC0415 - only for this table
+
+    return measure.shape_line(config).removeprefix("decode: ")
+
+
 def measure_all(lines):
     d = _load("measure_h200.json")
     if not d:
         return
     lines += ["## `flashsim measure --all --ncu` (H200)", "",
               f"Provenance: {_prov(d['provenance'])}.", "",
-              f"`{d['command']}` at its default shape: each registered forward kernel checked "
-              "against the float64 reference, timed by the harness, profiled once by Nsight "
-              "Compute, beside `flashsim predict` for the same launch (measured / predicted):", ""]
+              f"`{d['command']}` at its default shape: each registered forward kernel"
+              + (" (each decode kernel at its default decode step, "
+                 + "; ".join(dict.fromkeys(_measure_shape(r["config"]) for r in d["rows"]
+                                           if "kv_heads" in r["config"])) + ")"
+                 if any("kv_heads" in r["config"] for r in d["rows"]) else "")
+              + " checked against the float64 reference, timed by the harness, profiled once "
+              "by Nsight Compute, beside `flashsim predict` for the same launch (measured / "
+              "predicted):", ""]
 
     def cells(a, b, scale):
         """measured, predicted and their ratio (blank when either is missing)."""

@@ -21,7 +21,8 @@ import sys
 
 import numpy as np
 
-from . import context_parallel, decode, masks, measure as _measure, nest as _nest, reference, validate
+from . import (context_parallel, decode, masks, measure as _measure, nest as _nest,
+               predict_decode, reference, validate)
 from .algorithms import ALGORITHMS
 from .algorithms._common import PLACEMENTS
 from .errors import FlashsimError
@@ -184,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--kernel", required=True, help="a gpu_kernels.registry name")
     pred.add_argument("--batch", type=_batch, default=1)
     pred.add_argument("--heads", type=_heads, default=1)
-    pred.add_argument("--seq-len", "-N", type=_seq_len, required=True)
+    pred.add_argument("--seq-len", "-N", type=_seq_len,
+                      help="N (the square kernels; a decode kernel takes --q-len, --kv-len)")
     pred.add_argument("--head-dim", "-d", type=_head_dim, required=True)
     pred.add_argument("--dtype", type=_name(DTYPE_BYTES), help="default: the kernel's first")
     pred.add_argument("--causal", action="store_true")
@@ -192,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--block-cols", type=_count, help="B_c (default: the kernel's rule)")
     pred.add_argument("--gpu", type=_name(GPUS), required=True, help=", ".join(GPUS))
     pred.add_argument("--json", action="store_true", help="print one JSON object")
+    predict_decode.add_arguments(pred)
     num = sub.add_parser("numerics", help="the FlashAttention-3 paper's FP16/FP8 error table "
                                           "(Table 3), on emulated numbers")
     r = Recipe()
@@ -367,6 +370,10 @@ def answer(argv=None) -> str:
         return _measure.answer(args)
     if args.command == "predict":
         from . import predict
+        if predict_decode.is_decode(args):
+            return predict_decode.cli_answer(args)
+        if args.seq_len is None:
+            raise FlashsimError("the following arguments are required: --seq-len/-N")
         r = predict.predict(args.kernel, batch=args.batch, heads=args.heads,
                             seq_len=args.seq_len, head_dim=args.head_dim, dtype=args.dtype,
                             causal=args.causal, block_rows=args.block_rows,

@@ -599,8 +599,10 @@ _DECODE_OPTIONS = ("q_len", "kv_len", "kv_lens", "kv_heads", "splits", "page_siz
                    "gqa_schedule", "no_causal")
 
 
-def add_cli_args(p) -> None:
-    """The decode options of ``flashsim io`` (read as the API reads them)."""
+def add_cli_args(p, gqa_schedule: bool = True) -> None:
+    """The decode options of ``flashsim io`` (read as the API reads them); ``flashsim
+    predict`` and ``measure`` take them too, but for ``--gqa-schedule`` (the decode kernel
+    always packs a KV head's query rows)."""
     def reader(check):
         def read(text):
             import argparse
@@ -626,10 +628,11 @@ def add_cli_args(p) -> None:
     p.add_argument("--page-size", type=reader(
         lambda t: validate.whole(t, "", hi=validate.MAX_SEQ_LEN)),
         help=f"paged: tokens per page (default {DEFAULT_PAGE})")
-    p.add_argument("--gqa-schedule", type=reader(
-        lambda t: validate.choice(t, ["pack", "per-head"], "")),
-        help="decoding: pack (a KV head's query rows in one tile, the default) or per-head "
-             "(one block per query head: K/V read once per query head)")
+    if gqa_schedule:
+        p.add_argument("--gqa-schedule", type=reader(
+            lambda t: validate.choice(t, ["pack", "per-head"], "")),
+            help="decoding: pack (a KV head's query rows in one tile, the default) or "
+                 "per-head (one block per query head: K/V read once per query head)")
     p.add_argument("--no-causal", action="store_true",
                    help="decoding: no causal mask (by default the new rows are the last "
                         "positions and see the keys before them)")

@@ -2,13 +2,18 @@
 predicted for exactly that launch beside what the GPU did.
 
     flashsim measure --kernel numba_flash2 --seq-len 4096 --head-dim 64 --batch 4 --heads 16
-    flashsim measure --all --ncu --json      # every forward kernel; with Nsight Compute counters
+    flashsim measure --kernel cupy_decode_paged --kv-len 32768 --kv-heads 8 --page-size 16
+    flashsim measure --all --ncu --json      # every forward and decode kernel; with counters
 
 For each kernel (``--kernel NAME`` of ``gpu_kernels.registry``, or ``--all``: every forward
-kernel) at one configuration (the ``flashsim io`` shape flags; by default B = 2, H = 8,
-N = 2048, d = 64 and each kernel's first dtype):
+kernel and every decode kernel) at one configuration (the ``flashsim io`` shape flags; by
+default B = 2, H = 8, N = 2048, d = 64 and each kernel's first dtype; a decode kernel takes
+the decode flags ``--q-len --kv-len|--kv-lens --kv-heads --splits --page-size --no-causal``,
+by default ``DEFAULT_DECODE_SHAPE``: B = 8, H = 32, kv_heads = 8, q_len = 1, kv_len = 32768,
+d = 128, pages of 16 for the paged kernel):
 
-* **measured**: ``gpu_kernels.measure``: random inputs, checked against the float64
+* **measured**: ``gpu_kernels.measure`` (a decode kernel: ``gpu_kernels.measure_decode``,
+  checked as benchmarks/decode_h200.py checks it): random inputs, checked against the float64
   reference first (a launch that fails is not timed), then timed by the one harness
   (``gpu_kernels.harness``: CUDA events, warm-up, an L2 flush before every repeat, the
   median). With ``--ncu`` (Nsight Compute's ``ncu`` on PATH) the checked launches are also
@@ -19,7 +24,8 @@ N = 2048, d = 64 and each kernel's first dtype):
   (``flashsim.hardware.l2``) and its time from the time model (``flashsim.hardware.timing``)
   on the H200 preset, as ``flashsim predict`` gives it (``flashsim.predict``: the kernel's
   stated efficiency, fitted on the calibration points), as ``flashsim.measured.validation``
-  predicts the datasets.
+  predicts the datasets; a decode kernel's is ``flashsim.predict_decode`` (the memory-bound
+  time model on the L2 model's DRAM bytes).
 
 Exit status: 0 when every launch passed its check, 1 when one failed (or could not run), 2
 for bad input or no GPU to run on: without the ``gpu`` extra, without an NVIDIA GPU, or
@@ -37,6 +43,9 @@ from .errors import FlashsimError
 from .hardware.presets import DEFAULT_GPU
 
 DEFAULT_SHAPE = {"batch": 2, "heads": 8, "seq_len": 2048, "head_dim": 64}
+# the decode kernels' (issue 14's reference point: B8, kv_heads 8, kv_len 32k)
+DEFAULT_DECODE_SHAPE = {"batch": 8, "heads": 32, "kv_heads": 8, "q_len": 1, "kv_len": 32768,
+                        "head_dim": 128, "page_size": 16}
 # what each backend imports (numba through gpu_kernels, which fixes NumPy for it first)
 BACKEND_MODULES = {"numba": "gpu_kernels.numba.common", "cupy": "cupy"}
 
@@ -52,8 +61,12 @@ class Answer(str):
 
 def add_arguments(p, *, seq_len, head_dim, batch, heads, tile, dtype, repeats) -> None:
     """``flashsim measure``'s options; the ``type`` readers are ``flashsim.cli``'s."""
+    from .predict_decode import add_arguments as decode_arguments
+
     p.add_argument("--kernel", "-k", help="a kernel of gpu_kernels.registry (see --all)")
-    p.add_argument("--all", action="store_true", help="every registered forward kernel")
+    p.add_argument("--all", action="store_true", help="every registered forward kernel and "
+                   "every decode kernel (the decode flags go to the decode kernels, --seq-len "
+                   "and the tiles to the others)")
     p.add_argument("--seq-len", "-N", type=seq_len, help=f"N (default {DEFAULT_SHAPE['seq_len']})")
     p.add_argument("--head-dim", "-d", type=head_dim,
                    help=f"d (default {DEFAULT_SHAPE['head_dim']})")
@@ -71,6 +84,7 @@ def add_arguments(p, *, seq_len, head_dim, batch, heads, tile, dtype, repeats) -
                    "one child process")
     p.add_argument("--json", action="store_true", help="one JSON object (a list with --all)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    decode_arguments(p)
 
 
 # ------------------------------------------------------------------ the prediction
@@ -79,14 +93,20 @@ def predict(launch) -> dict:
     H200 preset (``flashsim.predict.predict``: the kernel's tiles, occupancy from its compiled
     resources, the L2 and time models at its stated efficiency), with the launch's plan
     record. Past the L2 model's work limit the time and DRAM bytes are left out, with why in
-    ``note``; with no stated efficiency ``predicted_time_s`` is None (not a guess)."""
+    ``note``; with no stated efficiency ``predicted_time_s`` is None (not a guess). A decode
+    kernel's: ``flashsim.predict_decode`` for the same launch (``spec``)."""
     from . import predict as _predict
+    from .predict_decode import predict_decode
 
     try:
-        out = _predict.predict(launch.kernel, batch=launch.batch, heads=launch.heads,
-                               seq_len=launch.N, head_dim=launch.d, dtype=launch.dtype,
-                               causal=launch.causal, block_rows=launch.block_rows,
-                               block_cols=launch.block_cols, gpu=DEFAULT_GPU)
+        if is_decode(launch):
+            kw = spec(launch)
+            out = predict_decode(kw.pop("kernel"), gpu=DEFAULT_GPU, **kw)
+        else:
+            out = _predict.predict(launch.kernel, batch=launch.batch, heads=launch.heads,
+                                   seq_len=launch.N, head_dim=launch.d, dtype=launch.dtype,
+                                   causal=launch.causal, block_rows=launch.block_rows,
+                                   block_cols=launch.block_cols, gpu=DEFAULT_GPU)
     except FlashsimError as e:
         return {"gpu": DEFAULT_GPU, "plan": launch.plan_record(),
                 "note": f"time and DRAM bytes left out: {e}"}
@@ -126,22 +146,38 @@ def _shape(args) -> dict:
             for k in DEFAULT_SHAPE}
 
 
+def is_decode(launch) -> bool:
+    """Whether ``launch`` is a decode kernel's (``gpu_kernels.registry.DECODE_KERNELS``)."""
+    from gpu_kernels import registry
+
+    return launch.kernel in registry.DECODE_KERNELS
+
+
 def _launches(args) -> tuple[list, list]:
     """(configured launches, skipped rows): every input checked before anything runs."""
     from gpu_kernels import KernelInputError, registry
     from . import validate
+    from .predict_decode import check_flags, launch_options
 
     if bool(args.kernel) == bool(args.all):
         raise FlashsimError("give --kernel NAME or --all (one of them)")
-    names = [k.name for k in registry.KERNELS.values() if k.pass_ == "fwd"] if args.all \
-        else [validate.choice(args.kernel, list(registry.KERNELS), "--kernel")]
+    names = [k.name for k in registry.KERNELS.values() if k.pass_ == "fwd"] + \
+        list(registry.DECODE_KERNELS) if args.all else \
+        [validate.choice(args.kernel, [*registry.KERNELS, *registry.DECODE_KERNELS], "--kernel")]
+    if not args.all:
+        check_flags(args, names[0] in registry.DECODE_KERNELS, names[0])
     kw = dict(_shape(args), dtype=args.dtype, causal=args.causal, block_rows=args.block_rows,
               block_cols=args.block_cols)
     _require_backends({registry.get(n).backend for n in names})
     launches, skipped = [], []
     for n in names:
+        entry = registry.get(n)
         try:
-            launches.append(registry.get(n).launch(**kw))
+            if n in registry.DECODE_KERNELS:
+                launches.append(entry.launch(**launch_options(
+                    entry, args, DEFAULT_DECODE_SHAPE, every=args.all)))
+            else:
+                launches.append(entry.launch(**kw))
         except KernelInputError as e:
             if not args.all:
                 raise
@@ -158,14 +194,22 @@ def _check_host_memory(launch) -> None:
     """Refuse, before anything runs, a check whose float64 reference would not fit in this
     process's memory: the checked heads' N x N matrices (about 4 float64 forward, 7 backward,
     as ``flashsim io --verify`` counts them, and 4 float32 of the plain baseline) and the
-    host copies of the inputs."""
+    host copies of the inputs. A decode step's: per checked (sequence, KV head) its K and V
+    rows (float32 copies, float64 and the plain baseline's: about 48 bytes per element) and
+    its query rows' scores against them (about 8 float64 matrices)."""
     from gpu_kernels import harness
     from . import validate
 
-    heads = len(harness.checked_heads(launch.BH, launch.N))
-    bwd = launch.pass_ == "bwd"
-    need = (heads * launch.N ** 2 * (8 * (7 if bwd else 4) + 4 * 4)
-            + (4 if bwd else 3) * 4 * launch.BH * launch.N * launch.d)
+    if is_decode(launch):
+        from gpu_kernels.cupy import decode
+
+        pairs = len(decode.checked_pairs(launch))
+        need = pairs * launch.N * (48 * launch.d + 64 * launch.group_rows)
+    else:
+        heads = len(harness.checked_heads(launch.BH, launch.N))
+        bwd = launch.pass_ == "bwd"
+        need = (heads * launch.N ** 2 * (8 * (7 if bwd else 4) + 4 * 4)
+                + (4 if bwd else 3) * 4 * launch.BH * launch.N * launch.d)
     allowed = int(validate.VERIFY_MEMORY_SHARE * validate.memory_allowance())
     if need > allowed:
         raise FlashsimError(
@@ -176,24 +220,40 @@ def _check_host_memory(launch) -> None:
 
 # ------------------------------------------------------------------ the work
 def measure_launch(launch, repeats=None, harness=None) -> dict:
-    """Check, then time, ``launch`` (``gpu_kernels.measure``, with its own harness unless
-    ``harness`` is given) beside ``predict(launch)``."""
+    """Check, then time, ``launch`` (``gpu_kernels.measure``, a decode kernel's
+    ``gpu_kernels.measure_decode``, with its own harness unless ``harness`` is given) beside
+    ``predict(launch)``."""
     import gpu_kernels
 
-    m = gpu_kernels.measure(launch.kernel, batch=launch.batch, heads=launch.heads,
-                            seq_len=launch.N, head_dim=launch.d, dtype=launch.dtype,
-                            causal=launch.causal, block_rows=launch.block_rows,
-                            block_cols=launch.block_cols, repeats=repeats, harness=harness)
+    if is_decode(launch):
+        m = gpu_kernels.measure_decode(**spec(launch), repeats=repeats, harness=harness)
+        checked, rate = "pairs_checked", "tbps"
+    else:
+        m = gpu_kernels.measure(launch.kernel, batch=launch.batch, heads=launch.heads,
+                                seq_len=launch.N, head_dim=launch.d, dtype=launch.dtype,
+                                causal=launch.causal, block_rows=launch.block_rows,
+                                block_cols=launch.block_cols, repeats=repeats, harness=harness)
+        checked, rate = "heads_checked", "tflops"
     keep = ("kernel", "config", "tiles", "threads", "static_smem", "dynamic_smem", "launches",
-            "check_ok", "max_error", "bound", "heads_checked", "method")
+            "check_ok", "max_error", "bound", checked, "method")
     row = {k: m[k] for k in keep}
-    row["measured"] = {k: m[k] for k in ("time_s", "times_s", "tflops") if m[k] is not None}
+    row["measured"] = {k: m[k] for k in ("time_s", "times_s", rate) if m[k] is not None}
     row["predicted"] = predict(launch)
     return row
 
 
 def spec(launch) -> dict:
-    """What ``gpu_kernels.ncu.profile`` needs to build ``launch`` again."""
+    """What ``gpu_kernels.ncu.profile`` (and a decode kernel's ``gpu_kernels.measure_decode``
+    and ``predict_decode``) needs to build ``launch`` again: a paged launch's block table is
+    ``DecodeKernel.launch``'s own (seeded), so the same again."""
+    if is_decode(launch):
+        lens = ({"kv_len": launch.N} if len(set(launch.kv_lens)) == 1 else
+                {"kv_lens": list(launch.kv_lens)})
+        return {"kernel": launch.kernel, "batch": launch.batch, "heads": launch.heads,
+                "kv_heads": launch.kv_heads, "head_dim": launch.d, "q_len": launch.q_len,
+                **lens, "dtype": launch.dtype, "causal": launch.causal,
+                "page_size": launch.page_size or None, "splits": launch.splits,
+                "block_cols": launch.block_cols}
     return {"kernel": launch.kernel, "batch": launch.batch, "heads": launch.heads,
             "seq_len": launch.N, "head_dim": launch.d, "dtype": launch.dtype,
             "causal": launch.causal, "block_rows": launch.block_rows,
@@ -369,10 +429,10 @@ def format_rows(rows: list, skipped: list) -> str:
             f"{'-' if t_p is None else f'{t_p * 1e3:.4f}':>9}{_ratio(t_p, t_m):>7}  "
             f"{_mb(dram_m):>14}{_mb(dram_p):>9}{_ratio(dram_p, dram_m):>7}  "
             f"{_mb(l2_m):>16}{_mb(l2_p):>9}{_ratio(l2_p, l2_m):>7}")
-    c = rows[0]["config"]
-    lines.append(f"B = {c['batch']}, H = {c['heads']}, N = {c['seq_len']}, d = {c['head_dim']}, "
-                 f"causal {c['causal']}; predicted: flashsim on the {DEFAULT_GPU} preset at "
-                 "each kernel's stated efficiency; measured: the harness's median time"
+    shapes = dict.fromkeys(shape_line(r["config"]) for r in rows)
+    lines.append("; ".join(shapes) + f"; predicted: flashsim on the {DEFAULT_GPU} preset at "
+                 "each kernel's stated efficiency (decode: the memory-bound model); measured: "
+                 "the harness's median time"
                  + ("" if any("dram_read_bytes" in r.get("measured", {}) for r in rows)
                     else " (DRAM and L2 bytes: add --ncu)"))
     for r in rows:
@@ -385,6 +445,17 @@ def format_rows(rows: list, skipped: list) -> str:
             lines.append(f"{r['kernel']}: {p['efficiency_source']}")
     lines += [f"{s['kernel']}: skipped: {s['skipped']}" for s in skipped]
     return "\n".join(lines)
+
+
+def shape_line(c: dict) -> str:
+    """A row's configuration as the table's last line says it (square or decode)."""
+    if "seq_len" in c:
+        return (f"B = {c['batch']}, H = {c['heads']}, N = {c['seq_len']}, d = {c['head_dim']}, "
+                f"causal {c['causal']}")
+    lens = f"kv_len = {c['kv_len']}" if "kv_len" in c else f"kv_lens = {c['kv_lens']}"
+    page = f", pages of {c['page_size']}" if c.get("page_size") else ""
+    return (f"decode: B = {c['batch']}, H = {c['heads']}, kv_heads = {c['kv_heads']}, q_len = "
+            f"{c['q_len']}, {lens}, d = {c['head_dim']}{page}")
 
 
 def _sum(d: dict, level: str):

@@ -120,6 +120,9 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
     if gpu is None:
         raise PredictError("flashsim predict needs --gpu NAME (the preset the launch runs on)")
     g = _gpu(gpu)
+    if kernel in registry.DECODE_KERNELS:
+        raise PredictError(f"{kernel} is a decode kernel: flashsim.predict_decode."
+                           "predict_decode answers for it (--q-len, --kv-len)")
     entry = registry.get(kernel)
     launch = entry.launch(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim,
                           dtype=dtype, causal=causal, block_rows=block_rows,

@@ -4,6 +4,8 @@
     O, L = gpu_kernels.attention(Q, K, V, algorithm="flash2", backend="numba")
     rep = gpu_kernels.predicted_traffic((B, H, N, d), algorithm="flash2", backend="numba")
     row = gpu_kernels.measure("cupy_flash2_tc", batch=4, heads=16, seq_len=4096, head_dim=128)
+    row = gpu_kernels.measure_decode("cupy_decode", batch=8, heads=32, kv_heads=8, head_dim=128,
+                                     kv_len=32768)
     O, L = gpu_kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=bt)
 
 Layout: ``common`` (the one error type, input checks, the tile policy, ``Launch``),
@@ -17,8 +19,8 @@ from __future__ import annotations
 
 from .common import KernelInputError, Result, describe
 
-__all__ = ["attention", "decode_attention", "predicted_traffic", "measure", "gpu_available",
-           "KernelInputError", "Result"]
+__all__ = ["attention", "decode_attention", "predicted_traffic", "measure", "measure_decode",
+           "gpu_available", "KernelInputError", "Result"]
 
 
 def gpu_available() -> bool:
@@ -243,18 +245,76 @@ def measure(kernel_name: str, *, batch: int, heads: int, seq_len: int, head_dim:
         "config": {"batch": launch.batch, "heads": launch.heads, "seq_len": launch.N,
                    "head_dim": launch.d, "dtype": launch.dtype, "causal": launch.causal,
                    "pass": launch.pass_, **{k: v for k, v in options.items()}},
+        **_measured_fields(launch, row, h),
+        "tflops": None if t is None else useful / t / 1e12, "heads_checked": heads_checked,
+        "predicted": {**rep.to_dict(), "plan": launch.plan_record()},
+    }
+
+
+def _measured_fields(launch, row: dict, h) -> dict:
+    """What ``measure`` and ``measure_decode`` say alike of a launch checked, then timed
+    (``row``: ``Harness.check_then_time``'s): its tiles, threads, shared memory and kernel
+    launches, the times, the verdict and the harness's method."""
+    return {
         "tiles": {"block_rows": launch.block_rows, "block_cols": launch.block_cols},
         "threads": launch.threads, "static_smem": launch.static_smem,
         "dynamic_smem": launch.dynamic_smem,
         "launches": [dict(kernel=k.kernel, grid=list(k.grid), threads=k.threads,
                           dynamic_smem=k.dynamic_smem) for k in launch.launches()],
-        "time_s": t, "times_s": row.get("times_s"),
-        "tflops": None if t is None else useful / t / 1e12,
+        "time_s": row.get("time_s"), "times_s": row.get("times_s"),
         "check_ok": row["check"]["ok"], "max_error": row["check"]["max_abs_error"],
-        "bound": row["check"]["bound"], "heads_checked": heads_checked,
-        "check": row["check"],
-        "predicted": {**rep.to_dict(), "plan": launch.plan_record()},
-        "method": h.method(),
+        "bound": row["check"]["bound"], "check": row["check"], "method": h.method(),
+    }
+
+
+def measure_decode(kernel_name: str, *, batch: int, heads: int, head_dim: int, kv_heads=None,
+                   kv_len=None, kv_lens=None, q_len: int = 1, dtype=None, repeats: int | None = None,
+                   seed: int = 0, harness=None, **options) -> dict:
+    """Check, then time, one step of a decode kernel (``registry.DECODE_KERNELS``) on random
+    inputs; a dict ready for JSON, as ``measure`` gives for the others.
+
+    The launch: ``registry.get(kernel_name).launch(...)`` (``options``: page_size, splits,
+    causal, block_cols, ...; a paged kernel without a block table gets ``decode.page_table``'s
+    with seed 0). Inputs: ``decode.device_inputs`` (standard normal, made on the GPU). The
+    check (``decode.device_check``), as benchmarks/decode_h200.py checks our kernel: the
+    float64 reference of the (sequence, KV head) pairs of ``decode.checked_pairs`` for every
+    query row, flash-attention's rule (max error <= 2 x a plain same-dtype implementation's),
+    the logsumexp within 1e-3 + 1e-5 |L|; O starts as NaN, so a row never written fails. A
+    launch that fails is not timed. Time: the harness, writing into fixed O and L buffers.
+    ``tbps``: the K/V bytes the step must read (``launch.kv_bytes``) over the time."""
+    import cupy
+    import numpy as np
+
+    from . import harness as hz
+    from . import registry
+    from .cupy import decode
+
+    if kernel_name not in registry.DECODE_KERNELS:
+        raise KernelInputError(f"{kernel_name} is not a decode kernel: gpu_kernels.measure runs it")
+    entry = registry.get(kernel_name)
+    launch = entry.launch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                          kv_len=kv_len, kv_lens=kv_lens, q_len=q_len, dtype=dtype, **options)
+    h = harness or hz.Harness(entry.backend)
+    q, k, v = decode.device_inputs(launch, seed)
+    check = decode.device_check(launch, q, k, v)
+    O = cupy.full(q.shape, np.nan if launch.dtype == "fp16" else 0x7FC0, q.dtype)
+    L = cupy.full((launch.batch, launch.heads, launch.q_len), np.nan, cupy.float32)
+
+    def fn():
+        return launch.run(q, k, v, out=O, lse=L)
+    row = h.check_then_time(fn, check, repeats=repeats)
+    t = row.get("time_s")
+    lens = ({"kv_len": launch.N} if len(set(launch.kv_lens)) == 1 else
+            {"kv_lens": list(launch.kv_lens)})
+    return {
+        "kernel": kernel_name,
+        "config": {"batch": launch.batch, "heads": launch.heads, "kv_heads": launch.kv_heads,
+                   "q_len": launch.q_len, **lens, "head_dim": launch.d, "dtype": launch.dtype,
+                   "causal": launch.causal, "page_size": launch.page_size or None,
+                   "splits": launch.splits, "pass": "fwd"},
+        **_measured_fields(launch, row, h),
+        "tbps": None if t is None else launch.kv_bytes / t / 1e12,
+        "pairs_checked": row["check"]["pairs_checked"], "plan": launch.plan_record(),
     }
 
 

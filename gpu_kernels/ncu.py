@@ -139,8 +139,10 @@ class Marker:
 
 def profile(specs: list[dict], metrics=COUNTERS, timeout_s: float = 600) -> list[list[dict]]:
     """The kernel launches of each spec (``{"kernel", "batch", "heads", "seq_len",
-    "head_dim"}`` and optionally ``dtype, causal, block_rows, block_cols``), profiled once
-    each under ncu in one child process. NcuError if ncu is missing or fails."""
+    "head_dim"}`` and optionally ``dtype, causal, block_rows, block_cols``; a decode kernel's
+    as ``flashsim.measure.spec`` writes it: ``kv_heads, q_len, kv_len`` or ``kv_lens``,
+    ``page_size, splits``), profiled once each under ncu in one child process. NcuError if
+    ncu is missing or fails."""
     if executable() is None:
         raise NcuError("Nsight Compute's ncu is not on PATH")
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,10 +181,19 @@ def workload(specs: list[dict]) -> None:
     for spec in specs:
         spec = dict(spec)
         launch = registry.get(spec.pop("kernel")).launch(**spec)
-        data = _random_inputs(launch, 0)
-        if launch.pass_ == "bwd":
+        if launch.kernel in registry.DECODE_KERNELS:      # one decode step, as measure_decode's
+            from .cupy import decode
+
+            data = decode.device_inputs(launch, 0)
+
+            def fn(launch=launch, data=data):
+                return launch.run(*data)
+        elif launch.pass_ == "bwd":
+            data = _random_inputs(launch, 0)
             fn, _ = _backward_case(launch, data, harness.checked_heads(launch.BH, launch.N))
         else:
+            data = _random_inputs(launch, 0)
+
             def fn(launch=launch, data=data):
                 return launch.run(*data["dev"][:3])
         fn()

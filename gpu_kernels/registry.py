@@ -169,7 +169,10 @@ class DecodeKernel:
         """The configured launch in flashsim.plan's decode names: ``kv_len`` (every sequence)
         or ``kv_lens`` (one each), ``kv_heads`` (default ``heads``), ``dtype`` (default the
         first of ``dtypes``); ``options`` go to ``configure`` (page_size, block_table,
-        num_pages, splits, causal, block_cols, stages, warps, combine, page_prefetch)."""
+        num_pages, splits, causal, block_cols, stages, warps, combine, page_prefetch).
+        ``page_size`` without ``block_table`` and ``num_pages``: the pool and table of
+        ``decode.page_table`` with seed 0 (what ``flashsim predict`` and ``flashsim measure``
+        configure: the bytes do not depend on where the pages lie)."""
         if self.paged and options.get("page_size") is None:
             raise KernelInputError(f"{self.name} needs page_size, block_table and num_pages")
         if not self.paged and options.get("page_size") is not None:
@@ -184,7 +187,19 @@ class DecodeKernel:
         dtype = self.dtypes[0] if dtype is None else flashsim_dtype(dtype)
         if dtype not in self.dtypes:
             raise KernelInputError(f"{self.name} takes {', '.join(self.dtypes)}, not {dtype}")
-        return self.module().configure(batch, heads, heads if kv_heads is None else kv_heads,
+        module = self.module()
+        if self.paged and options.get("block_table") is None and options.get("num_pages") is None:
+            import numpy as np
+
+            page = options["page_size"]
+            if isinstance(page, bool) or not isinstance(page, Integral) or page < 1:
+                raise KernelInputError(f"page_size must be an integer >= 1, got {page!r}")
+            lens = module.host_values(kv_lens, "kv_lens").reshape(-1)
+            if lens.dtype.kind not in "iu" or lens.size == 0 or (lens < 1).any():
+                raise KernelInputError(f"kv_lens must be integers >= 1, got {lens.tolist()[:8]}")
+            options["block_table"], options["num_pages"] = module.page_table(
+                lens.tolist(), page, np.random.default_rng(0))
+        return module.configure(batch, heads, heads if kv_heads is None else kv_heads,
                                        head_dim, kv_lens=kv_lens, q_len=q_len, dtype=dtype,
                                        **options)
 

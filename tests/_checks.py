@@ -15,3 +15,28 @@ def assert_grid_reaches_the_hard_cases(shapes) -> None:
     assert len(shapes) >= 50
     assert any(N % Br or N % Bc for N, Br, Bc, _ in shapes)
     assert any(c for *_, c in shapes)
+
+
+def measured_in_a_process(*args: str) -> tuple[dict, bool]:
+    """``flashsim measure --json ARGS`` as a user runs it (its own process, numba's simulator
+    off; ``--ncu`` added when ncu is on PATH): the row, checked against the reference and
+    timed and predicted, and whether it has Nsight Compute's counters."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from gpu_kernels import ncu
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    with_ncu = ncu.executable() is not None
+    p = subprocess.run([sys.executable, "-m", "flashsim.cli", "measure", "--json", *args]
+                       + (["--ncu"] if with_ncu else []), capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    row = json.loads(p.stdout)
+    assert row["check_ok"] and row["max_error"] <= row["bound"], row
+    assert row["measured"]["time_s"] > 0 and row["predicted"]["predicted_time_s"] > 0
+    if with_ncu:
+        assert row["measured"]["ncu_time_s"] > 0
+    return row, with_ncu

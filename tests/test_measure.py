@@ -21,6 +21,7 @@ import types
 import unittest.mock as mock
 
 import pytest
+from _checks import measured_in_a_process
 
 from flashsim import cli, measure
 from flashsim.measured import validation
@@ -100,19 +101,20 @@ def test_bad_input_is_refused_before_the_gpu_is_looked_for(capsys):
 def test_all_skips_kernels_without_the_dtype():
     args = cli.build_parser().parse_args(["measure", "--all", "--dtype", "FP16"])
     launches, skipped = measure._launches(args)
-    assert [x.kernel for x in launches] == ["cupy_flash2_tc", "cupy_flash3"]
+    assert [x.kernel for x in launches] == ["cupy_flash2_tc", "cupy_flash3", *registry.DECODE_KERNELS]
     forward = [k for k, e in registry.KERNELS.items() if e.pass_ == "fwd"]
     assert sorted(s["kernel"] for s in skipped) == sorted(set(forward) - {"cupy_flash2_tc", "cupy_flash3"})
     assert all("fp16" in s["skipped"] for s in skipped)
 
 
 def test_all_runs_every_forward_kernel_at_the_default_shape():
+    """And every decode kernel at its own (tests/test_predict_decode.py)."""
     args = cli.build_parser().parse_args(["measure", "--all"])
     launches, skipped = measure._launches(args)
     assert skipped == []
-    assert [x.kernel for x in launches] == [k for k, e in registry.KERNELS.items()
-                                            if e.pass_ == "fwd"]
-    for x in launches:
+    forward = [k for k, e in registry.KERNELS.items() if e.pass_ == "fwd"]
+    assert [x.kernel for x in launches] == forward + list(registry.DECODE_KERNELS)
+    for x in launches[:len(forward)]:
         assert (x.batch, x.heads, x.N, x.d) == (2, 8, 2048, 64)
         assert x.dtype == registry.get(x.kernel).dtypes[0]
 
@@ -332,20 +334,12 @@ def test_measure_on_the_gpu(kernel="cupy_flash2_tc"):
     runs every one through the same code."""
     if not gpu_here():
         pytest.skip("no CUDA device")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     B, H, N, d = 2, 4, 1000, 64
-    argv = [sys.executable, "-m", "flashsim.cli", "measure", "--kernel", kernel, "--batch",
-            str(B), "--heads", str(H), "--seq-len", str(N), "--head-dim", str(d), "--json"]
-    with_ncu = ncu.executable() is not None
-    p = subprocess.run(argv + (["--ncu"] if with_ncu else []), capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    row = json.loads(p.stdout)
-    assert row["kernel"] == kernel and row["check_ok"] and row["max_error"] <= row["bound"]
-    assert row["measured"]["time_s"] > 0 and row["predicted"]["predicted_time_s"] > 0
+    row, with_ncu = measured_in_a_process("--kernel", kernel, "--batch", str(B), "--heads",
+                                          str(H), "--seq-len", str(N), "--head-dim", str(d))
+    assert row["kernel"] == kernel
     if with_ncu:
         elem = 2 if row["config"]["dtype"] in ("fp16", "bf16") else 4
         assert row["measured"]["dram_read_bytes"] >= 3 * B * H * N * d * elem
         # K and V are requested once per Q block: the SMs ask the L2 for more than DRAM sends
         assert row["measured"]["l2_read_bytes"] > row["measured"]["dram_read_bytes"]
-        assert row["measured"]["ncu_time_s"] > 0

@@ -62,6 +62,7 @@ MAX_SPLITS = 128
 COMPILED_PAGE_SIZES = (0, 1, 16, 64)   # what CI compiles (any page size compiles on demand)
 SM_SHARED = 228 * 1024              # shared memory per SM on sm_90; 1 KiB of it reserved per block
 GRID_Z_LIMIT = 65535                # batch x kv_heads travel in gridDim.z
+MAX_POOL_PAGES = 2**24              # page_table: pages of one pool (its permutation is built on the host)
 
 
 def row_warps(rows: int, warps: int = 4, block_cols: int = BLOCK_C) -> int:
@@ -258,11 +259,12 @@ class DecodeLaunch(CupyLaunch, GroupShape):
             raise KernelInputError(f"k_cache and v_cache shapes differ: {views[1].shape}, {views[2].shape}")
         return views
 
-    def used_rows(self, cache):
+    def used_rows(self, cache, seqs=None):
         """The cached rows this step reads, sequence by sequence (views or gathers of ``cache``,
-        NumPy or CuPy): (kv_len_b, kv_heads, d) each."""
+        NumPy or CuPy): (kv_len_b, kv_heads, d) each, of the sequences ``seqs`` (None: all)."""
         out = []
-        for b, n in enumerate(self.kv_lens):
+        for b in range(self.batch) if seqs is None else seqs:
+            n = self.kv_lens[b]
             if self.page_size:
                 pages = self.block_table[b, :cdiv(n, self.page_size)]
                 if type(cache).__module__.startswith("torch"):
@@ -410,10 +412,10 @@ def check_layout(batch: int, kv_lens, q_len: int, causal: bool, page_size: int,
         if (row < 0).any() or (row >= num_pages).any():
             raise KernelInputError(f"block_table row {b} points past the cache of {num_pages} pages")
         used.append(row)
-    used = np.concatenate(used)
-    if np.unique(used).size != used.size:
-        vals, counts = np.unique(used, return_counts=True)
-        raise KernelInputError(f"block_table repeats page {int(vals[counts > 1][0])}: each page "
+    used = np.sort(np.concatenate(used))             # a sort: np.unique's hash is slower here
+    repeated = used[1:][used[1:] == used[:-1]]
+    if repeated.size:
+        raise KernelInputError(f"block_table repeats page {int(repeated[0])}: each page "
                                "holds one sequence's tokens")
     return lens, np.ascontiguousarray(bt, np.int32)
 
@@ -575,13 +577,89 @@ def check_rows(launch: DecodeLaunch, refs: list, O, L=None) -> dict:
     return verdict
 
 
-def storage(x, dtype: str) -> np.ndarray:
+def checked_pairs(launch: DecodeLaunch) -> list:
+    """The (sequence, KV head) pairs a check compares with the float64 reference: the last,
+    and the first too while the longest cache is below 32k keys (the reference's time)."""
+    last = (launch.batch - 1, launch.kv_heads - 1)
+    return [last] if launch.N >= 32768 else list(dict.fromkeys([(0, 0), last]))
+
+
+class HeadRows:
+    """One sequence's cached rows (kv_len, kv_heads, d) on the GPU (CuPy, or a torch tensor),
+    copied to the host as float32 values one KV head at a time, as ``reference_rows`` indexes
+    them: rows[:n, kvh]."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __getitem__(self, index):
+        x = self.x[index]
+        if type(x).__module__.startswith("torch"):
+            return x.float().cpu().numpy()
+        return to_float32(x)
+
+
+def page_table(kv_lens, page_size: int, rng, spare: int = 3) -> tuple[np.ndarray, int]:
+    """A block table for ``kv_lens`` in pages of ``page_size`` tokens: (block_table (batch,
+    max pages + 1) int32, num_pages). The pool holds the pages the sequences need and
+    ``spare`` pages nobody uses, in the order of ``rng.permutation`` (pages scattered in
+    memory, as a serving engine's allocator leaves them); -1 past each sequence's pages (the
+    kernel must never read those columns)."""
+    per = [cdiv(n, page_size) for n in kv_lens]
+    if sum(per) > MAX_POOL_PAGES:
+        raise KernelInputError(f"the sequences need {sum(per):,} pages of {page_size} tokens; a "
+                               f"block table here holds at most {MAX_POOL_PAGES:,}")
+    perm = rng.permutation(sum(per) + spare)
+    bt = np.full((len(per), max(per) + 1), -1, np.int32)
+    start = 0
+    for b, k in enumerate(per):
+        bt[b, :k] = perm[start:start + k]
+        start += k
+    return bt, len(perm)
+
+
+def storage(x, dtype: str):
     """float values -> what the kernel reads: fp16, or bf16 as its int16 bits (round to
-    nearest even)."""
+    nearest even); NumPy in, NumPy out, CuPy in, CuPy out."""
+    xp = np if isinstance(x, np.ndarray) or not hasattr(x, "get") else _cupy()
     if dtype == "fp16":
-        return np.asarray(x).astype(np.float16)
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).view(np.int16)
+        return xp.asarray(x).astype(xp.float16)
+    u = xp.ascontiguousarray(x, xp.float32).view(xp.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(xp.uint16).view(xp.int16)
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def device_inputs(launch: DecodeLaunch, seed: int = 0) -> tuple:
+    """(q (B, q_len, H, d), k_cache, v_cache) on the GPU for ``launch``: standard normal
+    values made there (CuPy), stored in the launch's dtype (``storage``); the cache as the
+    launch reads it, contiguous (B, longest kv_len, kv_heads, d) or the pool of pages
+    (num_pages, page_size, kv_heads, d) its block table points into."""
+    cupy = _cupy()
+    rng = cupy.random.default_rng(seed)
+    cache = ((launch.num_pages, launch.page_size) if launch.page_size else
+             (launch.batch, launch.N)) + (launch.kv_heads, launch.d)
+    return tuple(storage(rng.standard_normal(shape, dtype=cupy.float32), launch.dtype)
+                 for shape in ((launch.batch, launch.q_len, launch.heads, launch.d), cache, cache))
+
+
+def device_check(launch: DecodeLaunch, q, k_cache, v_cache):
+    """check(Result) -> ``check_rows``'s verdict for the step on these GPU inputs, over
+    ``checked_pairs(launch)``; the float64 references are computed once, here."""
+    pairs = checked_pairs(launch)
+    seqs = list(dict.fromkeys(b for b, _ in pairs))
+    k_rows, v_rows = ({b: HeadRows(x) for b, x in zip(seqs, launch.used_rows(c, seqs))}
+                      for c in (k_cache, v_cache))
+    refs = reference_rows(launch, to_float32(q), k_rows, v_rows, pairs)
+
+    def check(res) -> dict:
+        return dict(check_rows(launch, refs, to_float32(res.O), to_float32(res.L)),
+                    pairs_checked=[list(p) for p in pairs])
+    return check
 
 
 def random_case(rng, batch: int, heads: int, kv_heads: int, d: int, kv_lens, q_len: int,
@@ -610,20 +688,15 @@ def random_case(rng, batch: int, heads: int, kv_heads: int, d: int, kv_lens, q_l
     rows_v = [v[b, :n] for b, n in enumerate(kv_lens)]
     kw = dict(kv_lens=list(kv_lens), q_len=q_len, dtype=dtype)
     if page_size:
-        per = [cdiv(n, page_size) for n in kv_lens]
-        perm = rng.permutation(sum(per) + 3)
-        bt = np.full((B, max(per) + 1), -1, np.int32)        # -1: past the used columns
-        caches = [np.full((len(perm), page_size, kv_heads, d), np.nan, np.float32) for _ in "kv"]
-        i = 0
+        bt, num_pages = page_table(kv_lens, page_size, rng)
+        caches = [np.full((num_pages, page_size, kv_heads, d), np.nan, np.float32) for _ in "kv"]
         for b, n in enumerate(kv_lens):
-            for j in range(per[b]):
-                bt[b, j] = perm[i]
-                i += 1
+            for j in range(cdiv(n, page_size)):
                 m = min(page_size, n - j * page_size)
                 for cache, x in zip(caches, (k, v)):
                     cache[bt[b, j], :m] = x[b, j * page_size:j * page_size + m]
         k, v = caches
-        kw.update(page_size=page_size, block_table=bt, num_pages=len(perm))
+        kw.update(page_size=page_size, block_table=bt, num_pages=num_pages)
     else:
         for b, n in enumerate(kv_lens):
             k[b, n:] = np.nan
