@@ -82,10 +82,14 @@ def visible_pairs(mask: masks.Mask) -> int:
 
 def tile_fractions(mask: masks.Mask, block_rows: int = flash3.BLOCK_R, block_cols: int = 128) -> dict:
     """flashsim's classification at the kernel's tiles: the fractions of all T_r T_c tiles
-    that are computed (non-skipped) and partial, and the tile count."""
+    that are computed (non-skipped) and partial, the tile count, and the bytes of the tile
+    list (4 (T_r + 1) + 4 x computed tiles) and of FlashMask's vectors (16 N)."""
     t = mask.classify(block_rows, block_cols)
-    return {"tiles": int(t.size), "non_skipped_fraction": float((t != masks.SKIP).mean()),
-            "partial_fraction": float((t == masks.PARTIAL).mean())}
+    computed = int((t != masks.SKIP).sum())
+    return {"tiles": int(t.size), "non_skipped_fraction": computed / t.size,
+            "partial_fraction": float((t == masks.PARTIAL).mean()),
+            # what the masked kernel reads besides Q, K, V: the tile list and the vectors
+            "mask_input_bytes": 4 * (t.shape[0] + 1) + 4 * computed + masks.flashmask_bytes(mask.n)}
 
 
 def predicted_ratio(fractions: dict, unmasked_s: float, heads: int, gpu: str = DEFAULT_GPU,

@@ -244,6 +244,8 @@ def test_benchmark_masks_useful_work_and_tile_fractions(family):
     t = mask.classify(128, 128)
     assert f["tiles"] == 64 and f["non_skipped_fraction"] == (t != masks.SKIP).mean()
     assert f["partial_fraction"] == (t == masks.PARTIAL).mean()
+    indptr, entries = flash3.tile_list(mask)
+    assert f["mask_input_bytes"] == indptr.nbytes + entries.nbytes + flash3.column_vectors(mask).nbytes
     assert mask_spec("document", 8192) == "document:2048,2048,2048,2048:causal"
 
 
