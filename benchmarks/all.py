@@ -23,7 +23,8 @@ Run from the repository root. The steps, in order, each its own process with a t
     gpu_tests      FLASHSIM_REAL_GPU=1 pytest -m gpu tests   -> DIR/gpu_tests.xml (JUnit)
 
 ring_attention needs two GPUs and runs on its own (its docstring has the command), as does
-hopper_h200 (the Hopper kernel's versions beside PyTorch: about six minutes by itself).
+hopper_h200 (the Hopper kernel's versions beside PyTorch: about six minutes by itself) and
+masks_h200 (its mask path beside flex_attention and SDPA: about five minutes).
 The limits add up to 560 s without --ncu and --cpu, so the whole run fits one 10-minute
 command. Should the GPU tests need longer, run ``--no-tests`` in one call and the tests
 (``FLASHSIM_REAL_GPU=1 python -m pytest -m gpu -o addopts=""``) in another.

@@ -88,6 +88,18 @@ class Recorder:
     def save(self) -> str:
         return write_json(self.args.out, self.name, self.results)
 
+    def flex_or_none(self, make):
+        """``make()`` (a torch.compile(flex_attention) runner), or None with the reason under
+        "flex_note": ``--no-flex`` given, or flex_attention unavailable."""
+        if self.args.no_flex:
+            self.results["flex_note"] = "not run (--no-flex)"
+            return None
+        try:
+            return make()
+        except Exception as exc:     # noqa: BLE001 - recorded; the run goes on without it
+            self.results["flex_note"] = f"flex_attention unavailable: {type(exc).__name__}: {exc}"
+            return None
+
     def guarded(self, *steps) -> bool:
         """Run ``steps`` in order. An exception is printed and kept under "error", not
         raised, so what was measured before it is still saved; returns whether all ran."""

@@ -246,14 +246,7 @@ class HopperBench(Bench):
         impls_fast = [("torch_flash", self.sdpa("FLASH_ATTENTION")),
                       ("torch_cudnn", self.sdpa("CUDNN_ATTENTION")),
                       ("torch_efficient", self.sdpa("EFFICIENT_ATTENTION"))]
-        flex = None
-        if self.args.no_flex:
-            self.results["flex_note"] = "not run (--no-flex)"
-        else:
-            try:
-                flex = self.flex()
-            except Exception as exc:
-                self.results["flex_note"] = f"flex_attention unavailable: {type(exc).__name__}: {exc}"
+        flex = self.flex_or_none(self.flex)
         for d in sorted(head_dims, key=lambda d: (d != 128, d)):   # d = 128 first: the target
             ours = [(impl_name(v), self.ours("cupy_flash3", version=v)) for v in self.passed]
             if d in (64, 128):

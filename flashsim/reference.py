@@ -32,14 +32,19 @@ def _probabilities(Q, K, causal=False, mask=None, dropout=None) -> np.ndarray:
     return P if dropout is None else P * dropout
 
 
-def logsumexp(Q, K, causal: bool = False) -> np.ndarray:
-    """L = log sum_j exp(S_rj) per row, float64, (..., N, 1): what FlashAttention-2 stores."""
+def logsumexp(Q, K, causal: bool = False, mask=None) -> np.ndarray:
+    """L = log sum_j exp(S_rj) per row, float64, (..., N, 1): what FlashAttention-2 stores.
+    ``mask`` as for :func:`attention`; a row that sees nothing has L = -inf."""
     Q, K = (np.asarray(x, dtype=np.float64) for x in (Q, K))
     S = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
     if causal:
         S = np.where(np.tril(np.ones(S.shape[-2:], dtype=bool)), S, -np.inf)
+    if mask is not None:
+        S = np.where(np.asarray(mask, dtype=bool), S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
-    return m + np.log(np.exp(S - m).sum(axis=-1, keepdims=True))
+    m_safe = np.where(np.isneginf(m), 0.0, m)
+    with np.errstate(divide="ignore"):
+        return m_safe + np.log(np.exp(S - m_safe).sum(axis=-1, keepdims=True))
 
 
 def attention_backward(Q, K, V, dO, causal: bool = False, mask=None, dropout=None):

@@ -349,12 +349,13 @@ class Launch:
 
     def plan(self, gpu: str = DEFAULT_GPU):
         """flashsim's plan for exactly this launch: same algorithm, pass, N, d, batch, heads,
-        dtype, causal mask and tiles; M = ``sram`` (the preset's when None); the roofline
+        dtype, causal mask (or the launch's ``mask``, where it has one) and tiles; M = ``sram`` (the preset's when None); the roofline
         time (``count().predicted_time_s``) on ``gpu``."""
         return planned(self.algorithm, self.N, self.d, batch=self.batch, heads=self.heads,
                        dtype=self.dtype, sram=self.sram, gpu=gpu, causal=self.causal,
                        block_rows=self.block_rows, block_cols=self.block_cols, pass_=self.pass_,
-                       **({"warps": self.PLAN_WARPS(self)} if self.PLAN_WARPS else {}))
+                       **({"warps": self.PLAN_WARPS(self)} if self.PLAN_WARPS else {}),
+                       **({"mask": self.mask} if getattr(self, "mask", None) is not None else {}))
 
     def predicted_traffic(self, gpu: str = DEFAULT_GPU):
         """flashsim's Report for exactly this launch (``plan(gpu).count()``)."""

@@ -283,16 +283,21 @@ def round_to(x, dtype: str):
     return u.view(np.float32)
 
 
-def plain_attention(Q, K, V, causal: bool, dtype: str = "fp32"):
+def plain_attention(Q, K, V, causal: bool, dtype: str = "fp32", mask=None):
     """softmax(Q K^T / sqrt(d)) V computed plainly in float32 with S, P and O rounded to
-    ``dtype`` (what a framework computes in that dtype): the error baseline of the rules."""
+    ``dtype`` (what a framework computes in that dtype): the error baseline of the rules.
+    ``mask`` (N, N) bool: query r sees key c where True (a row that sees nothing: O = 0)."""
     Q, K, V = (np.asarray(x, np.float32) for x in (Q, K, V))
     S = round_to(Q @ np.swapaxes(K, -1, -2), dtype) * np.float32(1 / np.sqrt(Q.shape[-1]))
     if causal:
         n = S.shape[-1]
         S = np.where(np.tril(np.ones((S.shape[-2], n), bool)), S, np.float32(-np.inf))
-    P = np.exp(S - S.max(-1, keepdims=True))
-    P = round_to(P / P.sum(-1, keepdims=True), dtype)
+    if mask is not None:
+        S = np.where(np.asarray(mask, bool), S, np.float32(-np.inf))
+    m = S.max(-1, keepdims=True)
+    P = np.exp(S - np.where(np.isneginf(m), np.float32(0), m))
+    l = P.sum(-1, keepdims=True)
+    P = round_to(P / np.where(l > 0, l, np.float32(1)), dtype)
     return round_to(P @ V, dtype)
 
 
@@ -309,11 +314,12 @@ class Reference:
     dtype: str
 
     @classmethod
-    def of(cls, Q, K, V, causal: bool, dtype: str = "fp32") -> "Reference":
+    def of(cls, Q, K, V, causal: bool, dtype: str = "fp32", mask=None) -> "Reference":
+        """``mask``: (N, N) bool, query r sees key c where True (``Mask.dense()``)."""
         import flashsim
 
-        ref = flashsim.reference.attention(Q, K, V, causal=causal)
-        base = float(np.abs(plain_attention(Q, K, V, causal, dtype) - ref).max())
+        ref = flashsim.reference.attention(Q, K, V, causal=causal, mask=mask)
+        base = float(np.abs(plain_attention(Q, K, V, causal, dtype, mask) - ref).max())
         bound = 2 * base + (2 * EPS32 * float(np.abs(ref).max()) if dtype == "fp32" else 0.0)
         return cls(ref, base, bound, dtype)
 
@@ -323,9 +329,9 @@ class Reference:
         return max_error_rule(err, self.bound, baseline_error=self.baseline_error, dtype=self.dtype)
 
 
-def reference_check(O, Q, K, V, causal: bool, dtype: str = "fp32") -> dict:
-    """``Reference.of(Q, K, V, causal, dtype).check(O)``."""
-    return Reference.of(Q, K, V, causal, dtype).check(O)
+def reference_check(O, Q, K, V, causal: bool, dtype: str = "fp32", mask=None) -> dict:
+    """``Reference.of(Q, K, V, causal, dtype, mask).check(O)``."""
+    return Reference.of(Q, K, V, causal, dtype, mask).check(O)
 
 
 def plain_backward(Q, K, V, dO, causal: bool, *, P=None, O=None, L=None):

@@ -138,7 +138,7 @@ KERNELS = {k.name: k for k in (
            "256 threads (two consumer warpgroups of 64 query rows), 384 from version 3 on "
            "(a producer warpgroup beside them)",
            "1024 + 2 B_r d + 4 stages B_c d + 8 (1 + 3 stages), dynamic (smem_bytes)",
-           cu_file="flash3.cu", options=("dtype", "version", "stages")),
+           cu_file="flash3.cu", options=("dtype", "version", "stages", "mask")),
 )}
 
 

@@ -18,8 +18,8 @@ SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py")
 
 def test_the_scripts():
     assert SCRIPTS == ["backward_h200", "core_speed", "cupy_h200", "decode_h200", "hopper_h200",
-                       "measure_all", "ncu_sweep", "numba_h200", "ring_attention", "sfu_check",
-                       "slider_latency", "sm_placement"]
+                       "masks_h200", "measure_all", "ncu_sweep", "numba_h200", "ring_attention",
+                       "sfu_check", "slider_latency", "sm_placement"]
 
 
 @pytest.mark.parametrize("name", SCRIPTS + ["all"])
@@ -45,8 +45,9 @@ def test_all_runs_every_script():
 
     args = argparse.Namespace(out="/tmp/x", quick=False, ncu=True, cpu=True, scale=1.0)
     names = [s[0] for s in run_all.steps(args)]
-    # ring_attention needs two GPUs, hopper_h200 six minutes: their own commands (docstrings)
-    assert set(names) == set(SCRIPTS) - {"ring_attention", "hopper_h200"} | {"gpu_tests"}
+    # ring_attention needs two GPUs, hopper_h200 and masks_h200 six minutes each: their own
+    # commands (docstrings)
+    assert set(names) == set(SCRIPTS) - {"ring_attention", "hopper_h200", "masks_h200"} | {"gpu_tests"}
     args.ncu = args.cpu = False
     assert {s[0] for s in run_all.steps(args)} == {"gpu_tests", "sm_placement", "numba_h200",
                                                     "cupy_h200", "backward_h200"}

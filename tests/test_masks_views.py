@@ -67,10 +67,11 @@ def test_measured_points_only_from_the_data_file(tmp_path, monkeypatch):
     assert views.measurements() == [] or measured.path(views.MEASUREMENTS).is_file()
     monkeypatch.setattr(measured, "DATA_DIR", tmp_path)
     assert views.measurements() == [] and "not measured yet" in views.measured_note()
-    points = [{"impl": "ours", "family": "sliding", "spec": "sliding:1024", "seq_len": 4096,
-               "head_dim": 128, "time_ms": 0.5, "non_skipped_fraction": 0.3},
-              {"impl": "ours_unmasked", "family": "none", "spec": "", "seq_len": 4096,
-               "head_dim": 128, "time_ms": 2.0, "non_skipped_fraction": 1.0}]
+    points = [{"impl": "cupy_flash3_mask", "mask": "sliding:1024", "N": 4096, "d": 128,
+               "time_ms": 0.5, "non_skipped_fraction": 0.3},
+              {"impl": "torch_flex", "mask": "sliding:1024", "N": 4096, "d": 128,
+               "time_ms": 0.6, "non_skipped_fraction": 0.3},
+              {"impl": "cupy_flash3", "mask": "none", "N": 4096, "d": 128, "time_ms": 2.0}]
     (tmp_path / views.MEASUREMENTS).write_text(json.dumps({"provenance": {}, "points": points}))
     v = views.mask_view("sliding", seq_len=4096, window=1024)
     assert v["measured"] == points

@@ -9,9 +9,10 @@ placed as kernels place them) from :mod:`flashsim.masks`, whose counts
     panel = mask_panel()          # sliders: window, documents, density; the family, N
 
 Measured points come from ``flashsim/measured/data/masks_h200.json`` only when that file
-exists (the masked Hopper kernel's benchmark writes it): ``{"provenance": {...}, "points":
-[{"impl", "family", "spec", "seq_len", "head_dim", "time_ms", "non_skipped_fraction"},
-...]}``. Without it :func:`measurements` is empty and the notebook says so.
+exists (``benchmarks/masks_h200.py`` writes it): ``{"provenance": {...}, "points": [{"impl",
+"d", "N", "mask", "time_ms", "non_skipped_fraction", ...}, ...]}``, the masked kernel's points
+as impl ``cupy_flash3_mask`` (mask: the spec), the unmasked kernel's as ``cupy_flash3`` (mask
+"none"), peers beside them. Without it :func:`measurements` is empty and the notebook says so.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ DOCUMENTS = tuple(range(1, 17))
 DENSITIES = tuple(round(0.05 * k, 2) for k in range(1, 21))  # 0.05 .. 1.0
 SEQ_LENS = (4096, 8192, 16384, 32768)
 MEASUREMENTS = "masks_h200.json"
+MASKED_IMPL, UNMASKED_IMPL = "cupy_flash3_mask", "cupy_flash3"   # the benchmark's impl names
 PICTURE = 256                                                # mask drawn on 256 x 256 samples
 
 
@@ -74,7 +76,7 @@ def mask_view(family: str = "sliding", seq_len: int = 16384, window: int = 1024,
     v = dict(_mask_view(family, text, seq_len, head_dim, heads or max(1, 2048 // head_dim),
                         dtype, gpu))
     v["measured"] = [p for p in measurements()      # the data file, read as it is now
-                     if p.get("seq_len") == seq_len and p.get("head_dim") == head_dim]
+                     if p.get("N") == seq_len and p.get("d") == head_dim]
     return v
 
 
@@ -200,8 +202,8 @@ class MaskPicture:
         base, ys = v["unmasked"], []
         for key in ("flash2", "unmasked", "standard"):
             ys += [v[key]["hbm_bytes"] / base["hbm_bytes"], v[key]["time_s"] / base["time_s"]]
-        pts = [p for p in v["measured"] if p.get("spec") == v["spec"]]
-        ref = [p for p in v["measured"] if p.get("impl") == "ours_unmasked"]
+        pts = [p for p in v["measured"] if p.get("mask") == v["spec"] and p.get("impl") == MASKED_IMPL]
+        ref = [p for p in v["measured"] if p.get("impl") == UNMASKED_IMPL]
         return ys + ([p["time_ms"] / ref[0]["time_ms"] for p in pts] if ref else [])
 
     @classmethod
@@ -224,8 +226,8 @@ class MaskPicture:
         for k, key in enumerate(("flash2", "unmasked", "standard")):
             self.bars_b[k].set_height(v[key]["hbm_bytes"] / base["hbm_bytes"])
             self.bars_t[k].set_height(v[key]["time_s"] / base["time_s"])
-        pts = [p for p in v["measured"] if p.get("spec") == v["spec"]]
-        ref = [p for p in v["measured"] if p.get("impl") == "ours_unmasked"]
+        pts = [p for p in v["measured"] if p.get("mask") == v["spec"] and p.get("impl") == MASKED_IMPL]
+        ref = [p for p in v["measured"] if p.get("impl") == UNMASKED_IMPL]
         if pts and ref:
             self.meas.set_data([0.2] * len(pts),
                                [p["time_ms"] / ref[0]["time_ms"] for p in pts])

@@ -52,6 +52,23 @@
 //   IS_BF16    0: fp16 inputs, 1: bf16 inputs      VERSION  1..4 as above
 //   TMAP_GLOBAL  0: tensor maps as __grid_constant__ parameters; 1: a pointer to the three
 //              in global memory (the loader's fallback where its caller cannot pass structs)
+//   MASK       0: as above; 1 (v3 only): the FlashMask path below, which skips the tiles the
+//              mask hides. Every version with MASK 0 is the same code as without the option.
+//
+// The mask path (MASK 1, v3). FlashMask (Wang et al., 2024) describes a mask by four int32
+// vectors over the key columns c: query r does not see key c when LTS_c <= r < LTE_c or
+// UTS_c <= r < UTE_c (flashsim/masks.py builds them for causal, sliding:W, document:...,
+// prefix:P). The host classifies every tile (i, j) as skipped, partial or full from per-key-
+// block minima and maxima of the vectors (flashsim.masks.Mask.classify, FlashMask's test) and
+// hands the kernel, per query block i, the list of its non-skipped key blocks in CSR form, as
+// flex_attention's BlockMask does: kv_indptr[i] .. kv_indptr[i + 1] index kv_entries, each
+// entry 4 j + (1 if consumer warpgroup 0's 64 rows need the element mask) + (2 if warpgroup
+// 1's do). The producer and the consumers walk the same list, so the n-th tile of the list
+// uses stage n % S with parity (n / S) % 2 on both sides and the mbarrier pipeline stays in
+// step; a skipped tile costs neither a load nor a GEMM. In a partial tile the consumer sets
+// S_ij to -inf where the column vectors (read as one int4 (LTS, LTE, UTS, UTE) per column)
+// hide the element, before the row max; full tiles do no per-element work. A row that sees no
+// key at all ends with l_i = 0: its O row is written as 0 and its L as -inf.
 // Runtime: N (any N >= 1; ragged last blocks are masked), causal (0/1, top-left aligned: key k
 // is visible to query q when k <= q), scale_log2 = tau * log2(e) with tau = 1/sqrt(d); three
 // from v2 on, three tensor maps (Q, K, V as 3-D tensors (d, N, B*H), boxes of 64 x rows x 1).
@@ -73,6 +90,9 @@
 #ifndef TMAP_GLOBAL
 #define TMAP_GLOBAL 0      // 1: the tensor maps are read from global memory, not parameters
 #endif
+#ifndef MASK
+#define MASK 0             // 1: FlashMask's column vectors and the tile list (v3)
+#endif
 
 #define CONSUMERS 2                                      // consumer warpgroups, 64 rows each
 #define PRODUCER (VERSION >= 3)                          // a warpgroup that only loads
@@ -89,6 +109,7 @@ static_assert(BLOCK_R == 64 * CONSUMERS, "B_r = 64 rows per consumer warpgroup")
 static_assert(BLOCK_C == 64 || BLOCK_C == 128, "BLOCK_C must be 64 or 128");
 static_assert(KV_STAGES >= 2 && KV_STAGES <= 3, "2 or 3 K/V stages");
 static_assert(VERSION >= 1 && VERSION <= 4, "VERSION is 1..4");
+static_assert(!MASK || VERSION == 3, "the mask path is built on v3 (MASK needs VERSION 3)");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
 #include "common.cuh"
@@ -279,6 +300,26 @@ __device__ __forceinline__ void mask_s(float (&s)[S_REGS], int col0, int row_w, 
             if (col >= N || (causal && col > row)) s[4 * n + e] = NEG_INF;
         }
 }
+#if MASK
+// Mask S_ij by FlashMask's column vectors (one int4 (LTS, LTE, UTS, UTE) per key column):
+// element (row, col) is hidden when LTS <= row < LTE or UTS <= row < UTE; columns >= N too.
+__device__ __forceinline__ void mask_cols(float (&s)[S_REGS], const int4* __restrict__ cols, int col0,
+                                          int row_w, int g, int t, int N) {
+    const float NEG_INF = neg_inf();
+#pragma unroll
+    for (int n = 0; n < BLOCK_C / 8; ++n)
+#pragma unroll
+        for (int c2 = 0; c2 < 2; ++c2) {
+            const int col = col0 + n * 8 + 2 * t + c2;
+            const int4 v = col < N ? __ldg(cols + col) : make_int4(0, N, 0, 0);   // past N: all hidden
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row_w + g + 8 * h;
+                if ((row >= v.x && row < v.y) || (row >= v.z && row < v.w)) s[4 * n + 2 * h + c2] = NEG_INF;
+            }
+        }
+}
+#endif
 // Online softmax of one block (base 2, statistics fp32): m_i, l_i updated, S_ij -> P_ij in place,
 // alpha[h] = exp2(m_old - m_new) returned for the rescale of O_i (rows g, g + 8: h = 0, 1).
 __device__ __forceinline__ void softmax_step(float (&s)[S_REGS], float (&m_i)[2], float (&l_i)[2],
@@ -326,6 +367,10 @@ __device__ __forceinline__ void convert_p(const float (&s)[S_REGS], u32 (&p)[P_R
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
            u16* __restrict__ O, float* __restrict__ L, int N, float scale_log2, int causal
+#if MASK   // the tile list (CSR over query blocks) and FlashMask's vectors, (N, 4) int32
+           , const int* __restrict__ kv_indptr, const int* __restrict__ kv_entries,
+           const int4* __restrict__ mask_cols_lts_lte_uts_ute
+#endif
 #if USE_TMA && TMAP_GLOBAL
            , const TensorMap* __restrict__ tmaps     // Q, K, V
 #elif USE_TMA
@@ -349,13 +394,17 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
     auto k_tile = [&](int s) { return k_tiles + s * TILE_BYTES(B_c); };
     auto v_tile = [&](int s) { return v_tiles + s * TILE_BYTES(B_c); };
 
-    // Causal blocks differ in cost: launch the longest (last) query blocks first.
-    const int i = causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    // Causal blocks differ in cost: launch the longest (last) query blocks first (masked: the
+    // last ones too, which are the longest for causal and prefix masks).
+    const int i = (causal || MASK) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const int bh = blockIdx.y;
     const size_t head = (size_t)bh * N * D;
     const int row0 = i * B_r;
     const int T_c = cdiv(N, B_c);
     const int j_end = causal ? min(T_c, cdiv(min(row0 + B_r, N), B_c)) : T_c;
+#if MASK   // this query block's tiles: entries it_begin .. it_end - 1 of the list, in order
+    const int it_begin = kv_indptr[i], it_end = kv_indptr[i + 1];
+#endif
 
     const int wg_all = threadIdx.x / 128;          // warpgroup of the block
     const int w = wg_all - PRODUCER;               // consumer warpgroup (-1: the producer)
@@ -392,9 +441,15 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         if (tid == 0) {
             mbar_expect_tx(q_full, TILE_BYTES(B_r));
             tma_tile<B_r>(q_tile, map_q, row0, bh, q_full);
+#if MASK   // the n-th listed tile (key block j) into stage n % S, as the consumers read it
+            for (int n = 0; n < it_end - it_begin; ++n) {
+                const int j = kv_entries[it_begin + n] >> 2, s = n % S;
+                if (n >= S) mbar_wait(empty(s), (n / S - 1) & 1);   // both warpgroups done with it
+#else
             for (int j = 0; j < j_end; ++j) {
                 const int s = j % S;
                 if (j >= S) mbar_wait(empty(s), (j / S - 1) & 1);   // both warpgroups done with it
+#endif
                 mbar_expect_tx(k_full(s), TILE_BYTES(B_c));
                 tma_tile<B_c>(k_tile(s), map_k, j * B_c, bh, k_full(s));
                 mbar_expect_tx(v_full(s), TILE_BYTES(B_c));
@@ -416,10 +471,14 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
     float m_i[2] = {NEG_INF, NEG_INF}, l_i[2] = {0.f, 0.f}, alpha[2];
     float s[S_REGS];
     u32 p[P_REGS];
-    // mask needed: the block reaches past N, or (causal) past this warpgroup's first row
+#if MASK   // mask needed: the block reaches past N, or the list marks it for this warpgroup
+    int entry = 0;
+    auto needs_mask = [&](int j) { return j * B_c + B_c > N || ((entry >> w) & 1); };
+#else      // mask needed: the block reaches past N, or (causal) past this warpgroup's first row
     auto needs_mask = [&](int j) {
         return j * B_c + B_c > N || (causal && j * B_c + B_c - 1 > row0 + w * 64);
     };
+#endif
     // Block j in FlashAttention-2's order, each GEMM waited for (v1, v2, v3): S_ij = Q_i K_j^T,
     // mask, softmax, rescale O_i, P_ij V_j. wait_v() runs before the second GEMM (v3 waits for
     // V_j there, so S_ij need not wait for it).
@@ -427,7 +486,11 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
         gemm_qk(s, q_tile, w, k_j);
         wgmma_wait<0>();
         fence_regs(s);
+#if MASK
+        if (needs_mask(j)) mask_cols(s, mask_cols_lts_lte_uts_ute, j * B_c, row_w, g, t, N);
+#else
         if (needs_mask(j)) mask_s(s, j * B_c, row_w, g, t, N, causal);
+#endif
         softmax_step(s, m_i, l_i, alpha, scale_log2);
         rescale_o(o, alpha);
         convert_p(s, p);
@@ -484,8 +547,14 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
 #elif VERSION == 3
     // ---- v3: consumers only compute; a stage is released once both GEMMs that read it are done
     mbar_wait(q_full, 0);
+#if MASK   // the listed tiles only: the n-th in stage n % S, as the producer loaded it
+    for (int n = 0; n < it_end - it_begin; ++n) {
+        entry = kv_entries[it_begin + n];
+        const int j = entry >> 2, st = n % S, parity = (n / S) & 1;
+#else
     for (int j = 0; j < j_end; ++j) {
         const int st = j % S, parity = (j / S) & 1;
+#endif
         mbar_wait(k_full(st), parity);
         serial_block(j, k_tile(st), v_tile(st), [&] { mbar_wait(v_full(st), parity); });
         __syncwarp();
@@ -550,7 +619,11 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
     for (int h = 0; h < 2; ++h) {
         l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 1);
         l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 2);
+#if MASK   // a row that sees no key: l_i = 0, m_i = -inf; O row 0, L = -inf
+        inv[h] = l_i[h] > 0.f ? 1.f / l_i[h] : 0.f;
+#else
         inv[h] = 1.f / l_i[h];
+#endif
         const int row = row_w + g + 8 * h;
         if (t == 0 && row < N) L[(size_t)bh * N + row] = (m_i[h] + __log2f(l_i[h])) * LN2;
     }

@@ -15,6 +15,16 @@ CuPy compiles RawModule code for the plain sm_90 target, which has no wgmma, so 
 compiles the file itself with NVRTC for sm_90a (``gpu_kernels.compile.compile_cubin``) and
 loads the cubin through ``cupy.RawModule(path=...)``.
 
+Masks (``mask=``, v3 only): a flashsim mask (a spec such as ``sliding:1024``, a
+``flashsim.masks.Mask``, or FlashMask's four vectors (LTS, LTE, UTS, UTE) as a tuple), one
+mask for every (batch, head). The host classifies the tiles with ``Mask.classify`` (FlashMask's
+per-key-block minima and maxima) and hands the kernel the list of non-skipped tiles of each
+query block (``tile_list``) and the column vectors (``column_vectors``); the kernel built with
+MASK = 1 loads and multiplies only the listed tiles and masks the partial ones in registers.
+A row that sees no key gets O = 0 and L = -inf. One registry entry (``cupy_flash3``) with a
+``mask=`` option rather than a second entry: the same file, loader, tiles and launch, as
+``flex_attention`` takes ``block_mask=`` beside its unmasked call.
+
 Tiles against flashsim's default rule: they differ; its rule for this placement (S, P and
 O in the registers of the launch's warps, H200 preset) takes larger square tiles than the
 kernel's B_r = 128 (two warpgroups of wgmma's 64 rows) by B_c = 128 (64 at d = 256).
@@ -27,6 +37,8 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..common import KernelInputError, Result, dtype_name
 from .common import LOG2E, output, read_source
@@ -143,6 +155,69 @@ def tensor_map(x, d: int, N: int, BH: int, box_rows: int, bf16: bool):
     return words.view(_tmap_dtype())     # shape (1,): CuPy passes it by value, as a struct
 
 
+# ---------------------------------------------------------------- masks (MASK = 1)
+
+MASK_VERSION = 3              # the mask path is built on v3 (producer + two consumers)
+MASK_HEAD_DIMS = (64, 128)    # compiled and checked for masks (d = 256 runs but is not listed)
+CONSUMER_ROWS = 64            # rows of one consumer warpgroup: the element-mask flags' unit
+
+
+def tile_list(mask, block_rows: int = BLOCK_R, block_cols: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """(kv_indptr (T_r + 1,), kv_entries (nnz,)) int32: for query block i, entries
+    kv_indptr[i] .. kv_indptr[i + 1] - 1 are its non-skipped key blocks j in ascending order,
+    each written 4 j + f0 + 2 f1, f_w = 1 where consumer warpgroup w's 64 rows of the tile need
+    the element mask. Tiles from ``mask.classify(block_rows, block_cols)`` (FlashMask's test
+    on per-key-block minima and maxima); f_w from the same test at 64-row blocks (for a
+    block-sparse mask every listed tile is whole: f_w = 0)."""
+    from flashsim.masks import FULL, SKIP
+
+    tiles = mask.classify(block_rows, block_cols)                      # (T_r, T_c)
+    Tr, Tc = tiles.shape
+    per = block_rows // CONSUMER_ROWS
+    if mask.lts is None:
+        flags = np.zeros((Tr, per, Tc), dtype=np.int64)
+    else:
+        half = mask.classify(CONSUMER_ROWS, block_cols) != FULL         # (T_r', T_c)
+        pad = np.zeros((Tr * per - half.shape[0], Tc), dtype=bool)     # rows past N: no flag
+        flags = np.concatenate([half, pad]).reshape(Tr, per, Tc).astype(np.int64)
+    code = 4 * np.arange(Tc)[None, :] + sum(flags[:, w] << w for w in range(per))
+    keep = tiles != SKIP
+    indptr = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int32)
+    return indptr, code[keep].astype(np.int32)      # row-major: i ascending, then j
+
+
+def column_vectors(mask) -> np.ndarray:
+    """(N, 4) int32: FlashMask's LTS, LTE, UTS, UTE per key column (one int4 per column, as
+    the kernel reads them); a block-sparse mask hides no element inside its tiles."""
+    if mask.lts is None:
+        n = mask.n
+        return np.tile(np.array([n, n, 0, 0], dtype=np.int32), (n, 1))
+    return np.stack([mask.lts, mask.lte, mask.uts, mask.ute], axis=1).astype(np.int32)
+
+
+def checked_mask(mask, N: int, d: int, causal: bool, version):
+    """The flashsim Mask for ``mask=`` (a spec, a Mask of this N, or FlashMask's four vectors
+    (LTS, LTE, UTS, UTE), each (N,)), or KernelInputError."""
+    from flashsim.masks import MaskError, from_vectors, parse
+
+    if d not in MASK_HEAD_DIMS:
+        raise KernelInputError(f"masks run at head dimension d in {MASK_HEAD_DIMS}, not d = {d}")
+    if causal:
+        raise KernelInputError("give causal=True or a mask, not both (mask='causal' is the causal "
+                               "mask through FlashMask's vectors)")
+    if version is not None and version != MASK_VERSION:
+        raise KernelInputError(f"masks run on version {MASK_VERSION} of the Hopper kernel, not "
+                               f"version {version}")
+    try:
+        if isinstance(mask, (tuple, list)):           # FlashMask's (LTS, LTE, UTS, UTE)
+            if len(mask) != 4:
+                raise MaskError(f"FlashMask vectors are four (LTS, LTE, UTS, UTE), got {len(mask)}")
+            mask = from_vectors(*mask)
+        return parse(mask, N)
+    except MaskError as exc:
+        raise KernelInputError(str(exc)) from exc
+
+
 # ---------------------------------------------------------------- the launch
 
 @dataclass
@@ -152,12 +227,25 @@ class Flash3Launch(TcLaunch):
     DEFINES = staticmethod(defines)
     PLAN_WARPS = staticmethod(lambda launch: CONSUMER_WARPS)
     stages: int = 2
+    mask: object = None       # a flashsim.masks.Mask (None: no mask; causal as before)
 
     def tuning(self) -> dict[str, int]:
-        return {"stages": self.stages}
+        return {"stages": self.stages, **({"MASK": 1} if self.mask is not None else {})}
 
     def plan_record(self) -> dict:
-        return dict(super().plan_record(), stages=self.stages)
+        return dict(super().plan_record(), stages=self.stages,
+                    **({"mask": self.mask.spec} if self.mask is not None else {}))
+
+    def mask_arrays(self):
+        """(kv_indptr, kv_entries, column vectors) on the device, made once per launch."""
+        import cupy
+
+        if "mask" not in self.workspace:
+            indptr, entries = tile_list(self.mask, self.block_rows, self.block_cols)
+            self.workspace["mask"] = (cupy.asarray(indptr), cupy.asarray(entries if len(entries) else
+                                                                         np.zeros(1, np.int32)),
+                                      cupy.asarray(column_vectors(self.mask)))
+        return self.workspace["mask"]
 
     def compiled(self, tmap_global: int = 0):
         """The loaded kernel (``kernel`` is the launch's name field, "cupy_flash3");
@@ -178,6 +266,8 @@ class Flash3Launch(TcLaunch):
         L = output(lse, "lse", tuple(q.shape[:-1]), "float32")
         (kl,) = self.launches()
         args = (q, k, v, O, L, cupy.int32(self.N), cupy.float32(self.tau * LOG2E), cupy.int32(self.causal))
+        if self.mask is not None:
+            args += self.mask_arrays()
         launch = dict(shared_mem=kl.dynamic_smem)
         if self.version == 1:                 # v1 loads with cp.async and takes no tensor maps
             self.compiled()(kl.grid, (kl.threads,), args, **launch)
@@ -200,10 +290,14 @@ class Flash3Launch(TcLaunch):
 
 
 def configure(B: int, H: int, N: int, d: int, *, dtype: str = "fp16", causal: bool = False,
-              block_rows=None, block_cols=None, version=None, stages=None) -> Flash3Launch:
+              block_rows=None, block_cols=None, version=None, stages=None, mask=None) -> Flash3Launch:
     """The launch for (B, H, N, d): CONFIGS[d] unless B_c, ``version`` or ``stages`` are given;
-    checked against what the kernel can run before anything is compiled."""
+    checked against what the kernel can run before anything is compiled. ``mask``: a flashsim
+    mask spec or Mask (v3; see the module docstring)."""
     dtype = checked_choice(version, d, dtype, VERSIONS, HEAD_DIMS, "the Hopper kernel")
+    if mask is not None:
+        mask = checked_mask(mask, N, d, causal, version)
+        version = MASK_VERSION
     D = defines(d, dtype, block_rows=block_rows, block_cols=block_cols, version=version, stages=stages)
     Br, Bc, st = D["BLOCK_R"], D["BLOCK_C"], D["KV_STAGES"]
     if Br != BLOCK_R or Bc not in (64, 128) or st not in (2, 3):
@@ -219,14 +313,16 @@ def configure(B: int, H: int, N: int, d: int, *, dtype: str = "fp16", causal: bo
     need = ALGORITHMS[ALGORITHM].working_set_bytes(Br, Bc, d, 2)
     sram = None if need <= gpu(DEFAULT_GPU).sram_per_block else need
     launch = Flash3Launch("cupy_flash3", ALGORITHM, B, H, N, d, dtype, causal, Br, Bc,
-                          threads(D["VERSION"]), 0, smem, sram, version=D["VERSION"], stages=st)
+                          threads(D["VERSION"]), 0, smem, sram, version=D["VERSION"], stages=st,
+                          mask=mask)
     launch.plan()             # flashsim accepts it (raises KernelInputError if not)
     return launch
 
 
 def compile_variants():
     """(file, defines, dynamic smem, hot kernels) that CI compiles: every version at every d,
-    fp16 and bf16, at CONFIGS' tiles; and the TMA versions' TMAP_GLOBAL build (fp16, d = 128)."""
+    fp16 and bf16, at CONFIGS' tiles; the TMA versions' TMAP_GLOBAL build (fp16, d = 128); the
+    mask path (MASK = 1, v3) at d = 64 and 128, fp16 and bf16."""
     out = []
     for d in HEAD_DIMS:
         for dtype in ("fp16", "bf16"):
@@ -236,4 +332,8 @@ def compile_variants():
     for v in VERSIONS[1:]:
         D = dict(defines(128, "fp16", version=v), TMAP_GLOBAL=1)
         out.append((CU_FILE, D, smem_bytes(128, D["BLOCK_C"], D["KV_STAGES"]), HOT))
+    for d in MASK_HEAD_DIMS:
+        for dtype in ("fp16", "bf16"):
+            D = dict(defines(d, dtype, version=MASK_VERSION), MASK=1)
+            out.append((CU_FILE, D, smem_bytes(d, D["BLOCK_C"], D["KV_STAGES"]), HOT))
     return out
