@@ -226,7 +226,8 @@ def measure_launch(launch, repeats=None, harness=None) -> dict:
     import gpu_kernels
 
     if is_decode(launch):
-        m = gpu_kernels.measure_decode(**spec(launch), repeats=repeats, harness=harness)
+        what = spec(launch)
+        m = gpu_kernels.measure_decode(what.pop("kernel"), **what, repeats=repeats, harness=harness)
         checked, rate = "pairs_checked", "tbps"
     else:
         m = gpu_kernels.measure(launch.kernel, batch=launch.batch, heads=launch.heads,

@@ -383,3 +383,31 @@ def test_device_inputs_are_the_cache_the_launch_reads(monkeypatch, kernel, dtype
     assert launch.cache_shape_ok(k.shape) is None
     assert [r.shape for r in launch.used_rows(k)] == [(40, 2, 64), (130, 2, 64)]
     assert 0.9 < decode.to_float32(k).std() < 1.1 and not np.array_equal(k, v)
+
+
+def test_measure_passes_a_decode_launch_as_measure_decode_takes_it(monkeypatch):
+    """measure_launch's call of gpu_kernels.measure_decode binds to its real signature (on the
+    H200 a mismatch made `flashsim measure --all` skip both decode kernels); the fake stops
+    right after binding, so no GPU is needed."""
+    import inspect
+
+    import gpu_kernels
+    from flashsim import cli, measure
+
+    real = inspect.signature(gpu_kernels.measure_decode)
+
+    class Bound(Exception):
+        pass
+
+    def fake(*a, **kw):
+        raise Bound(real.bind(*a, **kw).arguments)
+
+    monkeypatch.setattr(gpu_kernels, "measure_decode", fake)
+    args = cli.build_parser().parse_args(
+        ["measure", "--kernel", "cupy_decode_paged", "--kv-len", "32768", "--batch", "8",
+         "--heads", "32", "--kv-heads", "8", "-d", "128", "--page-size", "16"])
+    (launch,), _ = measure._launches(args)
+    with pytest.raises(Bound) as got:
+        measure.measure_launch(launch)
+    bound = got.value.args[0]
+    assert bound["kernel_name"] == "cupy_decode_paged" and bound["options"]["page_size"] == 16
