@@ -30,7 +30,6 @@ absent from "points" and listed in "skipped" with the reason.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -43,6 +42,7 @@ import numpy as np
 
 from benchmarks.common import write_json
 from benchmarks.cupy_h200 import HIDDEN, PAPER_N, TOTAL_TOKENS, Bench, flops
+from flashsim.hardware import schedules
 from gpu_kernels import harness
 from gpu_kernels.cupy import flash3
 
@@ -309,7 +309,7 @@ SHORT = {**{impl_name(v): f"v{v}" for v in flash3.VERSIONS}, "cupy_flash2_tc": "
 def gain_table(points: list[dict]) -> tuple[list[str], list[dict], list[dict]]:
     """(printed lines, best version / torch_flash per point, each step's gain): one line per
     (d, causal, N) with every implementation's TFLOP/s; a step's gain is the geometric mean
-    over N of v(k) / v(k-1) per (d, causal)."""
+    over N of v(k) / v(k-1) per (d, causal) (``flashsim.hardware.schedules.step_gains``)."""
     pts = {(p["impl"], p["d"], p["N"], p["causal"]): p["tflops"] for p in points}
     impls = list(SHORT)
     lines = ["", "TFLOP/s (fp16 forward; best = best cupy_flash3 version / torch_flash)",
@@ -325,15 +325,7 @@ def gain_table(points: list[dict]) -> tuple[list[str], list[dict], list[dict]]:
                            "ratio": best / fl})
             cells += f"   {best / fl:.2f}"
         lines.append(f"{d:>3} {c:d} {N:>5} {cells}")
-    gains = []
-    for d, c in sorted({(d, c) for (_, d, _, c) in pts}):
-        for v in flash3.VERSIONS[1:]:
-            r = [pts[(impl_name(v), d, N, c)] / pts[(impl_name(v - 1), d, N, c)]
-                 for (i, dd, N, cc) in pts if (i, dd, cc) == (impl_name(v), d, c)
-                 and (impl_name(v - 1), d, N, c) in pts]
-            if r:
-                gains.append({"d": d, "causal": c, "step": f"v{v - 1} -> v{v}", "points": len(r),
-                              "geomean_gain": math.exp(sum(map(math.log, r)) / len(r))})
+    gains = schedules.step_gains(points, flash3.VERSIONS)
     if gains:
         lines.append("each step's gain (geometric mean over N of TFLOP/s ratios):")
         lines += [f"  d={g['d']:>3} causal={g['causal']:d} {g['step']}: x{g['geomean_gain']:.2f} "

@@ -209,15 +209,130 @@ def decode(lines):
     lines.append("")
 
 
+def _with_block(md: pathlib.Path, block: list[str]) -> str:
+    """The text of ``md`` with the lines between its START and END markers made ``block``."""
+    text = md.read_text()
+    a, b = text.index(START), text.index(END) + len(END)
+    return text[:a] + "\n".join([START, *block, END]) + text[b:]
+
+
 def decode_md_text() -> str:
     """docs/decode.md with its measured block regenerated from decode_h200.json."""
-    text = DECODE_MD.read_text()
     d = _load("decode_h200.json")
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
     block += decode_done_when(d) if d else ["Not measured yet."]
-    a, b = text.index(START), text.index(END) + len(END)
-    return text[:a] + "\n".join([START, *block, END]) + text[b:]
+    return _with_block(DECODE_MD, block)
+
+
+HOPPER_VERSIONS = ("cupy_flash3_v1", "cupy_flash3_v2", "cupy_flash3_v3", "cupy_flash3_v4")
+HOPPER_PEERS = ("cupy_flash2_tc", "torch_flash", "torch_cudnn", "torch_efficient", "torch_flex")
+
+
+def _sanitizer_summary(name: str) -> str | None:
+    """The summary line compute-sanitizer printed at the end of a committed log."""
+    if not measured.path(name).exists():
+        return None
+    lines = [x for x in measured.path(name).read_text().splitlines() if "SUMMARY:" in x]
+    return lines[-1].split("SUMMARY:", 1)[1].strip() if lines else None
+
+
+def hopper_facts(d: dict) -> list[str]:
+    """What hopper_h200.json (and the sanitizer logs) say about the Hopper kernel, as bullets."""
+    checks = d["correctness"]
+    shapes = sorted({c["N"] for c in checks})
+    by = {(p["impl"], p["d"], p["N"], p["causal"]): p["tflops"] for p in d["points"]}
+    keys = sorted({k[1:] for k in by if k[0] in HOPPER_VERSIONS})
+    best = [max(HOPPER_VERSIONS, key=lambda v: by.get((v, *k), 0.0)) for k in keys]
+    v43 = [by[("cupy_flash3_v4", *k)] / by[("cupy_flash3_v3", *k)] for k in keys
+           if ("cupy_flash3_v4", *k) in by and ("cupy_flash3_v3", *k) in by]
+    r = d["best_vs_torch_flash"]
+    goal = [x for x in r if x["d"] in (64, 128) and x["N"] >= 2048]
+    out = [f"* Correct first: {sum(c['ok'] and c.get('lse_ok', True) for c in checks)} of "
+           f"{len(checks)} checks passed (versions {', '.join(map(str, d['versions_passed']))}; "
+           f"d = {', '.join(map(str, sorted({c['d'] for c in checks})))}; "
+           f"{' and '.join(sorted({c['dtype'] for c in checks}))}; causal or not; N = "
+           f"{', '.join(map(str, shapes))}), O against the float64 reference with "
+           "flash-attention's rule and L against the float64 logsumexp."]
+    mem, race = (_sanitizer_summary(f"hopper_h200_{t}.log") for t in ("memcheck", "racecheck"))
+    if mem and race:
+        out.append(f"* compute-sanitizer on the `--sanitize` launches (every version, every d, "
+                   f"causal or not): memcheck `{mem}`, racecheck `{race}` "
+                   "(`hopper_h200_memcheck.log`, `hopper_h200_racecheck.log`).")
+    v3 = [by[("cupy_flash3_v3", *k)] / by[(v, *k)] for v, k in zip(best, keys)]
+    out.append("* Fastest version: " + ", ".join(
+        f"{v.rsplit('_', 1)[1]} at {best.count(v)}" for v in HOPPER_VERSIONS if best.count(v))
+        + f" of {len(keys)} points; v3 / the fastest at least {min(v3):.2f}; v4 / v3 from "
+        f"{min(v43):.2f} to {max(v43):.2f}.")
+    out.append(f"* Best version / PyTorch's flash backend: {min(x['ratio'] for x in r):.2f} to "
+               f"{max(x['ratio'] for x in r):.2f}; at d = 64 and 128, N >= 2048: at least 1 at "
+               f"{sum(x['ratio'] >= 1 for x in goal)} of {len(goal)} points (issue 19's bar).")
+    cud = [by[(v, *k)] / by[("torch_cudnn", *k)] for v, k in zip(best, keys)
+           if ("torch_cudnn", *k) in by]
+    if cud:
+        out.append(f"* Best version / cuDNN's backend: {min(cud):.2f} to {max(cud):.2f}.")
+    return out
+
+
+def hopper_gains(d: dict) -> list[str]:
+    """Each step's measured gain (``step_gains``) beside the Hopper chapter's schedule model
+    (``flashsim.hardware.schedules.FLASH3_VERSIONS``) at the same points."""
+    from flashsim.hardware import schedules   # noqa: PLC0415 - only for this table
+    predicted = {(g["d"], g["causal"], g["step"]): g["geomean_gain"]
+                 for g in schedules.step_gains(schedules.flash3_versions(d))}
+
+    def how(step):
+        return " / ".join(f"{s}, {lo} loads" for s, lo in (schedules.FLASH3_VERSIONS[int(v)]
+                          for v in step.replace("v", "").split(" -> ")))
+
+    return _table(["d", "causal", "step", "N", "measured gain", "predicted gain",
+                   "model schedules (from / to)"],
+                  [[g["d"], g["causal"], g["step"], g["points"], f"{g['geomean_gain']:.2f}",
+                    f"{predicted[(g['d'], g['causal'], g['step'])]:.2f}", how(g["step"])]
+                   for g in d["step_gains"]])
+
+
+def hopper_points(d: dict) -> list[str]:
+    """TFLOP/s of every implementation per (d, causal, N)."""
+    by = {(p["impl"], p["d"], p["N"], p["causal"]): p["tflops"] for p in d["points"]}
+    impls = [i for i in HOPPER_VERSIONS + HOPPER_PEERS if any(k[0] == i for k in by)]
+    rows = [[dd, c, N] + [_f(by.get((i, dd, N, c)), ".1f") for i in impls]
+            for dd, N, c in sorted({k[1:] for k in by}, key=lambda k: (k[0], k[2], k[1]))]
+    return _table(["d", "causal", "N"] + [i.replace("cupy_flash3_", "") for i in impls], rows)
+
+
+def hopper(lines):
+    d = _section(lines, "hopper_h200.json", "The Hopper kernel beside PyTorch (H200)")
+    if not d:
+        return
+    lines += ["`cupy_flash3` (`gpu_kernels/cuda/flash3.cu`, [hopper_kernel.md](hopper_kernel.md)), "
+              "every version, fp16 forward, the FlashAttention-2 paper's configurations (16k "
+              "tokens, hidden 2048), beside our mma.sync kernel and PyTorch's backends in the "
+              "same run:", ""]
+    lines += hopper_facts(d) + [""]
+    lines += ["Each step's gain (geometric mean over N of TFLOP/s ratios) beside what the "
+              "schedule model of [hopper.md](hopper.md) predicts at the same points:", ""]
+    lines += hopper_gains(d) + ["", "TFLOP/s:", ""]
+    lines += hopper_points(d)
+    lines.append("")
+
+
+def hopper_kernel_md_text() -> str:
+    """docs/hopper_kernel.md with its measured block regenerated from hopper_h200.json."""
+    d = _load("hopper_h200.json")
+    block = ["From `flashsim/measured/data/hopper_h200.json` (the TFLOP/s of every point: "
+             "[measurements](measurements.md#the-hopper-kernel-beside-pytorch-h200)):", ""]
+    if d:
+        block += hopper_facts(d) + ["", "Each step's measured gain beside the gain the schedule "
+                                    "model of the Hopper chapter predicts for it:", ""]
+        block += hopper_gains(d)
+        if _split_summaries():
+            block += ["", "The model on its Nsight Compute points (`flashsim predict`, "
+                      "`python -m flashsim.measured.validation`; docs/model.md says why it "
+                      f"misses where it does): {_kernel_targets('cupy_flash3')}."]
+    else:
+        block += ["Not measured yet."]
+    return _with_block(HOPPER_MD, block)
 
 
 def counters(lines):
@@ -251,14 +366,20 @@ def counters(lines):
         from flashsim.measured import validation   # noqa: PLC0415 - only for this table
         rows = validation.stored_rows()
         misses = [r for r in rows if validation.errors(r)["l2"] > 0.15]
-        lines += ["", f"The {len(misses)} points that miss the L2 target, with their counters:",
-                  ""]
+
+        def share(r, key):          # of the SMs' read requests; none counted for TMA loads
+            sm = r["measured"]["sm_read_bytes"]
+            return f"{r['measured'][key] / sm:.3f}" if sm else "TMA"
+
+        lines += ["", f"The {len(misses)} points that miss the L2 target, with their counters "
+                  "(TMA: the kernel loads through the tensor memory accelerator, which no L1 "
+                  "request counter sees; such points are not in the SM read request row "
+                  "above):", ""]
         lines += _table(["point (kernel, N, d, causal, B_r, B_c)", "L2 error", "L1 hits",
                          "coalescer merges", "store requests / model sectors", "error after"],
                         [[str(validation.point_key(r["point"])),
                           f"{validation.errors(r)['l2']:.3f}",
-                          f"{r['measured']['l1_hit_read_bytes'] / r['measured']['sm_read_bytes']:.3f}",
-                          f"{r['measured']['lrc_merged_read_bytes'] / r['measured']['sm_read_bytes']:.3f}",
+                          share(r, "l1_hit_read_bytes"), share(r, "lrc_merged_read_bytes"),
                           f"{r['measured']['sm_write_bytes'] / r['predicted']['l2_write_bytes']:.2f}",
                           f"{validation.filtered_l2_error(r):.3f}"] for r in misses])
     lines.append("")
@@ -354,6 +475,15 @@ def reruns(lines):
     lines.append("")
 
 
+def _kernel_targets(kernel: str) -> str:
+    """Issue 19's two model targets (DRAM bytes, time) for ``kernel``'s stored predictions,
+    in-sample, calibration and held-out."""
+    from flashsim.measured import validation   # noqa: PLC0415
+    ks = validation.stored_split_summaries(kernel)
+    return "; ".join(f"{label}: " + ", ".join(f"{k} {s[key]}/{s['points']}" for k, s in ks.items())
+                     for label, key, _ in validation.HELDOUT_TARGETS[:3:2])
+
+
 def _split_summaries():
     """In-sample, calibration and held-out summaries of the stored predictions, or None."""
     if not (_load("ncu_h200_predictions.json") and _load("ncu_h200_heldout_predictions.json")):
@@ -363,7 +493,7 @@ def _split_summaries():
 
 
 def heldout(lines):
-    """Issue 13: the launches the model was never fitted to, beside the 107 points."""
+    """Issue 13: the launches the model was never fitted to, beside the in-sample points."""
     sums = _split_summaries()
     data = _load("ncu_h200_heldout.json")
     if not sums or not data:
@@ -374,9 +504,11 @@ def heldout(lines):
               "`flashsim.measured.heldout` drew 12 launches per kernel with a fixed seed (any "
               "batch and heads, N off every tile multiple and up to 65536, grids below one "
               "wave, both d, causal or not) and split each kernel's draws into 4 calibration "
-              "and 8 held-out points before any model change. Predictions come from "
-              "`flashsim predict` (`python -m flashsim.measured.validation`); constants are "
-              "fitted on the 107 in-sample points only. Points meeting each target:", ""]
+              "and 8 held-out points before any model change (`cupy_flash3`'s draws were "
+              "profiled later, on their own: `ncu_h200_heldout_cupy_flash3.json`). "
+              "Predictions come from `flashsim predict` (`python -m flashsim.measured."
+              "validation`); constants are fitted on the in-sample points only. Points "
+              "meeting each target:", ""]
     lines += _table(["target", *(f"{k} ({v['points']})" for k, v in sums.items()),
                      "held-out target"], validation.summary_table(sums))
     lines += ["", "Worst cases per split:", ""]
@@ -387,11 +519,18 @@ def heldout(lines):
                       f"{v['l2_worst_rel_error']:.3f}",
                       f"{v['l2_after_l1_coalescer_stores_within_15pct']} of {v['points']}"]
                      for k, v in sums.items()])
+    for kernel in validation.PARTS:
+        lines += ["", f"`{kernel}` alone (its in-sample points are `{validation.DATASET.stem}_"
+                  f"{kernel}.json`; its efficiency per d was fitted on them):", ""]
+        ks = validation.stored_split_summaries(kernel)
+        lines += _table(["target", *(f"{k} ({v['points']})" for k, v in ks.items()),
+                         "held-out target"], validation.summary_table(ks))
     lines.append("")
 
 
 README = ROOT / "README.md"
 DECODE_MD = ROOT / "docs" / "decode.md"
+HOPPER_MD = ROOT / "docs" / "hopper_kernel.md"
 START, END = "<!-- measured: generated by docs/make_measurements.py -->", "<!-- /measured -->"
 
 
@@ -433,6 +572,7 @@ def readme_summary() -> str:
                    f"per-point counter inputs): {cells}. Held-out targets: "
                    + ", ".join(f"{f:.0%}" for _, _, f in validation.HELDOUT_TARGETS)
                    + " of points; docs/model.md says which are missed and why.")
+        out += [f"* `{kernel}` alone: {_kernel_targets(kernel)}." for kernel in validation.PARTS]
     return "\n".join([START] + out + [END])
 
 
@@ -446,7 +586,8 @@ def main() -> str:
     lines = ["# Measurements", "",
              "Generated by `python docs/make_measurements.py` from `benchmarks/results/*.json`; "
              "do not edit by hand. Each section names the command that produced its data.", ""]
-    for part in (core, slider, numba, cupy, backward, decode, counters, heldout, sfu, measure_all, reruns):
+    for part in (core, slider, numba, cupy, hopper, backward, decode, counters, heldout, sfu,
+                 measure_all, reruns):
         part(lines)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -455,8 +596,10 @@ if __name__ == "__main__":
     text = main()
     if "--check" in sys.argv:
         sys.exit(0 if OUT.read_text() == text and README.read_text() == readme_text()
-                 and DECODE_MD.read_text() == decode_md_text() else 1)
+                 and DECODE_MD.read_text() == decode_md_text()
+                 and HOPPER_MD.read_text() == hopper_kernel_md_text() else 1)
     OUT.write_text(text)
     README.write_text(readme_text())
     DECODE_MD.write_text(decode_md_text())
-    print(f"wrote {OUT} and the measured lines of {README} and {DECODE_MD}")
+    HOPPER_MD.write_text(hopper_kernel_md_text())
+    print(f"wrote {OUT} and the measured lines of {README}, {DECODE_MD} and {HOPPER_MD}")

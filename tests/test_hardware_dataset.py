@@ -101,9 +101,13 @@ def test_time_rank_correlation_at_least_0_9(rows):
 
 
 def test_the_models_read_requests_are_what_the_sms_asked_for(rows):
-    """Before L1: the sectors the SMs requested for loads equal the model's read bytes."""
+    """Before L1: the sectors the SMs requested for loads equal the model's read bytes
+    (the Hopper kernel loads through TMA, which no L1 request counter sees: none counted)."""
     for r in rows:
         sm = r["measured"]["sm_read_bytes"]
+        if r["point"]["kernel"] == "cupy_flash3":
+            assert sm is None, validation.point_key(r["point"])
+            continue
         assert sm, validation.point_key(r["point"])
         assert abs(r["predicted"]["l2_read_bytes"] / sm - 1) <= 0.01, validation.point_key(r["point"])
 

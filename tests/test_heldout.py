@@ -96,7 +96,7 @@ def test_a_sample_of_heldout_predictions_is_recomputed_on_every_run():
 
 def test_every_split_is_summarised_and_the_heldout_points_fitted_nothing(heldout_rows):
     """No constant is fitted on a held-out point: the efficiencies are flashsim.predict's
-    stated ones (fitted on the 107 in-sample points), the same for every split."""
+    stated ones (fitted on the in-sample points), the same for every split."""
     from flashsim import predict
     for r in heldout_rows:
         assert r["efficiency"] == predict.efficiency_for(r["point"]["kernel"], r["point"]["d"])[0]

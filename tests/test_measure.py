@@ -23,7 +23,7 @@ import unittest.mock as mock
 import pytest
 from _checks import measured_in_a_process
 
-from flashsim import cli, measure
+from flashsim import cli, measure, measured
 from flashsim.measured import validation
 from gpu_kernels import harness, ncu, registry
 
@@ -161,11 +161,12 @@ def test_no_stated_efficiency_means_no_predicted_time():
 
 
 # ------------------------------------------------------------------ the counters
-@pytest.mark.parametrize("name", ["ncu_h200", "ncu_h200_heldout"])
+@pytest.mark.parametrize("name", [p.stem for d in (validation.DATASET, validation.HELDOUT)
+                                  for p in validation.parts(d)])
 def test_ncu_parser_reads_the_committed_csv_back_into_the_dataset(name):
     if not validation.path(f"{name}_raw.csv").exists():
         pytest.skip(f"no {name}_raw.csv committed")
-    data = validation.load(validation.path(f"{name}.json"))
+    data = measured.load(f"{name}.json")                  # the file alone, not its parts
     raw = validation.path(f"{name}_raw.csv").read_text()
     points = [{k: v for k, v in p.items() if k != "launches"} for p in data["points"]]
     got = ncu.assign(ncu.parse_csv(raw, data["metrics"]), points)

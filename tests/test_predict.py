@@ -26,10 +26,10 @@ from gpu_kernels import registry
 
 def _launch(pt):
     c = pt["plan"]
-    options = {"sram": c["sram"]} if pt["kernel"] in validation.SRAM_OPTION else {}
     return registry.launch(pt["kernel"], batch=pt["batch"], heads=pt["heads"], seq_len=pt["N"],
                            head_dim=pt["d"], dtype=c["dtype"], causal=pt["causal"],
-                           block_rows=c["block_rows"], block_cols=c["block_cols"], **options)
+                           block_rows=c["block_rows"], block_cols=c["block_cols"],
+                           **validation.launch_options(pt))
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,7 +61,7 @@ def test_blocks_per_sm_is_what_nsight_reported_at_every_heldout_launch():
 
 def test_the_registry_states_the_registers_and_shared_memory_the_gpu_built():
     """Each compiled variant's entry is what ncu reported: the held-out sweep's (today's
-    sources) where it ran the variant, else the 107-point dataset's."""
+    sources) where it ran the variant, else the in-sample dataset's (parts included)."""
     seen = {}
     for dataset in (validation.DATASET, validation.HELDOUT):     # held-out last: it wins
         for pt, launch, kl, row in _launch_pairs(dataset):

@@ -130,6 +130,28 @@ def test_kernel_versions_v1_is_slower_than_the_overlapped_loads():
     assert spill["local_bytes"] > 0
 
 
+def test_flash3_versions_as_schedules():
+    """The Hopper kernel's versions as the model reads them: v1 and v2 the same schedule
+    (TMA moves the same bytes), v4's ping-pong + intra faster than v3. The H200 says v4 is
+    slower (hopper_h200.json, docs/hopper_kernel.md says why): this model's miss, held."""
+    from gpu_kernels.cupy import flash3
+    assert set(sc.FLASH3_VERSIONS) == set(flash3.VERSIONS)
+    data = json.loads(resources.files("flashsim.measured").joinpath(
+        "data/hopper_h200.json").read_text())
+    assert sc.step_gains(data["points"]) == data["step_gains"]     # the benchmark's own
+    small = {"configs": data["configs"],
+             "points": [p for p in data["points"] if p["impl"].startswith("cupy_flash3_v")
+                        and p["N"] == 1024 and p["d"] == 64]}
+    rows = sc.flash3_versions(small)
+    assert len(rows) == 2 * len(flash3.VERSIONS)
+    gains = {(g["causal"], g["step"]): g["geomean_gain"] for g in sc.step_gains(rows)}
+    for causal in (False, True):
+        assert gains[(causal, "v1 -> v2")] == 1.0
+        assert gains[(causal, "v3 -> v4")] > 1.2
+    measured = {(g["d"], g["causal"], g["step"]): g["geomean_gain"] for g in data["step_gains"]}
+    assert all(v < 1 for (_, _, step), v in measured.items() if step == "v3 -> v4")
+
+
 def test_io_schedule_option(capsys):
     # FlashAttention-3's 128 x 128 tiles hold S_ij and O_i in two consumer warp groups'
     # registers; the presets' register budget is FlashAttention-2's four warps, so the

@@ -418,3 +418,54 @@ def kernel_versions(measured: dict, gpu: str = "h200") -> list[dict]:
                     "loads": KERNEL_VERSIONS[v], "predicted_ms": p["seconds"] * 1e3,
                     "measured_ms": row["time_ms"]})
     return out
+
+
+# The Hopper kernel's versions (gpu_kernels/cuda/flash3.cu) as (schedule, loads), read as the
+# FlashAttention-3 ablation above is: v1 and v2 keep both consumer warpgroups in step with a
+# barrier per K/V block and have the compute warps load two stages ahead (v1 by cp.async,
+# v2 by one thread's TMA copies: the same schedule to this model); v3's producer warpgroup
+# fills the K/V stages; v4 adds ping-pong and intra-warpgroup overlap. v3's two consumer
+# warpgroups no longer share a barrier per block, so they may overlap one's softmax with
+# the other's GEMMs on their own: overlap outside this model, which gives v3 none.
+FLASH3_VERSIONS = {1: ("sequential", "double"), 2: ("sequential", "double"),
+                   3: ("sequential", "producer"), 4: ("pingpong+intra", "producer")}
+
+
+def flash3_versions(measured: dict, gpu: str = "h200") -> list[dict]:
+    """Predicted points beside the measured ones of the Hopper kernel's versions
+    (``hopper_h200.json``'s ``cupy_flash3_vK`` points, at its recorded tiles and stages), in
+    the points' own schema (impl, d, N, causal, tflops) plus ``measured_tflops``."""
+    tiles = measured["configs"]["kernel_configs"]
+    out = []
+    for p in measured["points"]:
+        if not p["impl"].startswith("cupy_flash3_v"):
+            continue
+        schedule, loads = FLASH3_VERSIONS[int(p["impl"].rsplit("_v", 1)[1])]
+        c = tiles[str(p["d"])]
+        r = launch_seconds(p["N"], p["d"], batch=p["B"] * p["H"], causal=p["causal"],
+                           block_rows=c["BLOCK_R"], block_cols=c["BLOCK_C"], schedule=schedule,
+                           loads=loads, stages=c["KV_STAGES"], gpu=gpu)
+        out.append({"impl": p["impl"], "d": p["d"], "N": p["N"], "causal": p["causal"],
+                    "tflops": r["tflops"], "measured_tflops": p["tflops"]})
+    return out
+
+
+def step_gains(points: list[dict], versions=tuple(FLASH3_VERSIONS)) -> list[dict]:
+    """Each step's gain per (d, causal): the geometric mean over N of the TFLOP/s of
+    ``cupy_flash3_v{v}`` over ``cupy_flash3_v{v - 1}`` at the same point, for measured points
+    (``hopper_h200.json``) and predicted ones (:func:`flash3_versions`) alike."""
+    pts = {(p["impl"], p["d"], p["N"], p["causal"]): p["tflops"] for p in points}
+
+    def name(v):
+        return f"cupy_flash3_v{v}"
+
+    gains = []
+    for d, c in sorted({(d, c) for (_, d, _, c) in pts}):
+        for v in versions[1:]:
+            r = [pts[(name(v), d, N, c)] / pts[(name(v - 1), d, N, c)]
+                 for (i, dd, N, cc) in pts if (i, dd, cc) == (name(v), d, c)
+                 and (name(v - 1), d, N, c) in pts]
+            if r:
+                gains.append({"d": d, "causal": c, "step": f"v{v - 1} -> v{v}", "points": len(r),
+                              "geomean_gain": math.exp(sum(map(math.log, r)) / len(r))})
+    return gains
