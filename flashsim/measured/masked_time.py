@@ -24,11 +24,11 @@ leaves out. The predicted ratio is this model's masked time over its unmasked ti
 
 **Fit** (``fit``): per head dimension, the four constants (at least 0) that minimise the
 squared relative error of the predicted time on the calibration points, those at
-``CALIBRATION_N`` (every mask and the unmasked kernel), chosen before the fit: the one N
-whose points hold blocks with 0, about 1 and 2 partial tiles each (unmasked, causal and
-document, sliding), without which ``fixed`` and ``partial`` cannot be told apart (under
-causal every block has exactly one partial tile), and the N that flex_attention was timed
-at. Held out: every point at the other N (other wave counts, other block lengths). The
+``CALIBRATION_N`` (every mask and the unmasked kernel): one N whose points hold blocks with
+0, 1 and 2 partial tiles each (unmasked; causal and document; sliding), without which
+``fixed`` and ``partial`` cannot be told apart (the unmasked and causal points alone do not
+do it: under causal every block has exactly one partial tile), and the N that
+flex_attention was timed at. Held out: every point at the other N (other wave counts, other block lengths). The
 busiest SM depends on the constants, so the fit alternates: hand out with the current
 constants, solve the least squares on the busiest SM's counts, until the counts repeat.
 ``CONSTANTS`` states the fit; a test holds it equal to the fit recomputed from the data.
