@@ -335,6 +335,123 @@ def hopper_kernel_md_text() -> str:
     return _with_block(HOPPER_MD, block)
 
 
+MASK_FAMILIES = ("sliding", "document", "causal", "prefix")
+
+
+def _sanitizer_checks(name: str) -> tuple[int, int]:
+    """(launches that passed, launches) of the ``--sanitize`` run a committed log records."""
+    checks = [x for x in measured.path(name).read_text().splitlines() if x.startswith("  check ")]
+    return sum(": ok " in x for x in checks), len(checks)
+
+
+def masks_facts(d: dict) -> list[str]:
+    """What masks_h200.json, the sanitizer logs and the masked time model say, as bullets."""
+    from flashsim.measured import masked_time as mt   # noqa: PLC0415 - only for this block
+    checks = d["correctness"]
+    out = [f"* Correct first: {sum(c['ok'] for c in checks)} of {len(checks)} checks passed "
+           f"(every family and a mask with rows that see no key; N = "
+           f"{', '.join(map(str, sorted({c['N'] for c in checks})))}; d = "
+           f"{', '.join(map(str, sorted({c['d'] for c in checks})))}; fp16), O against the "
+           "float64 reference with flash-attention's rule, L against the float64 logsumexp, "
+           "O = 0 and L = -inf where a row sees no key; every timed point checked on its own "
+           f"inputs ({sum(not p['check_ok'] for p in d['points'])} failed)."]
+    logs = [f"masks_h200_{t}.log" for t in ("memcheck", "racecheck")]
+    if all(measured.path(x).exists() for x in logs):
+        (mem, race), (ok, n) = (_sanitizer_summary(x) for x in logs), _sanitizer_checks(logs[0])
+        out.append(f"* compute-sanitizer on the `--sanitize` launches ({ok} of {n} passed: every "
+                   f"family, N = 333, d = 64 and 128): memcheck `{mem}`, racecheck `{race}` "
+                   f"(`{logs[0]}`, `{logs[1]}`).")
+    by = {(p["impl"], p["d"], p["N"], p["mask"]): p["time_ms"] for p in d["points"]}
+    ours = [k[1:] for k in by if k[0] == "cupy_flash3_mask"]
+    flex = [(k, by[("cupy_flash3_mask", *k)] / by[("torch_flex", *k)]) for k in ours
+            if ("torch_flex", *k) in by]
+    if flex:
+        fam = sorted({k[2].split(":")[0] for k, _ in flex})
+        out.append(f"* Ours / `flex_attention` with a block mask (N = "
+                   f"{', '.join(map(str, sorted({k[1] for k, _ in flex})))}; {', '.join(fam)}): "
+                   f"{min(r for _, r in flex):.2f} to {max(r for _, r in flex):.2f} of its time; "
+                   f"faster at {sum(r < 1 for _, r in flex)} of {len(flex)} points.")
+    sdpa = [by[("torch_sdpa_mask", *k)] / by[("cupy_flash3_mask", *k)] for k in ours
+            if ("torch_sdpa_mask", *k) in by]
+    if sdpa:
+        out.append(f"* SDPA with the dense boolean mask takes {min(sdpa):.1f}x to {max(sdpa):.1f}x "
+                   f"our masked kernel's time ({len(sdpa)} points).")
+    rs = mt.rows(d)
+    cons = "; ".join(f"d = {hd}: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} "
+                                               f"{v * 1e6:.2f} us" for k, v in c.items())
+                     for hd, c in mt.CONSTANTS.items())
+    out.append(f"* The time model (`flashsim.measured.masked_time`), fitted at N = "
+               f"{mt.CALIBRATION_N} only: {cons}.")
+    for split, s in mt.summary(rs).items():
+        out.append(f"* {split.capitalize()} ({s['points']} masked points): ratio within "
+                   f"{mt.TOLERANCE:.0%} at {s['ratio_within']} (worst {s['worst_ratio_error']:.1%}); "
+                   f"time within {s['worst_time_error']:.1%}, the unmasked kernel's within "
+                   f"{s['worst_unmasked_time_error']:.1%}; the benchmark's s + p kappa within "
+                   f"{mt.TOLERANCE:.0%} at {s['benchmark_within']} (worst "
+                   f"{s['benchmark_worst_error']:.1%}).")
+    worst = max((r for r in rs if r["split"] == "held-out"), key=lambda r: abs(r["time_error"]))
+    out.append(f"* Largest held-out time error: d = {worst['d']}, N = {worst['N']}, "
+               f"{worst['family']}, the model {worst['predicted_ms'] / worst['measured_ms']:.2f} "
+               "of the measured time.")
+    miss = mt.misses(rs)
+    out.append("* Held-out misses: " + ("none." if not miss else "; ".join(
+        f"d = {k[0]}, N = {k[1]}, {k[2]}: {mt.KNOWN_MISSES.get(k, 'not listed')}"
+        for k in sorted(miss)) + "."))
+    return out
+
+
+def masks_readme(d: dict) -> str:
+    """The README's line on the masked kernel."""
+    from flashsim.measured import masked_time as mt   # noqa: PLC0415
+    by = {(p["impl"], p["d"], p["N"], p["mask"]): p["time_ms"] for p in d["points"]}
+    flex = [by[("cupy_flash3_mask", *k[1:])] / t for k, t in by.items()
+            if k[0] == "torch_flex" and ("cupy_flash3_mask", *k[1:]) in by]
+    s = mt.summary(mt.rows(d))["held-out"]
+    return (f"* Masked Hopper kernel (`cupy_flash3` with `mask=`, N = {min(d['configs']['N'])} to "
+            f"{max(d['configs']['N'])}, {', '.join(MASK_FAMILIES)}): {min(flex):.2f}x to {max(flex):.2f}x "
+            "`flex_attention`'s time at its points; time / unmasked time within "
+            f"{mt.TOLERANCE:.0%} of the query-block model at {s['ratio_within']} of "
+            f"{s['points']} held-out points (`docs/masks.md`).")
+
+
+def masks_table(d: dict) -> list[str]:
+    """Per masked point: tile fractions, times of ours, flex and SDPA, measured ratio to the
+    unmasked kernel beside the model's and the benchmark's s + p kappa."""
+    from flashsim.measured import masked_time as mt   # noqa: PLC0415
+    by = {(p["impl"], p["d"], p["N"], p["mask"]): p["time_ms"] for p in d["points"]}
+    return _table(["split", "d", "N", "mask", "s", "p", "ours ms", "flex ms", "SDPA ms",
+                   "time / unmasked", "model", "s + p kappa"],
+                  [[r["split"], r["d"], r["N"], r["family"], f"{r['non_skipped_fraction']:.3f}",
+                    f"{r['partial_fraction']:.3f}", f"{r['measured_ms']:.3f}",
+                    _f(by.get(("torch_flex", r["d"], r["N"], r["mask"])), ".3f") or "-",
+                    _f(by.get(("torch_sdpa_mask", r["d"], r["N"], r["mask"])), ".3f") or "-",
+                    f"{r['measured_ratio']:.3f}", f"{r['predicted_ratio']:.3f}",
+                    f"{r['benchmark_ratio']:.3f}"] for r in mt.rows(d)])
+
+
+def masks(lines):
+    d = _section(lines, "masks_h200.json", "Masks on the Hopper kernel (H200)")
+    if not d:
+        return
+    lines += ["`cupy_flash3` with `mask=` (`flash3.cu`, MASK = 1, [masks.md](masks.md)), fp16 "
+              "forward, batch 1, 2048 / d heads, beside our unmasked kernel, `flex_attention` "
+              "with a block mask and SDPA with the dense boolean mask, in the same run. s: the "
+              "non-skipped tile fraction, p: the partial one (128 x 128 tiles):", ""]
+    lines += masks_facts(d) + [""]
+    lines += masks_table(d)
+    lines.append("")
+
+
+def masks_md_text() -> str:
+    """docs/masks.md with its measured block regenerated from masks_h200.json."""
+    d = _load("masks_h200.json")
+    block = ["From `flashsim/measured/data/masks_h200.json` (and the sanitizer logs beside it; "
+             "the section of [measurements](measurements.md#masks-on-the-hopper-kernel-h200) "
+             "is the same):", ""]
+    block += (masks_facts(d) + ["", *masks_table(d)]) if d else ["Not measured yet."]
+    return _with_block(MASKS_MD, block)
+
+
 def counters(lines):
     d = _load("ncu_h200_predictions.json")
     data = _load("ncu_h200.json")
@@ -531,6 +648,7 @@ def heldout(lines):
 README = ROOT / "README.md"
 DECODE_MD = ROOT / "docs" / "decode.md"
 HOPPER_MD = ROOT / "docs" / "hopper_kernel.md"
+MASKS_MD = ROOT / "docs" / "masks.md"
 START, END = "<!-- measured: generated by docs/make_measurements.py -->", "<!-- /measured -->"
 
 
@@ -573,6 +691,9 @@ def readme_summary() -> str:
                    + ", ".join(f"{f:.0%}" for _, _, f in validation.HELDOUT_TARGETS)
                    + " of points; docs/model.md says which are missed and why.")
         out += [f"* `{kernel}` alone: {_kernel_targets(kernel)}." for kernel in validation.PARTS]
+    mk = _load("masks_h200.json")
+    if mk:
+        out.append(masks_readme(mk))
     return "\n".join([START] + out + [END])
 
 
@@ -586,7 +707,8 @@ def main() -> str:
     lines = ["# Measurements", "",
              "Generated by `python docs/make_measurements.py` from `benchmarks/results/*.json`; "
              "do not edit by hand. Each section names the command that produced its data.", ""]
-    for part in (core, slider, numba, cupy, hopper, backward, decode, counters, heldout, sfu,
+    for part in (core, slider, numba, cupy, hopper, masks, backward, decode, counters, heldout,
+                 sfu,
                  measure_all, reruns):
         part(lines)
     return "\n".join(lines).rstrip() + "\n"
@@ -597,9 +719,12 @@ if __name__ == "__main__":
     if "--check" in sys.argv:
         sys.exit(0 if OUT.read_text() == text and README.read_text() == readme_text()
                  and DECODE_MD.read_text() == decode_md_text()
-                 and HOPPER_MD.read_text() == hopper_kernel_md_text() else 1)
+                 and HOPPER_MD.read_text() == hopper_kernel_md_text()
+                 and MASKS_MD.read_text() == masks_md_text() else 1)
     OUT.write_text(text)
     README.write_text(readme_text())
     DECODE_MD.write_text(decode_md_text())
     HOPPER_MD.write_text(hopper_kernel_md_text())
-    print(f"wrote {OUT} and the measured lines of {README}, {DECODE_MD} and {HOPPER_MD}")
+    MASKS_MD.write_text(masks_md_text())
+    print(f"wrote {OUT} and the measured lines of {README}, {DECODE_MD}, {HOPPER_MD} and "
+          f"{MASKS_MD}")

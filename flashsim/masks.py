@@ -166,6 +166,13 @@ class Mask:
                                 for col in self.classify(block_rows, block_cols).T]
         return self._cache[key]
 
+    def tiles_per_query_block(self, block_rows: int, block_cols: int
+                              ) -> tuple[np.ndarray, np.ndarray]:
+        """(visited (T_r,), partial (T_r,)): for each Q block i, its non-skipped tiles and,
+        of those, the partial ones (what a kernel that skips loads and masks)."""
+        t = self.classify(block_rows, block_cols)
+        return (t != SKIP).sum(axis=1), (t == PARTIAL).sum(axis=1)
+
     def non_skipped_fraction(self, block_rows: int, block_cols: int) -> float:
         """s: the fraction of tiles computed (Proposition 4's fraction of non-zero blocks)."""
         t = self.classify(block_rows, block_cols)

@@ -127,3 +127,19 @@ def test_each_slider_selects_its_family_and_redraws():
         assert panel.view["spec"] == views.spec(family, 4096, **{name: value})
         assert panel.image.value != before and f"mask = {family}" in panel.caption
 
+
+
+def test_kernel_model_ratio_is_the_time_models_at_a_measured_point():
+    """The plus in the picture is masked_time's predicted ratio; at a measured point it is
+    the one its table sets beside the measurement."""
+    from flashsim.measured import masked_time as mt
+
+    v = views.mask_view("sliding", seq_len=8192, window=1024, head_dim=64)
+    row = next(r for r in mt.rows() if (r["d"], r["N"], r["mask"]) == (64, 8192, "sliding:1024"))
+    assert v["kernel_ratio"] == pytest.approx(row["predicted_ratio"], rel=1e-12)
+    assert views.mask_view("sliding", seq_len=8192, head_dim=256)["kernel_ratio"] is None
+    from flashsim.views import pictures
+    mp = views.MaskPicture(pictures.figure())
+    mp.update(v)
+    assert list(mp.model.get_ydata()) == [v["kernel_ratio"]]
+    assert "sliding:1024" in views.kernel_model_table()

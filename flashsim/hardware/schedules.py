@@ -58,7 +58,7 @@ import numpy as np
 from ..errors import FlashsimError
 from ..nest import Ctx, Loop, count_scope
 from .presets import GPU, gpu as _gpu
-from .timing import Efficiency
+from .timing import Efficiency, busiest_sm
 
 SCHEDULES = ("sequential", "pingpong", "intra", "pingpong+intra")
 LOADS = ("blocking", "prefetch", "double", "producer")
@@ -337,7 +337,6 @@ def launch_seconds(seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 
     """Predicted seconds of one forward launch: every Q block is a thread block, handed to
     the SM that frees up first (``blocks_per_sm`` at a time share an SM's units, so an SM's
     time is the sum of its blocks' cycles); the launch takes as long as its busiest SM."""
-    from .timing import _busiest_sm
     g = _gpu(gpu)
     ph = phases(head_dim, block_rows, block_cols, g, dtype)
     if loads == "producer":
@@ -352,7 +351,7 @@ def launch_seconds(seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 
               if causal else T_c for i in range(T_r)]
     cycles = _cycles_by_blocks(ph, max(blocks), schedule, loads, stages)
     per_block = [float(cycles[n - 1]) for n in blocks]
-    busiest = _busiest_sm(per_block, batch * heads, g.sms * blocks_per_sm) * blocks_per_sm
+    busiest = busiest_sm(per_block, batch * heads, g.sms * blocks_per_sm) * blocks_per_sm
     seconds = busiest / g.tensor_clock_hz
     flops = 4 * seq_len * seq_len * head_dim * batch * heads / (2 if causal else 1)
     return {"seconds": seconds, "tflops": flops / seconds / 1e12, "phases": ph,

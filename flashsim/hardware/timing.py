@@ -88,14 +88,25 @@ def block_flops(plan) -> list[tuple[str, list[int]]]:
             for launch in launches(nest)]
 
 
-def _busiest_sm(flops: list[int], heads: int, sms: int) -> int:
-    """Hand blocks (i fastest, then head) to the least-loaded SM; the largest SM total."""
-    load = [0] * min(sms, len(flops) * heads)
-    heapq.heapify(load)
+def hand_out_blocks(costs: list, heads: int, sms: int) -> tuple[list, list[int]]:
+    """Hand blocks (i fastest, then head) to the least-loaded SM, as the hardware hands a
+    free SM the next block: (each SM's total cost, the SM of each block in launch order)."""
+    heap = [(0, k) for k in range(min(sms, len(costs) * heads))]
+    which = []
     for _ in range(heads):
-        for f in flops:
-            heapq.heapreplace(load, load[0] + f)
-    return max(load)
+        for f in costs:
+            load, k = heap[0]
+            heapq.heapreplace(heap, (load + f, k))
+            which.append(k)
+    totals = [0] * len(heap)
+    for load, k in heap:
+        totals[k] = load
+    return totals, which
+
+
+def busiest_sm(costs: list, heads: int, sms: int):
+    """The largest SM total of :func:`hand_out_blocks`."""
+    return max(hand_out_blocks(costs, heads, sms)[0])
 
 
 def _per_launch(value, label: str):
@@ -116,7 +127,7 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
     out = []
     for (label, flops), traffic in zip(block_flops(plan), l2.launches):
         blocks = len(flops) * heads
-        busiest = _busiest_sm(flops, heads, g.sms) if any(flops) else 0
+        busiest = busiest_sm(flops, heads, g.sms) if any(flops) else 0
         warps = _per_launch(warps_per_block, label)
         bps = _per_launch(l2.blocks_per_sm, label)
         hiding = 1.0

@@ -13,6 +13,11 @@ exists (``benchmarks/masks_h200.py`` writes it): ``{"provenance": {...}, "points
 "d", "N", "mask", "time_ms", "non_skipped_fraction", ...}, ...]}``, the masked kernel's points
 as impl ``cupy_flash3_mask`` (mask: the spec), the unmasked kernel's as ``cupy_flash3`` (mask
 "none"), peers beside them. Without it :func:`measurements` is empty and the notebook says so.
+
+The Hopper kernel's own time model (``flashsim.measured.masked_time``: each query block's
+fixed, tile and partial-tile cost handed out over the SMs, fitted at one N) gives each view
+its predicted masked / unmasked ratio (``kernel_ratio``, for d it was fitted at), drawn
+beside the measured crosses; :func:`kernel_model_table` sets it beside every measured point.
 """
 
 from __future__ import annotations
@@ -102,7 +107,26 @@ def _mask_view(family: str, text: str, seq_len: int, head_dim: int, heads: int, 
         "dense_mask_bytes": _masks.dense_mask_bytes(seq_len),
         "flashmask_bytes": _masks.flashmask_bytes(seq_len),
         "time_ratio": rows["flash2"]["time_s"] / rows["unmasked"]["time_s"],
+        "kernel_ratio": kernel_ratio(text, seq_len, head_dim, heads),
     }
+
+
+def kernel_ratio(text: str, seq_len: int, head_dim: int, heads: int) -> float | None:
+    """The Hopper kernel's masked / unmasked time by its query-block model
+    (``flashsim.measured.masked_time``), or None at a d it was not fitted at."""
+    from ..measured import masked_time as mt
+    if head_dim not in mt.CONSTANTS:
+        return None
+    return (mt.predict_seconds(text, seq_len, head_dim, heads)
+            / mt.predict_seconds("none", seq_len, head_dim, heads))
+
+
+def kernel_model_table() -> str:
+    """Every measured point of the masked kernel beside the query-block model's ratio and
+    the benchmark's s + p kappa (``masked_time.format_rows``), or the note that none is
+    measured."""
+    from ..measured import masked_time as mt
+    return mt.format_rows(mt.rows()) if measurements() else measured_note()
 
 
 def describe(v: dict) -> str:
@@ -162,7 +186,8 @@ class MaskPicture:
     """Left: the mask (sampled; dark = seen). Middle: the tiles, skipped (light), partial
     (orange), full (green). Right: bytes and roofline time of flash2 with the mask, without
     it and of standard attention with the dense mask, as shares of the unmasked flash2
-    run's; measured points (when committed) as crosses. Drawn in layers: the frames, tick
+    run's; measured points (when committed) as crosses, the Hopper kernel's query-block model
+    (``kernel_ratio``) as a plus. Drawn in layers: the frames, tick
     labels and legend are saved; the bar axis's limits lie on whole decades, so a move
     redraws only the images, bars and title (and the bar axis when its decades change)."""
 
@@ -188,6 +213,7 @@ class MaskPicture:
         self.bars_t = self.cx.bar(x + 0.2, np.ones(3), width=0.4, color="#ff7f0e",
                                   label="roofline time")
         self.meas, = self.cx.plot([], [], "kx", ms=8, label="measured time")
+        self.model, = self.cx.plot([], [], "r+", ms=9, label="kernel model")
         self.cx.set_xticks(x)
         self.cx.set_xticklabels(["flash2\nmasked", "flash2\nunmasked", "standard\ndense mask"],
                                 fontsize=7)
@@ -204,7 +230,8 @@ class MaskPicture:
             ys += [v[key]["hbm_bytes"] / base["hbm_bytes"], v[key]["time_s"] / base["time_s"]]
         pts = [p for p in v["measured"] if p.get("mask") == v["spec"] and p.get("impl") == MASKED_IMPL]
         ref = [p for p in v["measured"] if p.get("impl") == UNMASKED_IMPL]
-        return ys + ([p["time_ms"] / ref[0]["time_ms"] for p in pts] if ref else [])
+        return ys + ([p["time_ms"] / ref[0]["time_ms"] for p in pts] if ref else []) \
+            + ([v["kernel_ratio"]] if v.get("kernel_ratio") else [])
 
     @classmethod
     def _decades(cls, v: dict) -> tuple[float, float]:
@@ -217,7 +244,7 @@ class MaskPicture:
         return [(self._decades(v), [self.cx.yaxis]),
                 (None, [self.img, self.tiles, *self.ax.spines.values(),   # frames over images
                         *self.bx.spines.values(), *self.bars_b, *self.bars_t, self.meas,
-                        self.title])]
+                        self.model, self.title])]
 
     def update(self, v: dict) -> None:
         self.img.set_data(v["picture"].astype(float))
@@ -233,6 +260,8 @@ class MaskPicture:
                                [p["time_ms"] / ref[0]["time_ms"] for p in pts])
         else:
             self.meas.set_data([], [])
+        k = v.get("kernel_ratio")
+        self.model.set_data(*(([0.2], [k]) if k else ([], [])))
         self.cx.set_ylim(*self._decades(v))
         self.title.set_text(f"{v['spec'][:60]}, N = {v['seq_len']:,}, tiles "
                             f"{v['block_rows']} x {v['block_cols']} ({v['gpu']}): "
