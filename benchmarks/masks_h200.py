@@ -2,6 +2,7 @@
 
     python -m benchmarks.masks_h200 --out DIR            # check, then time every point
     python -m benchmarks.masks_h200 --quick --out DIR    # N = 16384 only
+    python -m benchmarks.masks_h200 --fresh --out DIR    # other N, window, documents: held out
     compute-sanitizer --tool memcheck python -m benchmarks.masks_h200 --sanitize --out DIR
 
 Writes DIR/masks_h200.json (``--sanitize``: masks_h200_sanitize.json). Configurations: fp16
@@ -57,11 +58,16 @@ FAMILIES = ("sliding", "document", "causal", "prefix")
 MASK_OPS = 6
 
 
-def mask_spec(family: str, N: int, window: int = 1024) -> str:
-    """The flashsim spec of a family at N (document: four equal documents, causal within;
-    prefix: N / 4)."""
+# --fresh: launches measured only after masked_time's constants were fitted and committed
+# (other N, window and document count), all of them held out.
+FRESH_SIZES, FRESH_WINDOW, FRESH_DOCUMENTS = (12288, 24576), 2048, 8
+
+
+def mask_spec(family: str, N: int, window: int = 1024, documents: int = 4) -> str:
+    """The flashsim spec of a family at N (document: ``documents`` equal documents, causal
+    within; prefix: N / 4)."""
     return {"sliding": f"sliding:{window}", "causal": "causal", "prefix": f"prefix:{max(1, N // 4)}",
-            "document": "document:" + ",".join(map(str, masks.documents(N, 4))) + ":causal"}[family]
+            "document": "document:" + ",".join(map(str, masks.documents(N, documents))) + ":causal"}[family]
 
 
 def check_mask(family: str, N: int) -> masks.Mask:
@@ -159,6 +165,12 @@ class MaskBench(Recorder):
         super().__init__(args, name, __doc__.split("Method: ")[1].strip(), timing=self.harness.method(),
                          overhead_model=predicted_ratio.__doc__.strip() + f" MASK_OPS = {MASK_OPS}.",
                          correctness=[])
+
+    def spec(self, family: str, N: int) -> str:
+        """The timed mask of ``family`` at N (``--fresh``: its own window and documents)."""
+        if getattr(self.args, "fresh", False):
+            return mask_spec(family, N, window=FRESH_WINDOW, documents=FRESH_DOCUMENTS)
+        return mask_spec(family, N)
 
     # -------------------------------------------------------------- correct first
     def check_all(self, sizes=CHECK_N, head_dims=flash3.MASK_HEAD_DIMS, dtypes=("float16",)) -> bool:
@@ -289,7 +301,7 @@ class MaskBench(Recorder):
             q, k, v = (torch.randn(1, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
             unmasked_ms = None
             for family in FAMILIES:
-                mask = masks.parse(mask_spec(family, N), N)
+                mask = masks.parse(self.spec(family, N), N)
                 frac = tile_fractions(mask)
                 useful = 4 * d * H * visible_pairs(mask)
                 dense = self.dense(mask)
@@ -373,18 +385,23 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="N = 16384 only")
     ap.add_argument("--no-flex", action="store_true", help="leave flex_attention out (it compiles per shape)")
     ap.add_argument("--sanitize", action="store_true", help="tiny checked launches, no timing")
+    ap.add_argument("--fresh", action="store_true",
+                    help=f"N = {FRESH_SIZES}, window {FRESH_WINDOW}, {FRESH_DOCUMENTS} documents, "
+                         "no flex -> masks_h200_fresh.json (held out from the fitted time model)")
     args = ap.parse_args(argv)
     if args.sanitize:
         return sanitize(args)
 
     import torch
 
-    bench = MaskBench(args)
+    bench = MaskBench(args, "masks_h200_fresh.json") if args.fresh else MaskBench(args)
+    if args.fresh:
+        args.no_flex = True
     bench.results["provenance"] = harness.provenance(
         extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = FRESH_SIZES if args.fresh else QUICK_SIZES if args.quick else SIZES
     bench.results["configs"] = {"hidden": HIDDEN, "N": list(sizes), "head_dims": list(flash3.MASK_HEAD_DIMS),
-                                "masks": {N: [mask_spec(f, N) for f in FAMILIES] for N in sizes},
+                                "masks": {N: [bench.spec(f, N) for f in FAMILIES] for N in sizes},
                                 "flex_N": list(FLEX_N), "check_N": list(CHECK_N), "tiles": [flash3.BLOCK_R, 128]}
     print(json.dumps(bench.results["provenance"], indent=1), flush=True)
     checks = {}
