@@ -21,8 +21,10 @@ this model needs a schedule, read from the same loop nest as everything else:
   reaches DRAM when it is evicted. Dirty tiles still in L2 when the kernel ends are not
   DRAM writes *of that kernel* (Nsight's counters stop at the kernel's end); they are
   reported apart.
-* **Sectors.** Every tile is charged the 32-byte sectors it touches, row by row: the
-  L2 request bytes are the two-level bytes rounded up to sectors.
+* **Sectors.** Every tile's requests are the 32-byte sectors it touches, row by row: the
+  L2 request bytes are the two-level bytes rounded up to sectors. The cache holds, and
+  DRAM moves, the sectors a tile owns (those whose first byte lies in it): a sector two
+  neighbouring tiles share is one line, read or written back once (``_sectors``).
 
 What it leaves out, each a reason a prediction can miss:
 
@@ -100,49 +102,75 @@ class L2Report:
         }
 
 
-def _sector_bytes(rows: tuple[int, int], cols: tuple[int, int], width: int, b: int) -> int:
-    """Bytes of the 32-byte sectors a tile touches in a row-major (rows x width) matrix."""
+def _up(byte: int) -> int:
+    """The index of the first sector that starts at or after ``byte``."""
+    return -(-byte // SECTOR)
+
+
+def _sectors(rows: tuple[int, int], cols: tuple[int, int], width: int, b: int) -> tuple[int, int]:
+    """``(touched, owned)``: bytes of the 32-byte sectors a tile touches in a row-major
+    (rows x width) matrix, and of those whose first byte lies inside the tile (each sector
+    of a matrix is owned by exactly one tile of any tiling that covers it, so a sector
+    two neighbouring tiles share is counted once)."""
     (r0, r1), (c0, c1) = rows, cols
     if c0 == 0 and c1 == width:                      # whole rows: one contiguous range
-        return (((r1 * width) * b - 1) // SECTOR - (r0 * width * b) // SECTOR + 1) * SECTOR
+        lo, hi = r0 * width * b, r1 * width * b
+        return ((hi - 1) // SECTOR - lo // SECTOR + 1) * SECTOR, (_up(hi) - _up(lo)) * SECTOR
     # Row r starts at byte (r width + c0) b; its sectors depend on that start mod 32, which
     # repeats every q rows: sum one period of rows, times the whole periods, plus the rest.
     q = SECTOR // math.gcd(width * b, SECTOR)
     length = (c1 - c0) * b
 
-    def row(r: int) -> int:
+    def row(r: int) -> tuple[int, int]:
         start = (r * width + c0) * b
-        return (start + length - 1) // SECTOR - start // SECTOR + 1
+        end = start + length
+        return (end - 1) // SECTOR - start // SECTOR + 1, _up(end) - _up(start)
+
+    def total(rs) -> tuple[int, int]:
+        t = o = 0
+        for r in rs:
+            a, c = row(r)
+            t, o = t + a, o + c
+        return t, o
 
     n = r1 - r0
-    period = sum(row(r) for r in range(r0, r0 + min(q, n)))
-    rest = sum(row(r) for r in range(r0, r0 + n % q)) if n > q else 0
-    return ((n // q) * period + rest) * SECTOR if n > q else period * SECTOR
+    pt, po = total(range(r0, r0 + min(q, n)))
+    if n <= q:
+        return pt * SECTOR, po * SECTOR
+    rt, ro = total(range(r0, r0 + n % q))
+    return ((n // q) * pt + rt) * SECTOR, ((n // q) * po + ro) * SECTOR
+
+
+def _sector_bytes(rows: tuple[int, int], cols: tuple[int, int], width: int, b: int) -> int:
+    """Bytes of the 32-byte sectors a tile touches in a row-major (rows x width) matrix."""
+    return _sectors(rows, cols, width, b)[0]
 
 
 def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, sizes: dict,
              intern: dict) -> list:
     """A block's steps: ``[(shared, private, read_bytes, write_bytes)]``. A step is one
     iteration of an innermost loop, or a run of loads/stores between loops; its requests are
-    ``(key, sector_bytes, is_write)``. ``private`` requests depend on the block's own index
-    (``private_var``); ``shared`` ones do not, and equal tuples are one object (``intern``),
-    so blocks asking for the same tiles in one step are merged by identity."""
+    ``(key, owned_sector_bytes, is_write)`` (what the cache holds and DRAM moves) and its
+    read and write bytes the sectors the requests touch (what the L2 is asked for).
+    ``private`` requests depend on the block's own index (``private_var``); ``shared`` ones
+    do not, and equal tuples are one object (``intern``), so blocks asking for the same
+    tiles in one step are merged by identity."""
     steps: list = []
     cur_s: list = []
     cur_p: list = []
+    touched = [0, 0]                    # this step's requested bytes: read, written
 
     def flush():
         nonlocal cur_s, cur_p
         if cur_s or cur_p:
             shared = tuple(cur_s)
             shared = intern.setdefault(shared, shared)
-            rb = sum(nb for _, nb, w in cur_s + cur_p if not w)
-            wb = sum(nb for _, nb, w in cur_s + cur_p if w)
-            step = (shared, tuple(cur_p), rb, wb)
+            step = (shared, tuple(cur_p), touched[0], touched[1])
             if not cur_p:               # the same for every block: kept once
                 step = intern.setdefault(("step",) + step, step)
             steps.append(step)
             cur_s, cur_p = [], []
+            touched[:] = [0, 0]
 
     def visit(body: tuple):
         for op in body:
@@ -150,11 +178,13 @@ def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, si
                 t = tensors[op.tensor]
                 rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
                 key = (op.tensor, rows[0], cols[0])
-                nb = sizes.get((op.tensor, rows, cols))
-                if nb is None:
-                    nb = sizes[(op.tensor, rows, cols)] = _sector_bytes(
+                sz = sizes.get((op.tensor, rows, cols))
+                if sz is None:
+                    sz = sizes[(op.tensor, rows, cols)] = _sectors(
                         rows, cols, t.cols, t.elem_bytes)
-                req = (key, nb, isinstance(op, Store))
+                write = isinstance(op, Store)
+                touched[write] += sz[0]
+                req = (key, sz[1], write)
                 private = private_var is not None and private_var in (op.rows, op.cols)
                 (cur_p if private else cur_s).append(req)
             elif isinstance(op, Loop):
@@ -318,7 +348,7 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
         default_bps = max(1, min(32, g.sram_per_sm // max(ws, 1),
                                  g.register_bytes_per_sm // max(regs, 1)))
     report = L2Report(cap, default_bps if blocks_per_sm is None else blocks_per_sm, n_sms)
-    sizes: dict = {}                    # tile -> sector bytes (l2_lockstep keys its own)
+    sizes: dict = {}                    # tile -> (touched, owned) bytes (l2_lockstep keys its own)
     intern: dict = {}
     budget = budget if budget is not None else l2_lockstep.Budget(work_limit)
     for launch in launches(nest):

@@ -107,8 +107,8 @@ def _dims(ops: tuple, out: dict) -> dict:
 class _Engine:
     def __init__(self, launch, tensors: dict, traffic, capacity: int, sizes: dict,
                  budget: Budget):
-        from .l2 import _LRU, _sector_bytes
-        self.sector_bytes = _sector_bytes
+        from .l2 import _LRU, _sectors
+        self.sectors = _sectors
         self.launch, self.tensors, self.t, self.sizes, self.budget = (
             launch, tensors, traffic, sizes, budget)
         self.lru = _LRU(capacity, traffic)
@@ -248,7 +248,7 @@ class _Engine:
         """One step of every block in the wave: the requests of ``ops``, shared tiles once
         per head and each block's own tiles, merged and sent through the LRU exactly as
         ``l2._simulate`` and ``l2._LRU.access`` do (inlined here: this is the hot loop)."""
-        ctx, tensors, sizes, sector_bytes = self.ctx, self.tensors, self.sizes, self.sector_bytes
+        ctx, tensors, sizes, sectors = self.ctx, self.tensors, self.sizes, self.sectors
         pvar = self.pvar
         shared, private = [], []
         srb = swb = 0
@@ -265,10 +265,11 @@ class _Engine:
             # and its row length (each row starts t.cols * b bytes after the last).
             size_key = (op.tensor, (rows[0] * t.cols + cols[0]) * t.elem_bytes % SECTOR,
                         rows[1] - rows[0], cols[1] - cols[0])
-            nb = sizes.get(size_key)
-            if nb is None:
-                nb = sizes[size_key] = sector_bytes(rows, cols, t.cols, t.elem_bytes)
-            shared.append((op.tensor, rows[0], cols[0], nb, write))
+            sz = sizes.get(size_key)
+            if sz is None:
+                sz = sizes[size_key] = sectors(rows, cols, t.cols, t.elem_bytes)
+            nb = sz[0]                      # requested; the cache holds the owned sz[1]
+            shared.append((op.tensor, rows[0], cols[0], sz[1], write))
             if write:
                 swb += nb
             else:
@@ -290,10 +291,11 @@ class _Engine:
                     cols = own if cols is None else cols
                     size_key = (tensor, (rows[0] * width + cols[0]) * b % SECTOR,
                                 rows[1] - rows[0], cols[1] - cols[0])
-                    nb = sizes.get(size_key)
-                    if nb is None:
-                        nb = sizes[size_key] = sector_bytes(rows, cols, width, b)
-                    note_request(reqs, (h, tensor, rows[0], cols[0]), nb, write)
+                    sz = sizes.get(size_key)
+                    if sz is None:
+                        sz = sizes[size_key] = sectors(rows, cols, width, b)
+                    note_request(reqs, (h, tensor, rows[0], cols[0]), sz[1], write)
+                    nb = sz[0]
                     if write:
                         wr += nb
                     else:
