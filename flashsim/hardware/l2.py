@@ -203,32 +203,72 @@ def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, si
 
 
 class _LRU:
-    """Fully associative LRU over tiles, write-back, write-allocate."""
+    """Fully associative LRU over tiles, write-back, write-allocate, and a dirty line's
+    home half (module doc, "Dirty lines"): the lines in LRU order are split in two, the
+    ``recent`` ones (their weight, 2 bytes per byte of a line only read and 1 per byte of a
+    line written, at most the capacity) and the ``older`` ones, all clean. A dirty line
+    that falls out of ``recent`` is written back to DRAM and stays, clean. Which lines are
+    held, and so every DRAM read, is the plain LRU's: the split decides only when a dirty
+    line's bytes reach DRAM. A line is ``[bytes, dirty, weight]``."""
+
+    READ_WEIGHT, WRITTEN_WEIGHT = 2, 1
 
     def __init__(self, capacity: int, traffic: LaunchTraffic):
         self.capacity, self.t = capacity, traffic
-        self.lines: OrderedDict = OrderedDict()
-        self.used = 0
+        self.recent: OrderedDict = OrderedDict()
+        self.older: OrderedDict = OrderedDict()
+        self.used = 0               # bytes of both parts
+        self.weight = 0             # weight of ``recent``
+
+    def __len__(self) -> int:
+        return len(self.recent) + len(self.older)
 
     def access(self, key, nbytes: int, write: bool) -> None:
-        line = self.lines.get(key)
+        recent = self.recent
+        line = recent.get(key)
         if line is not None:
-            self.lines.move_to_end(key)
-            if write:
-                line[1] = True
-            return
-        if not write:
-            self.t.dram_read_bytes += nbytes
-        self.lines[key] = [nbytes, write]
-        self.used += nbytes
-        while self.used > self.capacity and self.lines:
-            _, (nb, dirty) = self.lines.popitem(last=False)
-            self.used -= nb
-            if dirty:
-                self.t.dram_write_bytes += nb
+            recent.move_to_end(key)
+        else:
+            line = self.older.pop(key, None)
+            if line is not None:
+                recent[key] = line
+                self.weight += line[0] * line[2]
+        if line is None:
+            if not write:
+                self.t.dram_read_bytes += nbytes
+            w = self.WRITTEN_WEIGHT if write else self.READ_WEIGHT
+            recent[key] = [nbytes, write, w]
+            self.used += nbytes
+            self.weight += nbytes * w
+        elif write:
+            line[1] = True
+            if line[2] != self.WRITTEN_WEIGHT:
+                self.weight -= line[0] * (line[2] - self.WRITTEN_WEIGHT)
+                line[2] = self.WRITTEN_WEIGHT
+        cap = self.capacity
+        while self.weight > cap and recent:          # out of its home half: written back
+            k, old = recent.popitem(last=False)
+            self.weight -= old[0] * old[2]
+            if old[1]:
+                self.t.dram_write_bytes += old[0]
+                old[1] = False
+            self.older[k] = old
+        while self.used > cap and (self.older or recent):      # out of the L2
+            if self.older:
+                _, old = self.older.popitem(last=False)
+            else:
+                _, old = recent.popitem(last=False)
+                self.weight -= old[0] * old[2]
+                if old[1]:
+                    self.t.dram_write_bytes += old[0]
+            self.used -= old[0]
 
     def dirty_bytes(self) -> int:
-        return sum(nb for nb, dirty in self.lines.values() if dirty)
+        return sum(line[0] for line in self.recent.values() if line[1])
+
+    def state(self) -> tuple:
+        """Both parts, in order: what a later state must equal to repeat this one."""
+        return self.recent, self.older
 
 
 def note_request(step_keys: dict, k, nb: int, write: bool) -> None:
