@@ -18,9 +18,11 @@ this model needs a schedule, read from the same loop nest as everything else:
   line are.
 * **The cache.** Capacity in bytes, LRU replacement over tiles, write-back and
   write-allocate: a store makes its tile dirty in L2 without reading DRAM; a dirty tile
-  reaches DRAM when it is evicted. Dirty tiles still in L2 when the kernel ends are not
-  DRAM writes *of that kernel* (Nsight's counters stop at the kernel's end); they are
-  reported apart.
+  reaches DRAM when it is evicted, or earlier, when its home half of the L2 has turned
+  over (``_LRU``: the H200's L2 is two halves; a dirty line lives only in its home half,
+  which sees every line read but about half the stores). Dirty tiles still in L2 when
+  the kernel ends are not DRAM writes *of that kernel* (Nsight's counters stop at the
+  kernel's end); they are reported apart.
 * **Sectors.** Every tile's requests are the 32-byte sectors it touches, row by row: the
   L2 request bytes are the two-level bytes rounded up to sectors. The cache holds, and
   DRAM moves, the sectors a tile owns (those whose first byte lies in it): a sector two
@@ -38,9 +40,11 @@ What it leaves out, each a reason a prediction can miss:
   mask the coalescer removes a large share of FlashAttention-2's read requests; under a
   causal mask the blocks drift apart and it removes little. ``flashsim.measured.validation`` reads
   both from the counters and shows they account for the difference.
-* The H200's L2 being two partitions (data used by SMs on both sides may be held twice,
-  which lowers the useful capacity), hashing and set conflicts (LRU here is fully
-  associative), and prefetching.
+* What the two halves do to lines that are only read (data used by SMs on both sides may
+  be held twice, which lowers the useful capacity: the 107 points refute halving it),
+  hashing and set conflicts (LRU here is fully associative, so a re-read either always
+  hits or always misses, where the counters show a gradual change with the footprint),
+  and prefetching.
 
 The schedule itself was measured (``benchmarks/sm_placement.py``): the first
 SMs x blocks-per-SM blocks start together in launch order, consecutive blocks on different
