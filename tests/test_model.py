@@ -193,3 +193,22 @@ def test_fastest_blocks_fixed_dimension_and_refusals():
         flashsim.fastest_blocks("flash2", 512, 64, lambda r, c: 0.0)
     with pytest.raises(FlashsimError):
         flashsim.fastest_blocks("standard", 512, 64, lambda r, c: 1.0)
+
+
+def test_a_launch_takes_at_least_its_chain_of_steps():
+    """The time model's latency term: a launch of a few short blocks (one wave, a handful
+    of K/V blocks each) cannot end before its steps, one memory latency each, however
+    little it computes; a long launch is bound by its compute, not by the chain."""
+    from flashsim.hardware import l2, timing
+    short = flashsim.plan("flash2", 256, 64, batch=1, heads=2, dtype="fp16", gpu="h200",
+                          block_rows=128, block_cols=64)
+    rep = l2.simulate(short, blocks_per_sm=1)
+    (t,) = timing.predict(short, timing.Efficiency.for_dtype("fp16", 0.25), l2=rep)
+    assert rep.launches[0].steps == 4 + 2          # Q_i; four K/V blocks; O_i
+    assert t.latency_s == rep.launches[0].steps * timing.STEP_LATENCY_S > t.compute_s
+    assert t.seconds == t.latency_s + timing.LAUNCH_LATENCY_S
+    long = flashsim.plan("flash2", 4096, 128, batch=4, heads=16, dtype="fp16", gpu="h200",
+                         block_rows=128, block_cols=64)
+    (t,) = timing.predict(long, timing.Efficiency.for_dtype("fp16", 0.25), blocks_per_sm=2)
+    assert t.compute_s > 2 * t.latency_s > 0
+    assert t.seconds == t.compute_s + timing.LAUNCH_LATENCY_S

@@ -18,11 +18,15 @@ this model needs a schedule, read from the same loop nest as everything else:
   line are.
 * **The cache.** Capacity in bytes, LRU replacement over tiles, write-back and
   write-allocate: a store makes its tile dirty in L2 without reading DRAM; a dirty tile
-  reaches DRAM when it is evicted. Dirty tiles still in L2 when the kernel ends are not
-  DRAM writes *of that kernel* (Nsight's counters stop at the kernel's end); they are
-  reported apart.
-* **Sectors.** Every tile is charged the 32-byte sectors it touches, row by row: the
-  L2 request bytes are the two-level bytes rounded up to sectors.
+  reaches DRAM when it is evicted, or earlier, when its home half of the L2 has turned
+  over (``_LRU``: the H200's L2 is two halves; a dirty line lives only in its home half,
+  which sees every line read but about half the stores). Dirty tiles still in L2 when
+  the kernel ends are not DRAM writes *of that kernel* (Nsight's counters stop at the
+  kernel's end); they are reported apart.
+* **Sectors.** Every tile's requests are the 32-byte sectors it touches, row by row: the
+  L2 request bytes are the two-level bytes rounded up to sectors. The cache holds, and
+  DRAM moves, the sectors a tile owns (those whose first byte lies in it): a sector two
+  neighbouring tiles share is one line, read or written back once (``_sectors``).
 
 What it leaves out, each a reason a prediction can miss:
 
@@ -36,9 +40,11 @@ What it leaves out, each a reason a prediction can miss:
   mask the coalescer removes a large share of FlashAttention-2's read requests; under a
   causal mask the blocks drift apart and it removes little. ``flashsim.measured.validation`` reads
   both from the counters and shows they account for the difference.
-* The H200's L2 being two partitions (data used by SMs on both sides may be held twice,
-  which lowers the useful capacity), hashing and set conflicts (LRU here is fully
-  associative), and prefetching.
+* What the two halves do to lines that are only read (data used by SMs on both sides may
+  be held twice, which lowers the useful capacity: the 107 points refute halving it),
+  hashing and set conflicts (LRU here is fully associative, so a re-read either always
+  hits or always misses, where the counters show a gradual change with the footprint),
+  and prefetching.
 
 The schedule itself was measured (``benchmarks/sm_placement.py``): the first
 SMs x blocks-per-SM blocks start together in launch order, consecutive blocks on different
@@ -100,49 +106,75 @@ class L2Report:
         }
 
 
-def _sector_bytes(rows: tuple[int, int], cols: tuple[int, int], width: int, b: int) -> int:
-    """Bytes of the 32-byte sectors a tile touches in a row-major (rows x width) matrix."""
+def _up(byte: int) -> int:
+    """The index of the first sector that starts at or after ``byte``."""
+    return -(-byte // SECTOR)
+
+
+def _sectors(rows: tuple[int, int], cols: tuple[int, int], width: int, b: int) -> tuple[int, int]:
+    """``(touched, owned)``: bytes of the 32-byte sectors a tile touches in a row-major
+    (rows x width) matrix, and of those whose first byte lies inside the tile (each sector
+    of a matrix is owned by exactly one tile of any tiling that covers it, so a sector
+    two neighbouring tiles share is counted once)."""
     (r0, r1), (c0, c1) = rows, cols
     if c0 == 0 and c1 == width:                      # whole rows: one contiguous range
-        return (((r1 * width) * b - 1) // SECTOR - (r0 * width * b) // SECTOR + 1) * SECTOR
+        lo, hi = r0 * width * b, r1 * width * b
+        return ((hi - 1) // SECTOR - lo // SECTOR + 1) * SECTOR, (_up(hi) - _up(lo)) * SECTOR
     # Row r starts at byte (r width + c0) b; its sectors depend on that start mod 32, which
     # repeats every q rows: sum one period of rows, times the whole periods, plus the rest.
     q = SECTOR // math.gcd(width * b, SECTOR)
     length = (c1 - c0) * b
 
-    def row(r: int) -> int:
+    def row(r: int) -> tuple[int, int]:
         start = (r * width + c0) * b
-        return (start + length - 1) // SECTOR - start // SECTOR + 1
+        end = start + length
+        return (end - 1) // SECTOR - start // SECTOR + 1, _up(end) - _up(start)
+
+    def total(rs) -> tuple[int, int]:
+        t = o = 0
+        for r in rs:
+            a, c = row(r)
+            t, o = t + a, o + c
+        return t, o
 
     n = r1 - r0
-    period = sum(row(r) for r in range(r0, r0 + min(q, n)))
-    rest = sum(row(r) for r in range(r0, r0 + n % q)) if n > q else 0
-    return ((n // q) * period + rest) * SECTOR if n > q else period * SECTOR
+    pt, po = total(range(r0, r0 + min(q, n)))
+    if n <= q:
+        return pt * SECTOR, po * SECTOR
+    rt, ro = total(range(r0, r0 + n % q))
+    return ((n // q) * pt + rt) * SECTOR, ((n // q) * po + ro) * SECTOR
+
+
+def _sector_bytes(rows: tuple[int, int], cols: tuple[int, int], width: int, b: int) -> int:
+    """Bytes of the 32-byte sectors a tile touches in a row-major (rows x width) matrix."""
+    return _sectors(rows, cols, width, b)[0]
 
 
 def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, sizes: dict,
              intern: dict) -> list:
     """A block's steps: ``[(shared, private, read_bytes, write_bytes)]``. A step is one
     iteration of an innermost loop, or a run of loads/stores between loops; its requests are
-    ``(key, sector_bytes, is_write)``. ``private`` requests depend on the block's own index
-    (``private_var``); ``shared`` ones do not, and equal tuples are one object (``intern``),
-    so blocks asking for the same tiles in one step are merged by identity."""
+    ``(key, owned_sector_bytes, is_write)`` (what the cache holds and DRAM moves) and its
+    read and write bytes the sectors the requests touch (what the L2 is asked for).
+    ``private`` requests depend on the block's own index (``private_var``); ``shared`` ones
+    do not, and equal tuples are one object (``intern``), so blocks asking for the same
+    tiles in one step are merged by identity."""
     steps: list = []
     cur_s: list = []
     cur_p: list = []
+    touched = [0, 0]                    # this step's requested bytes: read, written
 
     def flush():
         nonlocal cur_s, cur_p
         if cur_s or cur_p:
             shared = tuple(cur_s)
             shared = intern.setdefault(shared, shared)
-            rb = sum(nb for _, nb, w in cur_s + cur_p if not w)
-            wb = sum(nb for _, nb, w in cur_s + cur_p if w)
-            step = (shared, tuple(cur_p), rb, wb)
+            step = (shared, tuple(cur_p), touched[0], touched[1])
             if not cur_p:               # the same for every block: kept once
                 step = intern.setdefault(("step",) + step, step)
             steps.append(step)
             cur_s, cur_p = [], []
+            touched[:] = [0, 0]
 
     def visit(body: tuple):
         for op in body:
@@ -150,11 +182,13 @@ def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, si
                 t = tensors[op.tensor]
                 rows, cols = span(ctx, op.rows, t.rows), span(ctx, op.cols, t.cols)
                 key = (op.tensor, rows[0], cols[0])
-                nb = sizes.get((op.tensor, rows, cols))
-                if nb is None:
-                    nb = sizes[(op.tensor, rows, cols)] = _sector_bytes(
+                sz = sizes.get((op.tensor, rows, cols))
+                if sz is None:
+                    sz = sizes[(op.tensor, rows, cols)] = _sectors(
                         rows, cols, t.cols, t.elem_bytes)
-                req = (key, nb, isinstance(op, Store))
+                write = isinstance(op, Store)
+                touched[write] += sz[0]
+                req = (key, sz[1], write)
                 private = private_var is not None and private_var in (op.rows, op.cols)
                 (cur_p if private else cur_s).append(req)
             elif isinstance(op, Loop):
@@ -173,32 +207,72 @@ def block_steps(ops: tuple, tensors: dict, ctx: Ctx, private_var: str | None, si
 
 
 class _LRU:
-    """Fully associative LRU over tiles, write-back, write-allocate."""
+    """Fully associative LRU over tiles, write-back, write-allocate, and a dirty line's
+    home half (module doc, "Dirty lines"): the lines in LRU order are split in two, the
+    ``recent`` ones (their weight, 2 bytes per byte of a line only read and 1 per byte of a
+    line written, at most the capacity) and the ``older`` ones, all clean. A dirty line
+    that falls out of ``recent`` is written back to DRAM and stays, clean. Which lines are
+    held, and so every DRAM read, is the plain LRU's: the split decides only when a dirty
+    line's bytes reach DRAM. A line is ``[bytes, dirty, weight]``."""
+
+    READ_WEIGHT, WRITTEN_WEIGHT = 2, 1
 
     def __init__(self, capacity: int, traffic: LaunchTraffic):
         self.capacity, self.t = capacity, traffic
-        self.lines: OrderedDict = OrderedDict()
-        self.used = 0
+        self.recent: OrderedDict = OrderedDict()
+        self.older: OrderedDict = OrderedDict()
+        self.used = 0               # bytes of both parts
+        self.weight = 0             # weight of ``recent``
+
+    def __len__(self) -> int:
+        return len(self.recent) + len(self.older)
 
     def access(self, key, nbytes: int, write: bool) -> None:
-        line = self.lines.get(key)
+        recent = self.recent
+        line = recent.get(key)
         if line is not None:
-            self.lines.move_to_end(key)
-            if write:
-                line[1] = True
-            return
-        if not write:
-            self.t.dram_read_bytes += nbytes
-        self.lines[key] = [nbytes, write]
-        self.used += nbytes
-        while self.used > self.capacity and self.lines:
-            _, (nb, dirty) = self.lines.popitem(last=False)
-            self.used -= nb
-            if dirty:
-                self.t.dram_write_bytes += nb
+            recent.move_to_end(key)
+        else:
+            line = self.older.pop(key, None)
+            if line is not None:
+                recent[key] = line
+                self.weight += line[0] * line[2]
+        if line is None:
+            if not write:
+                self.t.dram_read_bytes += nbytes
+            w = self.WRITTEN_WEIGHT if write else self.READ_WEIGHT
+            recent[key] = [nbytes, write, w]
+            self.used += nbytes
+            self.weight += nbytes * w
+        elif write:
+            line[1] = True
+            if line[2] != self.WRITTEN_WEIGHT:
+                self.weight -= line[0] * (line[2] - self.WRITTEN_WEIGHT)
+                line[2] = self.WRITTEN_WEIGHT
+        cap = self.capacity
+        while self.weight > cap and recent:          # out of its home half: written back
+            k, old = recent.popitem(last=False)
+            self.weight -= old[0] * old[2]
+            if old[1]:
+                self.t.dram_write_bytes += old[0]
+                old[1] = False
+            self.older[k] = old
+        while self.used > cap and (self.older or recent):      # out of the L2
+            if self.older:
+                _, old = self.older.popitem(last=False)
+            else:
+                _, old = recent.popitem(last=False)
+                self.weight -= old[0] * old[2]
+                if old[1]:
+                    self.t.dram_write_bytes += old[0]
+            self.used -= old[0]
 
     def dirty_bytes(self) -> int:
-        return sum(nb for nb, dirty in self.lines.values() if dirty)
+        return sum(line[0] for line in self.recent.values() if line[1])
+
+    def state(self) -> tuple:
+        """Both parts, in order: what a later state must equal to repeat this one."""
+        return self.recent, self.older
 
 
 def note_request(step_keys: dict, k, nb: int, write: bool) -> None:
@@ -318,7 +392,7 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
         default_bps = max(1, min(32, g.sram_per_sm // max(ws, 1),
                                  g.register_bytes_per_sm // max(regs, 1)))
     report = L2Report(cap, default_bps if blocks_per_sm is None else blocks_per_sm, n_sms)
-    sizes: dict = {}                    # tile -> sector bytes (l2_lockstep keys its own)
+    sizes: dict = {}                    # tile -> (touched, owned) bytes (l2_lockstep keys its own)
     intern: dict = {}
     budget = budget if budget is not None else l2_lockstep.Budget(work_limit)
     for launch in launches(nest):

@@ -107,8 +107,8 @@ def _dims(ops: tuple, out: dict) -> dict:
 class _Engine:
     def __init__(self, launch, tensors: dict, traffic, capacity: int, sizes: dict,
                  budget: Budget):
-        from .l2 import _LRU, _sector_bytes
-        self.sector_bytes = _sector_bytes
+        from .l2 import _LRU, _sectors
+        self.sectors = _sectors
         self.launch, self.tensors, self.t, self.sizes, self.budget = (
             launch, tensors, traffic, sizes, budget)
         self.lru = _LRU(capacity, traffic)
@@ -125,7 +125,7 @@ class _Engine:
         """Whether writing out the state now costs at most a quarter of the simulation done
         since ``since`` (the budget spent when this loop last wrote it out), so that
         comparisons add at most about half to the work."""
-        return self.budget.used - since >= 4 * len(self.lru.lines)
+        return self.budget.used - since >= 4 * len(self.lru)
 
     # -- which loops repeat, and by how much a block moves each tensor ----------------
     def _unit(self, var: str, block: int):
@@ -159,14 +159,16 @@ class _Engine:
     def canonical(self, dh: int, unit: dict, k: int) -> list:
         """The cache's lines in LRU order, heads counted from ``dh`` and each tensor's
         offsets from ``k`` times its ``unit`` shift."""
-        self.budget.spend(len(self.lru.lines))
+        self.budget.spend(len(self.lru))
         out = []
-        for (h, tensor, r, c), (nb, dirty) in self.lru.lines.items():
-            s = unit.get(tensor)
-            if s is not None:
-                r -= k * s[0]
-                c -= k * s[1]
-            out.append((h - dh, tensor, r, c, nb, dirty))
+        for part in self.lru.state():
+            for (h, tensor, r, c), (nb, dirty, w) in part.items():
+                s = unit.get(tensor)
+                if s is not None:
+                    r -= k * s[0]
+                    c -= k * s[1]
+                out.append((h - dh, tensor, r, c, nb, dirty, w))
+            out.append(None)                # where the recent lines end
         return out
 
     def counters(self) -> tuple:
@@ -184,15 +186,18 @@ class _Engine:
         self.rd += d[2]
         self.wr += d[3]
         t.steps += d[4]
-        self.budget.spend(len(self.lru.lines))
-        lines = OrderedDict()
-        for (h, tensor, r, c), line in self.lru.lines.items():
-            s = unit.get(tensor)
-            if s is not None:
-                r += m * k * s[0]
-                c += m * k * s[1]
-            lines[(h + m * dh, tensor, r, c)] = line
-        self.lru.lines = lines
+        self.budget.spend(len(self.lru))
+        parts = []
+        for part in self.lru.state():
+            lines = OrderedDict()
+            for (h, tensor, r, c), line in part.items():
+                s = unit.get(tensor)
+                if s is not None:
+                    r += m * k * s[0]
+                    c += m * k * s[1]
+                lines[(h + m * dh, tensor, r, c)] = line
+            parts.append(lines)
+        self.lru.recent, self.lru.older = parts
 
     # -- one wave: the launch's ops walked once for all its blocks -------------------
     def run(self, ops: tuple, groups: list) -> None:
@@ -247,8 +252,8 @@ class _Engine:
     def step(self, ops: list, groups: list) -> None:
         """One step of every block in the wave: the requests of ``ops``, shared tiles once
         per head and each block's own tiles, merged and sent through the LRU exactly as
-        ``l2._simulate`` and ``l2._LRU.access`` do (inlined here: this is the hot loop)."""
-        ctx, tensors, sizes, sector_bytes = self.ctx, self.tensors, self.sizes, self.sector_bytes
+        ``l2._simulate`` and ``l2._LRU.access`` do."""
+        ctx, tensors, sizes, sectors = self.ctx, self.tensors, self.sizes, self.sectors
         pvar = self.pvar
         shared, private = [], []
         srb = swb = 0
@@ -265,10 +270,11 @@ class _Engine:
             # and its row length (each row starts t.cols * b bytes after the last).
             size_key = (op.tensor, (rows[0] * t.cols + cols[0]) * t.elem_bytes % SECTOR,
                         rows[1] - rows[0], cols[1] - cols[0])
-            nb = sizes.get(size_key)
-            if nb is None:
-                nb = sizes[size_key] = sector_bytes(rows, cols, t.cols, t.elem_bytes)
-            shared.append((op.tensor, rows[0], cols[0], nb, write))
+            sz = sizes.get(size_key)
+            if sz is None:
+                sz = sizes[size_key] = sectors(rows, cols, t.cols, t.elem_bytes)
+            nb = sz[0]                      # requested; the cache holds the owned sz[1]
+            shared.append((op.tensor, rows[0], cols[0], sz[1], write))
             if write:
                 swb += nb
             else:
@@ -290,10 +296,11 @@ class _Engine:
                     cols = own if cols is None else cols
                     size_key = (tensor, (rows[0] * width + cols[0]) * b % SECTOR,
                                 rows[1] - rows[0], cols[1] - cols[0])
-                    nb = sizes.get(size_key)
-                    if nb is None:
-                        nb = sizes[size_key] = sector_bytes(rows, cols, width, b)
-                    note_request(reqs, (h, tensor, rows[0], cols[0]), nb, write)
+                    sz = sizes.get(size_key)
+                    if sz is None:
+                        sz = sizes[size_key] = sectors(rows, cols, width, b)
+                    note_request(reqs, (h, tensor, rows[0], cols[0]), sz[1], write)
+                    nb = sz[0]
                     if write:
                         wr += nb
                     else:
@@ -302,31 +309,13 @@ class _Engine:
         self.wr += wr
         self.t.steps += 1
         self.budget.spend(len(reqs))
-        lru = self.lru
-        lines, cap, used = lru.lines, lru.capacity, lru.used
-        dram_r = dram_w = 0
+        access = self.lru.access
         for key, (nb, r, w) in reqs.items():
-            # a step loads before it stores; write-back, write-allocate: no DRAM read
-            for wanted, dirty in ((r, False), (w, True)):
-                if not wanted:
-                    continue
-                line = lines.get(key)
-                if line is not None:
-                    lines.move_to_end(key)
-                    line[1] = line[1] or dirty
-                    continue
-                if not dirty:
-                    dram_r += nb
-                lines[key] = [nb, dirty]
-                used += nb
-                while used > cap and lines:
-                    _, (old, was_dirty) = lines.popitem(last=False)
-                    used -= old
-                    if was_dirty:
-                        dram_w += old
-        lru.used = used
-        self.t.dram_read_bytes += dram_r
-        self.t.dram_write_bytes += dram_w
+            # a step loads before it stores (l2._LRU.access: write-back, write-allocate)
+            if r:
+                access(key, nb, False)
+            if w:
+                access(key, nb, True)
 
 
 def simulate_launch(launch, tensors: dict, heads: int, slots: int, capacity: int,

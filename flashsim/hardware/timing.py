@@ -22,8 +22,18 @@ reasons, each a term here:
    than slots: flash1's one block per head at batch x heads = 128 leaves each busy SM
    with one block of 8 warps, half speed.
 3. **Memory.** DRAM bytes (from the L2 model) at ``memory_efficiency`` of the datasheet
-   bandwidth, and L2 request bytes at the L2's bandwidth. A launch takes the longest of its
-   compute, DRAM and L2 times (they overlap), plus a fixed launch latency.
+   bandwidth, and L2 request bytes at the L2's bandwidth.
+4. **Latency: the launch's chain of steps.** A thread block's steps (one iteration of its
+   innermost loop, which loads K_j and V_j; its Q_i load; its O_i store) follow one
+   another, and a step cannot finish before its loads arrive, so a block takes at least
+   its steps times one memory latency (``STEP_LATENCY_S``), however little it computes.
+   The L2 model counts the launch's length in such steps (``LaunchTraffic.steps``: the
+   steps of every wave, one after another), so the launch takes at least ``steps x
+   STEP_LATENCY_S``. It binds only for launches of a few short blocks (the tensor-core
+   kernel's launches under ~15 us, with four or five K/V blocks per row block).
+
+A launch takes the longest of its compute, DRAM, L2 and latency times (they overlap), plus
+a fixed launch latency.
 """
 
 from __future__ import annotations
@@ -49,6 +59,9 @@ LAUNCH_LATENCY_S = 4e-6
 # B = 1 points are what checks it.
 SM_BYTES_IN_FLIGHT = 64 * 1024
 DRAM_LATENCY_S = 1e-6
+# The least time one step of a thread block takes (term 4 of the module doc): its loads'
+# latency, the same stated estimate as above, not fitted.
+STEP_LATENCY_S = DRAM_LATENCY_S
 
 
 @dataclass(frozen=True)
@@ -74,10 +87,11 @@ class LaunchTime:
     dram_s: float
     l2_s: float
     busiest_sm_flops: int
+    latency_s: float = 0.0       # the chain of steps (module doc, term 4)
 
     @property
     def seconds(self) -> float:
-        return max(self.compute_s, self.dram_s, self.l2_s) + LAUNCH_LATENCY_S
+        return max(self.compute_s, self.dram_s, self.l2_s, self.latency_s) + LAUNCH_LATENCY_S
 
 
 def block_flops(plan) -> list[tuple[str, list[int]]]:
@@ -139,7 +153,7 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
         out.append(LaunchTime(
             label, blocks, busiest / (peak_sm * hiding),
             dram / (g.hbm_bandwidth * efficiency.memory), l2_bytes / efficiency.l2_bandwidth,
-            busiest))
+            busiest, traffic.steps * STEP_LATENCY_S))
     return out
 
 

@@ -74,8 +74,7 @@ KNOWN_MISSES = {
             "under the mask at N = 512, fastest_blocks takes 32x16 tiles (smaller tiles "
             "waste fewer FLOPs on the diagonal), a different compiled kernel from the 64x32 "
             "code whose efficiency is used; per FLOP it runs slower.",
-        ("cupy_flash3", 512, 64, False, 128, 128): _F3_BLOCK_START,
-        ("cupy_flash3", 512, 64, True, 128, 128): _F3_BLOCK_START,
+        # (at d = 64 the launch's chain of steps, issue 13's time mechanism, now binds)
         ("cupy_flash3", 512, 128, True, 128, 128): _F3_BLOCK_START,
     },
     # L2 requests: every other point that misses 15 % must come within it once the
