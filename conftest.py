@@ -13,6 +13,17 @@ server is built once; ``--dist loadgroup`` is not used: with pytest 9.2 it silen
 grouping, pytest-xdist issue #1386). A notebook that a notebook test and the docs build
 both want is executed once: docs/notebook_run.py locks it, and the second reuses the copy.
 A test that times what a user sees takes the machine to itself with the ``quiet`` fixture.
+
+Time on a 2-core CI machine: the workers take files in the order of ``FIRST`` (then the rest
+in collection order; ``--no-loadscope-reorder`` in pyproject.toml keeps xdist from sorting
+files by their number of tests): the notebooks first, so both workers execute them and the
+docs build reuses them (else it executes every one itself, serially, on one worker); then
+the files with a long compile or run, longest first, so no long file starts last and leaves
+the other worker idle; the browser test after the long compiles, so that its ``quiet``
+slider moves wait for short tests on the other worker, not for a minute-long compile. A
+kernel variant that several files compile is compiled once per session: ``FLASHSIM_CUBIN_CACHE``
+names a folder where ``gpu_kernels.compile.compile_cubin`` keeps each result under the hash
+of what it compiled.
 """
 
 from __future__ import annotations
@@ -23,12 +34,33 @@ import functools
 import importlib.util
 import os
 import pathlib
+import shutil
 import tempfile
 import time
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent
+
+# Files that take tens of seconds, in the order the workers should start them (CPU seconds
+# measured on 2 busy cores, 2026-12-02). A new slow file belongs here too.
+FIRST = [
+    "notebooks/09_after_flashattention2.ipynb",    # 22: the paper's error table, FP8 panel
+    "notebooks/06_model_vs_hardware.ipynb",        # 12
+    "notebooks",                                   # the others: 3-5 each
+    "tests/test_decode_kernel.py",                 # 76: 96 variants compiled
+    "tests/test_numba_kernels.py",                 # 69: numba PTX in a process, the simulator
+    "tests/test_cupy_kernels.py",                  # 44: every CuPy variant compiled (flash3 too)
+    "tests/test_docs_site.py",                     # 20: mkdocs build --strict (notebooks reused)
+    "tests/test_flash3.py",                        # 4 once cupy's compiles are reused; PTX
+    "tests/test_flash3_mask.py",
+    "tests/test_browser.py",                       # 82: JupyterLab, Chromium, six notebooks
+    "tests/test_widgets.py",                       # 25
+    "tests/test_numba_backward.py",                # 22
+    "tests/test_registry.py",                      # 19
+    "tests/test_kernel_tiles.py",                  # 14
+    "tests/test_learner.py",                       # 13
+]
 
 
 @functools.cache
@@ -40,12 +72,35 @@ def _load_notebook_run():
 
 
 QUIET_ENV = "FLASHSIM_QUIET_LOCKS"
+CUBIN_ENV = "FLASHSIM_CUBIN_CACHE"     # gpu_kernels.compile.CACHE_ENV (not imported here)
 
 
 def pytest_configure(config):
     # setdefault: pytest-xdist workers inherit the controller's start time and lock folder.
     os.environ.setdefault("FLASHSIM_NOTEBOOKS_EXECUTED_SINCE", repr(time.time()))
     os.environ.setdefault(QUIET_ENV, tempfile.mkdtemp(prefix="flashsim-quiet-"))
+    if CUBIN_ENV not in os.environ:         # this process made it: it removes it at the end
+        config._flashsim_cubins = tempfile.mkdtemp(prefix="flashsim-cubins-")
+        os.environ[CUBIN_ENV] = config._flashsim_cubins
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_flashsim_cubins", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(CUBIN_ENV, None)
+
+
+def _rank(item) -> int:
+    path = item.path.relative_to(ROOT).as_posix() if item.path.is_relative_to(ROOT) else ""
+    for i, name in enumerate(FIRST):
+        if path == name or path.startswith(name + "/"):
+            return i
+    return len(FIRST)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_rank)                   # stable: a file's tests keep their order
 
 
 @functools.cache

@@ -11,22 +11,35 @@ include only ``common.cuh`` (pasted in by ``read_source``, as for CuPy), but the
 folders of the CUDA headers shipped in the pip wheels (and CuPy's own) are passed anyway, as
 CuPy would, so a kernel that adds ``#include <mma.h>`` or ``<cuda_fp16.h>`` still compiles
 here. The variants are those of every CuPy entry of ``gpu_kernels.registry``.
+
+Within one test session a compile is done once: the test set-up (conftest.py) names a folder
+in ``FLASHSIM_CUBIN_CACHE``, and :func:`compile_cubin` keeps there each (cubin, ptxas log)
+under the SHA-256 of everything the compile reads (source, constants, architecture, name,
+options), so a variant that several test files check (every flash3 variant is in
+:func:`all_variants` and in the flash3 tests) is compiled by whichever asks first, once, and
+read back by the others. Without the variable nothing is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import glob
+import hashlib
+import json
 import os
 import re
 import sys
 import sysconfig
+import types
 
 ARCH = "sm_90"
 # Files that need the architecture-specific target (wgmma, setmaxnreg exist only in sm_90a).
 FILE_ARCH = {"flash3.cu": "sm_90a"}
 SMEM_LIMIT_OPTIN = 227 * 1024  # bytes of shared memory per block on sm_90 with the opt-in
 SMEM_LIMIT_DEFAULT = 48 * 1024  # without it
+CACHE_ENV = "FLASHSIM_CUBIN_CACHE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,27 +115,67 @@ def compile_cubin(source: str, defines: dict[str, int] | None = None, *, arch: s
                   name: str = "kernel.cu") -> tuple[bytes, str]:
     """Compile CUDA C++ source to a cubin with NVRTC (cuda.core); returns (cubin, ptxas log).
 
-    Raises ``RuntimeError`` with NVRTC's log on a compile or ptxas error.
+    Raises ``RuntimeError`` with NVRTC's log on a compile or ptxas error. With
+    ``FLASHSIM_CUBIN_CACHE`` set (a test session), an identical compile is done once.
     """
-    import io
-
-    from cuda.core import Program, ProgramOptions
-
-    options = ProgramOptions(
+    options = dict(
         name=name,
         arch=arch,
         std="c++17",
         include_path=cuda_include_dirs() + cupy_include_dirs(),
-        define_macro=[(k, str(v)) for k, v in (defines or {}).items()] or None,
+        # in name order: the same constants in any order are the same compile (and one key)
+        define_macro=[(k, str(v)) for k, v in sorted((defines or {}).items())] or None,
         device_as_default_execution_space=True,  # as CuPy compiles RawModule code
         ptxas_options="-v",
     )
+    with _cached(source, options) as cached:
+        if cached.value is None:
+            cached.value = _compile(source, options, defines)
+        return cached.value
+
+
+def _compile(source: str, options: dict, defines: dict | None) -> tuple[bytes, str]:
+    import io
+
+    from cuda.core import Program, ProgramOptions
+
     logs = io.StringIO()
     try:
-        code = Program(source, "c++", options).compile("cubin", logs=logs)
+        code = Program(source, "c++", ProgramOptions(**options)).compile("cubin", logs=logs)
     except Exception as exc:  # NVRTCError / CUDAError: add the log to the message
-        raise RuntimeError(f"compiling {name} {defines or {}} failed:\n{exc}\n{logs.getvalue()}") from exc
+        raise RuntimeError(f"compiling {options['name']} {defines or {}} failed:\n{exc}\n"
+                           f"{logs.getvalue()}") from exc
     return bytes(code.code), logs.getvalue()
+
+
+@contextlib.contextmanager
+def _cached(source: str, options: dict):
+    """The slot of this compile in ``FLASHSIM_CUBIN_CACHE``: ``.value`` is the stored
+    (cubin, log) or None; a value set inside the block is stored. The slot is locked
+    meanwhile, so a second process asking for the same compile waits and reads it. Failed
+    compiles are not stored (each asker gets the error)."""
+    slot = types.SimpleNamespace(value=None)
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        yield slot
+        return
+    key = hashlib.sha256(json.dumps([source, options], sort_keys=True).encode()).hexdigest()
+    path = os.path.join(folder, key)
+    os.makedirs(folder, exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(path + ".log"):
+            with open(path + ".cubin", "rb") as f, open(path + ".log") as g:
+                slot.value = (f.read(), g.read())
+            yield slot
+            return
+        yield slot
+        if slot.value is not None:
+            cubin, log = slot.value
+            with open(path + ".cubin", "wb") as f:
+                f.write(cubin)
+            with open(path + ".log", "w") as g:   # written last: its presence marks a whole entry
+                g.write(log)
 
 
 def variant_label(defines: dict[str, int]) -> str:

@@ -40,3 +40,27 @@ def measured_in_a_process(*args: str) -> tuple[dict, bool]:
     if with_ncu:
         assert row["measured"]["ncu_time_s"] > 0
     return row, with_ncu
+
+
+def stale_predictions(dataset=None, predictions=None) -> str | None:
+    """Why the predictions stored beside ``dataset`` (default: the in-sample sweep) may not
+    be what the model computes now, or None. They carry the hash of everything they are a
+    pure function of (``validation.inputs``); a test fails with this reason at once rather
+    than recomputing every point (minutes of CI), and ``python -m flashsim.measured.validation``
+    refreshes them and says how many rows moved."""
+    import json
+
+    from flashsim.measured import validation
+
+    dataset = dataset or validation.DATASET
+    predictions = predictions or validation.PREDICTIONS
+    with open(predictions) as f:
+        stored = json.load(f)
+    now = validation.inputs(dataset)
+    if stored.get("inputs_sha256") == validation.inputs_sha256(dataset, files=now):
+        return None
+    old = stored.get("inputs", {})
+    changed = sorted(k for k in old.keys() | now.keys() if old.get(k) != now.get(k))
+    return (f"{predictions.name} is stale: its inputs changed "
+            f"({', '.join(changed) or 'hash only'}); run python -m flashsim.measured.validation "
+            "(a few minutes; it says how many rows moved) and commit the file")

@@ -12,6 +12,8 @@ import math
 
 import pytest
 
+from _checks import stale_predictions
+
 from flashsim import measured
 from flashsim.measured import validation
 
@@ -22,22 +24,10 @@ def _stored() -> dict:
     return measured.load(validation.PREDICTIONS.name)
 
 
-def _stale() -> str | None:
-    """Why the stored predictions may not be what the model computes, or None."""
-    stored, now = _stored(), validation.inputs()
-    if stored.get("inputs_sha256") == validation.inputs_sha256(files=now):
-        return None
-    old = stored.get("inputs", {})
-    changed = sorted(k for k in old.keys() | now.keys() if old.get(k) != now.get(k))
-    return (f"{validation.PREDICTIONS.name} is stale: its inputs changed "
-            f"({', '.join(changed) or 'hash only'}); run python -m flashsim.measured.validation "
-            "(a few minutes; it says how many rows moved) and commit the file")
-
-
 @pytest.fixture(scope="module")
 def rows():
     """The stored rows, which the current inputs produced (else the tests fail at once)."""
-    reason = _stale()
+    reason = stale_predictions()
     if reason:
         pytest.fail(reason)
     return validation.stored_rows()

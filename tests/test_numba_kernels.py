@@ -260,7 +260,9 @@ def test_shared_memory_budget_is_checked():
 # --------------------------------------------------------------------------------------
 # Every kernel compiles for sm_90 (a separate process: compile_ptx cannot run under the
 # simulator). Device functions ask for the current device's compute capability while
-# compiling, so that one call is stubbed; nothing else touches a driver.
+# compiling, so that one call is stubbed; nothing else touches a driver. A kernel that two
+# shapes share (the kernel factories are cached: same tiles, same object) with the same
+# signature is compiled once: 17 compiles for the 21 (shape, kernel) rows.
 
 COMPILE_SCRIPT = textwrap.dedent("""
     import json, re, sys, types
@@ -269,6 +271,7 @@ COMPILE_SCRIPT = textwrap.dedent("""
     from gpu_kernels.numba import flash1, flash2, standard
     from gpu_kernels.numba.common import cuda
     modules = {"standard": standard, "flash1": flash1, "flash2": flash2}
+    compiled = {}
     out = []
     for alg, mod in modules.items():
         for shape, causal, tiles in [((1, 1, 4096, 64), False, {}), ((1, 1, 4096, 128), True, {}),
@@ -281,7 +284,9 @@ COMPILE_SCRIPT = textwrap.dedent("""
                     "row_softmax_stream": 8 * standard.softmax_threads(4096),
                     "fill_flat": 0}
             for name, kernel, sig in mod.kernels_for(launch.tiling, causal):
-                ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+                if (kernel, str(sig)) not in compiled:
+                    compiled[kernel, str(sig)] = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
+                ptx = compiled[kernel, str(sig)]
                 shared = re.findall(r"\\.shared \\.align \\d+ \\.b8 \\w+\\[(\\d+)\\]", ptx)
                 out.append(dict(alg=alg, kernel=name, shape=shape, causal=causal,
                                 target=".target sm_90" in ptx, local=".local" in ptx,
