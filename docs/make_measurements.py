@@ -376,7 +376,7 @@ def masks_facts(d: dict) -> list[str]:
     if sdpa:
         out.append(f"* SDPA with the dense boolean mask takes {min(sdpa):.1f}x to {max(sdpa):.1f}x "
                    f"our masked kernel's time ({len(sdpa)} points).")
-    rs = mt.rows(d)
+    rs = mt.all_rows()
     cons = "; ".join(f"d = {hd}: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} "
                                                f"{v * 1e6:.2f} us" for k, v in c.items())
                      for hd, c in mt.CONSTANTS.items())
@@ -394,7 +394,7 @@ def masks_facts(d: dict) -> list[str]:
                f"{worst['family']}, the model {worst['predicted_ms'] / worst['measured_ms']:.2f} "
                "of the measured time.")
     miss = mt.misses(rs)
-    out.append("* Held-out misses: " + ("none." if not miss else "; ".join(
+    out.append("* Held-out and fresh misses: " + ("none." if not miss else "; ".join(
         f"d = {k[0]}, N = {k[1]}, {k[2]}: {mt.KNOWN_MISSES.get(k, 'not listed')}"
         for k in sorted(miss)) + "."))
     return out
@@ -406,19 +406,22 @@ def masks_readme(d: dict) -> str:
     by = {(p["impl"], p["d"], p["N"], p["mask"]): p["time_ms"] for p in d["points"]}
     flex = [by[("cupy_flash3_mask", *k[1:])] / t for k, t in by.items()
             if k[0] == "torch_flex" and ("cupy_flash3_mask", *k[1:]) in by]
-    s = mt.summary(mt.rows(d))["held-out"]
+    summ = mt.summary(mt.all_rows())
+    s, f = summ["held-out"], summ.get("fresh", {"ratio_within": 0, "points": 0})
     return (f"* Masked Hopper kernel (`cupy_flash3` with `mask=`, N = {min(d['configs']['N'])} to "
             f"{max(d['configs']['N'])}, {', '.join(MASK_FAMILIES)}): {min(flex):.2f}x to {max(flex):.2f}x "
             "`flex_attention`'s time at its points; time / unmasked time within "
             f"{mt.TOLERANCE:.0%} of the query-block model at {s['ratio_within']} of "
-            f"{s['points']} held-out points (`docs/masks.md`).")
+            f"{s['points']} held-out points and {f['ratio_within']} of {f['points']} launches "
+            "measured after its fit (`docs/masks.md`).")
 
 
 def masks_table(d: dict) -> list[str]:
     """Per masked point: tile fractions, times of ours, flex and SDPA, measured ratio to the
     unmasked kernel beside the model's and the benchmark's s + p kappa."""
     from flashsim.measured import masked_time as mt   # noqa: PLC0415
-    by = {(p["impl"], p["d"], p["N"], p["mask"]): p["time_ms"] for p in d["points"]}
+    fresh = _load(mt.FRESH) or {"points": []}
+    by = {(p["impl"], p["d"], p["N"], p["mask"]): p["time_ms"] for p in d["points"] + fresh["points"]}
     return _table(["split", "d", "N", "mask", "s", "p", "ours ms", "flex ms", "SDPA ms",
                    "time / unmasked", "model", "s + p kappa"],
                   [[r["split"], r["d"], r["N"], r["family"], f"{r['non_skipped_fraction']:.3f}",
@@ -426,7 +429,7 @@ def masks_table(d: dict) -> list[str]:
                     _f(by.get(("torch_flex", r["d"], r["N"], r["mask"])), ".3f") or "-",
                     _f(by.get(("torch_sdpa_mask", r["d"], r["N"], r["mask"])), ".3f") or "-",
                     f"{r['measured_ratio']:.3f}", f"{r['predicted_ratio']:.3f}",
-                    f"{r['benchmark_ratio']:.3f}"] for r in mt.rows(d)])
+                    f"{r['benchmark_ratio']:.3f}"] for r in mt.all_rows()])
 
 
 def masks(lines):

@@ -47,6 +47,15 @@ def test_held_out_ratios_within_15_percent_but_the_known_misses(rows):
     assert mt.misses(rows) == set(mt.KNOWN_MISSES)
 
 
+def test_launches_measured_after_the_fit_are_within_15_percent_too():
+    """masks_h200_fresh.json (other N, a window of 2048, eight documents), measured after
+    CONSTANTS were committed: every row is split "fresh" and none misses unlisted."""
+    fresh = [r for r in mt.all_rows() if r["split"] == "fresh"]
+    assert len(fresh) == 16 and {r["N"] for r in fresh}.isdisjoint({mt.CALIBRATION_N})
+    assert {r["family"] for r in fresh} == {"causal", "sliding", "document", "prefix"}
+    assert mt.misses(fresh) <= set(mt.KNOWN_MISSES)
+
+
 def test_the_model_beats_the_tile_fraction_where_blocks_are_short(rows):
     """At N = 8192, d = 64 the sliding window's query blocks visit at most 9 tiles: their
     fixed cost keeps the measured ratio well above s + p kappa, which the model follows."""

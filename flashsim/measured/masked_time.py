@@ -47,6 +47,9 @@ from ..hardware.presets import gpu as _gpu
 from . import load
 
 MEASUREMENTS = "masks_h200.json"
+# Launches measured after CONSTANTS were committed (``benchmarks.masks_h200 --fresh``: other
+# N, window and document count), every one of them held out: split "fresh".
+FRESH = "masks_h200_fresh.json"
 GPU = "h200"
 MASKED_IMPL, UNMASKED_IMPL = "cupy_flash3_mask", "cupy_flash3"   # the benchmark's names
 BLOCKS_PER_SM = 1            # registers: 384 threads fill the register file
@@ -164,9 +167,10 @@ def predict_seconds(spec: str, n: int, head_dim: int, heads: int, constants: dic
                     _gpu(GPU).sms)[0]
 
 
-def rows(d: dict | None = None, constants: dict | None = None) -> list[dict]:
+def rows(d: dict | None = None, constants: dict | None = None, split: str | None = None) -> list[dict]:
     """One row per masked point: measured and predicted time and ratio (masked / unmasked
-    at the same d, N), the benchmark's stored s + p kappa, and the split."""
+    at the same d, N), the benchmark's stored s + p kappa, and the split (``split`` given:
+    every row's, as for the fresh file)."""
     d = d or data()
     br, bc = tiles(d)
     pts = points(d)
@@ -180,7 +184,7 @@ def rows(d: dict | None = None, constants: dict | None = None) -> list[dict]:
         tu = predict_seconds("none", p["N"], p["d"], p["H"], constants, br, bc)
         ratio, pred = p["time_ms"] / u["time_ms"], t / tu
         out.append({"d": p["d"], "N": p["N"], "mask": p["mask"], "family": p["mask"].split(":")[0],
-                    "split": "calibration" if calibration(p) else "held-out",
+                    "split": split or ("calibration" if calibration(p) else "held-out"),
                     "non_skipped_fraction": p["non_skipped_fraction"],
                     "partial_fraction": p["partial_fraction"],
                     "measured_ms": p["time_ms"], "predicted_ms": t * 1e3,
@@ -188,20 +192,32 @@ def rows(d: dict | None = None, constants: dict | None = None) -> list[dict]:
                     "measured_ratio": ratio, "predicted_ratio": pred,
                     "ratio_error": pred / ratio - 1, "time_error": t * 1e3 / p["time_ms"] - 1,
                     "benchmark_ratio": p.get("predicted_ratio")})
-    return sorted(out, key=lambda r: (r["split"] != "calibration", r["d"], r["N"], r["mask"]))
+    return sorted(out, key=lambda r: (SPLITS.index(r["split"]), r["d"], r["N"], r["mask"]))
+
+
+SPLITS = ("calibration", "held-out", "fresh")
+
+
+def all_rows(constants: dict | None = None) -> list[dict]:
+    """``rows`` of the fitted file, then of the fresh one (split "fresh") where committed."""
+    from . import path
+
+    fresh = rows(load(FRESH), constants, split="fresh") if path(FRESH).exists() else []
+    return rows(None, constants) + fresh
 
 
 def misses(rs: list[dict]) -> set:
-    """Keys (d, N, mask) of held-out rows whose predicted ratio is off by more than TOLERANCE."""
+    """Keys (d, N, mask) of held-out and fresh rows whose predicted ratio is off by more than
+    TOLERANCE."""
     return {(r["d"], r["N"], r["mask"]) for r in rs
-            if r["split"] == "held-out" and abs(r["ratio_error"]) > TOLERANCE}
+            if r["split"] != "calibration" and abs(r["ratio_error"]) > TOLERANCE}
 
 
 def summary(rs: list[dict]) -> dict:
     """Per split: points, within TOLERANCE (ratio), worst ratio and time errors; and the
     same for the benchmark's s + p kappa."""
     out = {}
-    for split in ("calibration", "held-out"):
+    for split in SPLITS:
         s = [r for r in rs if r["split"] == split]
         if not s:
             continue
@@ -237,7 +253,7 @@ def main() -> None:
         print(f"d = {hd}: " + ", ".join(f"{k} {v * 1e6:.3f} us" for k, v in c.items()))
     if fitted != CONSTANTS:
         print("CONSTANTS differ from this fit: state it in flashsim/measured/masked_time.py")
-    rs = rows(d, fitted)
+    rs = all_rows(fitted)
     print(format_rows(rs))
     for split, s in summary(rs).items():
         print(f"{split}: {s}")
