@@ -352,6 +352,7 @@ class OnlineSoftmaxPicture:
         self.m_new_label = ax.text(n - 0.5, 0, "m_new", color="#d62728", ha="right",
                                    va="bottom", fontsize=8)
         ax.ticklabel_format(axis="y", useOffset=False)
+        ax.tick_params(labelbottom=False)     # the axes below share x and label it
         ax.set_ylabel("logit x_j")
         self.title = ax.set_title("", fontsize=9)
         self.bars = ax2.bar(j, np.zeros(n), width=0.8, color="#1f77b4")
