@@ -52,8 +52,9 @@ HEAD_DIMS = (64, 128, 256)
 VERSIONS = (1, 2, 3, 4)
 BLOCK_R = 128
 CONSUMER_WARPS = 8            # S_ij, P_ij and O_i live in the registers of these warps
-# VERSION 3 by default: the fastest on the H200 at every d, N and mask of the FA2 paper's
-# configurations (hopper_h200.json, 2026-12-02); v4's ping-pong measured slower.
+# VERSION 3 by default: on the H200 the fastest at most of the FA2 paper's configurations and
+# close to the fastest at the rest (hopper_h200.json, 2026-12-02; docs/hopper_kernel.md
+# gives the counts); v4's ping-pong measured slower.
 CONFIGS = {
     64: {"BLOCK_R": BLOCK_R, "BLOCK_C": 128, "KV_STAGES": 2, "VERSION": 3},
     128: {"BLOCK_R": BLOCK_R, "BLOCK_C": 128, "KV_STAGES": 2, "VERSION": 3},
