@@ -248,11 +248,9 @@ def spec(launch) -> dict:
     and ``predict_decode``) needs to build ``launch`` again: a paged launch's block table is
     ``DecodeKernel.launch``'s own (seeded), so the same again."""
     if is_decode(launch):
-        lens = ({"kv_len": launch.N} if len(set(launch.kv_lens)) == 1 else
-                {"kv_lens": list(launch.kv_lens)})
         return {"kernel": launch.kernel, "batch": launch.batch, "heads": launch.heads,
                 "kv_heads": launch.kv_heads, "head_dim": launch.d, "q_len": launch.q_len,
-                **lens, "dtype": launch.dtype, "causal": launch.causal,
+                **launch.lens(), "dtype": launch.dtype, "causal": launch.causal,
                 "page_size": launch.page_size or None, "splits": launch.splits,
                 "block_cols": launch.block_cols}
     return {"kernel": launch.kernel, "batch": launch.batch, "heads": launch.heads,

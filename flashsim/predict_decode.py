@@ -37,6 +37,7 @@ No GPU library is imported (the loader's configure runs on the host).
 from __future__ import annotations
 
 import argparse
+import math
 
 from .errors import FlashsimError
 from .hardware import l2 as _l2
@@ -102,8 +103,7 @@ def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None
             source = "flashsim.predict.occupancy (threads; registers not stated)"
         bps[label] = n
         rows.append({"label": label, "kernel": kl.kernel, "grid": list(kl.grid),
-                     "blocks": kl.grid[0] * (kl.grid[1] if len(kl.grid) > 1 else 1)
-                     * (kl.grid[2] if len(kl.grid) > 2 else 1),
+                     "blocks": math.prod(kl.grid),
                      "threads": kl.threads, "shared_bytes": shared, "blocks_per_sm": n,
                      "blocks_per_sm_source": source})
     rep.l2 = _l2.simulate(p.engine_view(), blocks_per_sm=bps, work_limit=work_limit)
@@ -119,11 +119,10 @@ def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None
     def moved(*names):
         return sum(by_tensor.get(n, {}).get(k, 0) for n in names
                    for k in ("read_bytes", "write_bytes"))
-    uniform = len(set(launch.kv_lens)) == 1
     return {
         "kernel": kernel, "gpu": gpu, "batch": launch.batch, "heads": launch.heads,
         "kv_heads": launch.kv_heads, "q_len": launch.q_len, "kv_len": launch.N,
-        "kv_lens": [launch.N] if uniform else list(launch.kv_lens), "head_dim": launch.d,
+        "kv_lens": launch.lens().get("kv_lens", [launch.N]), "head_dim": launch.d,
         "dtype": launch.dtype, "causal": launch.causal, "page_size": launch.page_size or None,
         "splits": launch.splits, "block_rows": launch.plan_block_rows,
         "block_cols": launch.block_cols, "row_warps": launch.row_warps,

@@ -304,12 +304,10 @@ def measure_decode(kernel_name: str, *, batch: int, heads: int, head_dim: int, k
         return launch.run(q, k, v, out=O, lse=L)
     row = h.check_then_time(fn, check, repeats=repeats)
     t = row.get("time_s")
-    lens = ({"kv_len": launch.N} if len(set(launch.kv_lens)) == 1 else
-            {"kv_lens": list(launch.kv_lens)})
     return {
         "kernel": kernel_name,
         "config": {"batch": launch.batch, "heads": launch.heads, "kv_heads": launch.kv_heads,
-                   "q_len": launch.q_len, **lens, "head_dim": launch.d, "dtype": launch.dtype,
+                   "q_len": launch.q_len, **launch.lens(), "head_dim": launch.d, "dtype": launch.dtype,
                    "causal": launch.causal, "page_size": launch.page_size or None,
                    "splits": launch.splits, "pass": "fwd"},
         **_measured_fields(launch, row, h),

@@ -185,6 +185,12 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                                     COMBINE_THREADS))
         return out
 
+    def lens(self) -> dict:
+        """The sequences' KV lengths as ``DecodeKernel.launch`` takes them back: ``{"kv_len":
+        N}`` when every sequence holds N keys, else ``{"kv_lens": [...]}``."""
+        return ({"kv_len": self.N} if len(set(self.kv_lens)) == 1 else
+                {"kv_lens": list(self.kv_lens)})
+
     def kv_bytes_read(self) -> int:
         """K and V bytes decode_split reads, from its index arithmetic: per (sequence, KV head,
         row chunk) the keys p < kv_len of all its T_c = ceil(kv_len / B_c) tiles (the rest are
