@@ -239,7 +239,7 @@ class Bench(Recorder):
 
         seen = set()
         for name, kw in decode.VARIANTS.items():
-            if name == "v2_w8" and ql * H // kvh < W8_MIN_ROWS:
+            if name.endswith("_w8") and ql * H // kvh < W8_MIN_ROWS:
                 continue
             try:
                 lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tile, **kw)
@@ -420,13 +420,13 @@ class Bench(Recorder):
 def tiny_cases():
     """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits, configure keywords): every variant
     in a few small blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4,
-    16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, both combines, row chunks, bf16,
+    16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the three combines, row chunks, bf16,
     d = 64."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
              for Bc, st in decode.TUNING[1:]]                       # the tuning step's tiles
-    v1, v2, w8 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8"))
+    v1, v2, w8, v3, v3w8 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8", "v3", "v3_w8"))
     return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, {}),   # 32 rows: 2 row warps
                             (32, 1, 128, [100], 4, 0, "fp16", 2, v1),      # 128 rows: 2 chunks
                             (4, 2, 128, [37, 300], 4, 16, "fp16", 3, v1),  # v1's paged loads
@@ -441,7 +441,11 @@ def tiny_cases():
                             (32, 1, 128, [70, 300], 4, 64, "fp16", 3, w8),
                             (32, 1, 128, [70, 300], 4, 1, "fp16", None, dict(stages=4)),
                             (32, 4, 64, [65, 130], 4, 16, "bf16", 2, w8),
-                            (16, 1, 128, [90, 20], 16, 0, "fp16", 2, {})]
+                            (16, 1, 128, [90, 20], 16, 0, "fp16", 2, {}),
+                            # v3's combine: a row's splits over 4 warps, some empty; d = 64
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 40, v3),
+                            (32, 1, 128, [70, 300], 1, 16, "fp16", 5, v3w8),
+                            (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 7, v3)]
 
 
 def sanitize() -> int:

@@ -62,7 +62,13 @@ def test_no_spills_and_shared_memory_within_limits(resources):
 
     for r in resources:
         assert not r.spills and r.stack_frame == 0, r
-        assert r.static_smem == 0 and r.smem <= SMEM_LIMIT_OPTIN, r
+        assert r.smem <= SMEM_LIMIT_OPTIN, r
+        # only v3's combine has static shared memory: its weights w_s[MAX_SPLITS], the warps'
+        # partial rows part[4][d] and red[4] (fp32), plus at most 128 bytes of alignment
+        d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
+        v3 = r.kernel == "decode_combine" and "COMBINE=3" in r.variant
+        words = decode.MAX_SPLITS + 4 * d + 4
+        assert (4 * words <= r.static_smem <= 4 * words + 128) if v3 else r.static_smem == 0, r
 
 
 def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
@@ -427,12 +433,13 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
 
 
 def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
-    """decode.cu's decode_combine in NumPy: one (warp, output row) at a time. COMBINE 1 skips
-    an empty split's O_s; COMBINE 2 reads it (written as zeros) with weight 0."""
-    d, bf16, v2 = D["HEAD_DIM"], D["IS_BF16"], D["COMBINE"] == 2
+    """decode.cu's decode_combine in NumPy: one output row at a time (COMBINE 1, 2: four rows
+    per block; 3: one). COMBINE 1 skips an empty split's O_s; 2 and 3 read it (written as
+    zeros) with weight 0."""
+    d, bf16, v2 = D["HEAD_DIM"], D["IS_BF16"], D["COMBINE"] >= 2
     O_part, L_part, O, L, NR, num_splits, H, q_len = args
     Opf, Lpf, Of, Lf = (x.reshape(-1) for x in (O_part, L_part, O, L))
-    for orow in range(min(grid[0] * 4, NR)):
+    for orow in range(min(grid[0] * (1 if D["COMBINE"] == 3 else 4), NR)):
         ls = np.array([Lpf[s * NR + orow] for s in range(num_splits)])
         lmax = np.fmax.reduce(ls)
         acc, total = np.zeros(d, np.float32), np.float32(0)
@@ -461,6 +468,8 @@ EMULATED = [
     (32, 1, 64, [70, 9], 1, 1, "fp16", 2, "v2_w8"),           # 32 rows: 2 row x 4 key warps
     (8, 1, 64, [100], 16, 16, "bf16", 3, "v2_w8"),            # 128 rows: 8 row warps
     (16, 1, 64, [90], 16, 0, "fp16", 2, "v2_w8"),             # 256 rows: 2 chunks of 128
+    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7, "v3"),         # v3's combine, empty splits
+    (32, 1, 64, [70, 300], 1, 0, "fp16", 9, "v3_w8"),         # a row's splits over 4 warps
 ]
 
 

@@ -39,6 +39,11 @@
 //       warp loads L_s of 32 splits at once, the weights exp(L_s - L_max) go round by shuffle
 //       and the O_s loads of 8 splits are in flight together; PAGE_PREFETCH 1: a paged
 //       tile's block-table entries are read one tile ahead (registers), off the copy's path.
+//   (v3) COMBINE 3: one decode_combine block per output row, warp w merging splits w, w + 4,
+//       ...; the 4 warps' sums meet in shared memory. v2's one warp per row walked S splits in
+//       S / 8 rounds of dependent loads: at B = 1, MQA (32 rows, over 100 splits) that combine
+//       took longer on the H200 than the split kernel itself (benchmarks/decode_h200.json
+//       times v2 and v3 side by side).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -51,10 +56,11 @@
 //   ROW_WARPS  1, 2, 4 (or 8 with 8 warps) (B_r = 16 ROW_WARPS)   BLOCK_C  B_c, keys per tile
 //              (a multiple of 16 KEY_WARPS, KEY_WARPS = NUM_WARPS / ROW_WARPS)
 //   STAGES     shared-memory buffers of K and V tiles in flight (2..4)
-//   COMBINE    1 or 2: decode_combine's version (above)
+//   COMBINE    1, 2 or 3: decode_combine's version (above)
 //   PAGE_PREFETCH  0 as in v1, or 1 (v2, paged): block-table entries read one tile ahead
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
-// shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block.
+// shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
+// (v3: one row per block).
 // Layouts: Q, O (B, q_len, H, d); L (B, H, q_len) fp32 (natural log); workspace O_part
 // (S, B q_len H, d) fp32, L_part (S, B q_len H) fp32.
 
@@ -101,7 +107,8 @@ static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
 static_assert(NUM_WARPS == 4 || NUM_WARPS == 8, "NUM_WARPS is 4 or 8");
 static_assert((ROW_WARPS == 1 || ROW_WARPS == 2 || ROW_WARPS == 4 || ROW_WARPS == 8) &&
               ROW_WARPS <= NUM_WARPS, "ROW_WARPS is 1, 2, 4 or 8, at most NUM_WARPS");
-static_assert(COMBINE == 1 || COMBINE == 2, "COMBINE is 1 or 2");
+static_assert(COMBINE >= 1 && COMBINE <= 3, "COMBINE is 1, 2 or 3");
+#define MAX_SPLITS_COMBINE 128                       // decode.py MAX_SPLITS: v3's weights in shared memory
 static_assert(KW % 16 == 0 && KW >= 16, "BLOCK_C must be a multiple of 16 KEY_WARPS");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
 static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
@@ -406,13 +413,72 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 }
 
 // ---------------------------------------------------------------- kernel 2: combine the splits
-// One warp per output row orow = (b q_len + qi) H + h; lane l owns columns l CPL .. + CPL - 1.
+// COMBINE 1, 2: one warp per output row orow = (b q_len + qi) H + h; lane l owns columns
+// l CPL .. + CPL - 1. COMBINE 3: one block per output row, its 4 warps splitting the splits.
 // L = log sum_s exp(L_s) (empty splits: L_s = -inf, weight 0), O = sum_s exp(L_s - L) O_s.
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_part,
                u16* __restrict__ O, float* __restrict__ L, int NR, int num_splits, int H,
                int q_len) {
     constexpr int D = HEAD_DIM, CPL = D / 32;
+#if COMBINE == 3
+    // v3: few output rows (small batch x heads) and many splits left v2 with a few warps each
+    // walking S splits in rounds of 8 dependent-latency loads; here every row has 4 warps,
+    // warp w takes splits w, w + 4, ..., so a row's loads are in flight 4 times as wide.
+    __shared__ float w_s[MAX_SPLITS_COMBINE];
+    __shared__ float part[COMBINE_WARPS][D];
+    __shared__ float red[COMBINE_WARPS];
+    const int orow = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float NEG_INF = neg_inf();
+    float lmax = NEG_INF;
+    for (int s = threadIdx.x; s < num_splits; s += COMBINE_THREADS)
+        lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
+    lmax = warp_max(lmax);
+    if (lane == 0) red[warp] = lmax;
+    __syncthreads();
+    lmax = red[0];
+#pragma unroll
+    for (int k = 1; k < COMBINE_WARPS; ++k) lmax = fmaxf(lmax, red[k]);
+    __syncthreads();                                     // red is reused for the sum below
+    float sum = 0.f;
+    for (int s = threadIdx.x; s < num_splits; s += COMBINE_THREADS) {
+        const float ls = L_part[(size_t)s * NR + orow];
+        const float w = ls == NEG_INF ? 0.f : expf(ls - lmax);   // empty split: weight 0
+        w_s[s] = w;
+        sum += w;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < COMBINE_WARPS; ++k) sum += red[k];
+    float acc[CPL];
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) acc[k] = 0.f;
+#pragma unroll 8
+    for (int s = warp; s < num_splits; s += COMBINE_WARPS) {
+        const float w = w_s[s];
+        const float* src = O_part + ((size_t)s * NR + orow) * D + lane * CPL;
+#if HEAD_DIM == 128
+        const float4 x = *reinterpret_cast<const float4*>(src);
+        acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+#else
+        const float2 x = *reinterpret_cast<const float2*>(src);
+        acc[0] += w * x.x, acc[1] += w * x.y;
+#endif
+    }
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) part[warp][lane * CPL + k] = acc[k];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) {
+        acc[k] = part[0][lane * CPL + k];
+#pragma unroll
+        for (int x = 1; x < COMBINE_WARPS; ++x) acc[k] += part[x][lane * CPL + k];
+    }
+#else
     const int orow = blockIdx.x * COMBINE_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (orow >= NR) return;
     const float NEG_INF = neg_inf();
@@ -420,6 +486,7 @@ decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_par
     float sum = 0.f, acc[CPL];
 #pragma unroll
     for (int k = 0; k < CPL; ++k) acc[k] = 0.f;
+#endif
 #if COMBINE == 1
     for (int s = 0; s < num_splits; ++s) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
     for (int s = 0; s < num_splits; ++s) {
@@ -431,7 +498,7 @@ decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_par
 #pragma unroll
         for (int k = 0; k < CPL; ++k) acc[k] += w * src[k];
     }
-#else
+#elif COMBINE == 2
     // lane s % 32 loads L_s: 32 splits per load, the max and sum by shuffles
     for (int s = lane; s < num_splits; s += 32) lmax = fmaxf(lmax, L_part[(size_t)s * NR + orow]);
 #pragma unroll

@@ -26,10 +26,11 @@ used cache on the device, before the launch; off by default on this fast path) a
 
 Splits: FlashAttention's ``num_splits_heuristic`` over the thread blocks that fit the GPU at
 once (``splits=`` overrides it). Versions (the .cu file's header describes them): v1 (4
-warps, the one-split-at-a-time combine) and v2 (``warps=8``: up to 128 packed rows in one
-block; ``combine=2``: the combine's loads 32 and 8 splits at a time). ``configure``'s
-defaults are v2's combine, and 8 warps only where a KV head's rows exceed 64 (they would be
-chunked, K/V read once per chunk); ``VARIANTS`` lists what the benchmark times side by side.
+warps, the one-split-at-a-time combine), v2 (``warps=8``: up to 128 packed rows in one
+block; ``combine=2``: the combine's loads 32 and 8 splits at a time) and v3 (``combine=3``:
+one combine block per output row, its 4 warps sharing the splits). ``configure``'s defaults
+are v3's combine, and 8 warps only where a KV head's rows exceed 64 (they would be chunked,
+K/V read once per chunk); ``VARIANTS`` lists what the benchmark times side by side.
 ``reference_rows`` / ``check_rows`` are the correctness rule: float64 reference,
 flash-attention's 2x bound.
 """
@@ -50,11 +51,12 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
-COMBINES = (1, 2)                   # COMBINE: decode_combine's version
-COMBINE_THREADS = 128               # decode_combine: 4 warps, one output row each
+COMBINES = (1, 2, 3)                # COMBINE: decode_combine's version
+COMBINE_THREADS = 128               # decode_combine: 4 warps, one output row each (v3: one row
+                                    # per block, the warps sharing its splits)
 BLOCK_C = 64                        # B_c: keys per K/V tile
 STAGES = {64: 4, 128: 3}            # K/V tiles in flight (cp.async buffers) per d
 MAX_Q_LEN = 16
@@ -112,7 +114,7 @@ def num_splits_heuristic(blocks: int, slots: int, n_tiles: int, max_splits: int 
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
-            stages: int | None = None, warps: int = 4, combine: int = 2,
+            stages: int | None = None, warps: int = 4, combine: int = 3,
             page_prefetch: int = 1) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
             "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
@@ -127,10 +129,11 @@ def default_warps(rows: int) -> int:
 
 
 # The configurations the benchmark times at every point of ours (name -> configure keywords):
-# v1 as measured in the first run, and v2 (its combine, the block-table prefetch; 8 warps
-# where rows > 64 by default).
+# v1 as measured in the first run, v2 (its combine, the block-table prefetch; 8 warps
+# where rows > 64 by default) and v3 (v2 with v3's combine: the default).
 VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0), "v2": dict(combine=2),
-            "v2_w8": dict(warps=8, combine=2)}
+            "v2_w8": dict(warps=8, combine=2), "v3": dict(combine=3),
+            "v3_w8": dict(warps=8, combine=3)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -154,7 +157,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     row_warps: int = 1
     stages: int = 3                  # K/V tiles in flight
     warps: int = 4                   # NUM_WARPS of decode_split
-    combine: int = 2                 # COMBINE: decode_combine's version
+    combine: int = 3                 # COMBINE: decode_combine's version
     page_prefetch: int = 1           # PAGE_PREFETCH: block-table entries one tile ahead
 
     @property
@@ -181,8 +184,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                             32 * self.warps, self.dynamic_smem)]
         if self.splits > 1:
             rows = self.batch * self.q_len * self.heads
-            out.append(KernelLaunch("decode_combine", (cdiv(rows, COMBINE_THREADS // 32),),
-                                    COMBINE_THREADS))
+            per_block = 1 if self.combine == 3 else COMBINE_THREADS // 32
+            out.append(KernelLaunch("decode_combine", (cdiv(rows, per_block),), COMBINE_THREADS))
         return out
 
     def lens(self) -> dict:
@@ -429,13 +432,13 @@ def check_layout(batch: int, kv_lens, q_len: int, causal: bool, page_size: int,
 def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, q_len: int = 1,
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
-              stages=None, warps=None, combine=2, page_prefetch=1) -> DecodeLaunch:
+              stages=None, warps=None, combine=3, page_prefetch=1) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: the heuristic for ``sm_count`` SMs.
     ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
     STAGES[d]). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
-    ``combine``: decode_combine's version, 1 or 2 (the .cu file's header); ``page_prefetch``
+    ``combine``: decode_combine's version, 1, 2 or 3 (the .cu file's header); ``page_prefetch``
     1 (paged): block-table entries read one tile ahead, 0: as v1."""
     from ..common import check_flag
 
@@ -514,6 +517,8 @@ def compile_variants():
         for rw in (1, 2, 4):
             out.append((CU_FILE, defines(128, "fp16", page, rw, combine=1, page_prefetch=0),
                         smem_bytes(128, rw), HOT))
+    for rw in (1, 2, 4):                     # v2's combine, as the benchmark times it
+        out.append((CU_FILE, defines(128, "fp16", 0, rw, combine=2), smem_bytes(128, rw), HOT))
     for d in HEAD_DIMS:                      # v2's 8 warps (row warps 2, 4, 8 at B_c = 64)
         for dtype in ("fp16", "bf16"):
             for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
