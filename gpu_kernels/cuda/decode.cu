@@ -413,6 +413,17 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 }
 
 // ---------------------------------------------------------------- kernel 2: combine the splits
+// acc[0 .. CPL) += w x a lane's CPL columns of one partial O_s row (one vector load).
+__device__ __forceinline__ void add_weighted(float* acc, const float* src, float w) {
+#if HEAD_DIM == 128
+    const float4 x = *reinterpret_cast<const float4*>(src);
+    acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+#else
+    const float2 x = *reinterpret_cast<const float2*>(src);
+    acc[0] += w * x.x, acc[1] += w * x.y;
+#endif
+}
+
 // COMBINE 1, 2: one warp per output row orow = (b q_len + qi) H + h; lane l owns columns
 // l CPL .. + CPL - 1. COMBINE 3: one block per output row, its 4 warps splitting the splits.
 // L = log sum_s exp(L_s) (empty splits: L_s = -inf, weight 0), O = sum_s exp(L_s - L) O_s.
@@ -459,14 +470,7 @@ decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_par
 #pragma unroll 8
     for (int s = warp; s < num_splits; s += COMBINE_WARPS) {
         const float w = w_s[s];
-        const float* src = O_part + ((size_t)s * NR + orow) * D + lane * CPL;
-#if HEAD_DIM == 128
-        const float4 x = *reinterpret_cast<const float4*>(src);
-        acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
-#else
-        const float2 x = *reinterpret_cast<const float2*>(src);
-        acc[0] += w * x.x, acc[1] += w * x.y;
-#endif
+        add_weighted(acc, O_part + ((size_t)s * NR + orow) * D + lane * CPL, w);
     }
 #pragma unroll
     for (int k = 0; k < CPL; ++k) part[warp][lane * CPL + k] = acc[k];
@@ -513,14 +517,7 @@ decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_par
 #pragma unroll 8
         for (int k = 0; k < n; ++k) {
             const float w = __shfl_sync(0xffffffffu, w_mine, k);
-            const float* src = O_part + ((size_t)(s0 + k) * NR + orow) * D + lane * CPL;
-#if HEAD_DIM == 128
-            const float4 x = *reinterpret_cast<const float4*>(src);
-            acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
-#else
-            const float2 x = *reinterpret_cast<const float2*>(src);
-            acc[0] += w * x.x, acc[1] += w * x.y;
-#endif
+            add_weighted(acc, O_part + ((size_t)(s0 + k) * NR + orow) * D + lane * CPL, w);
         }
     }
 #pragma unroll
