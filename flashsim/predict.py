@@ -92,20 +92,21 @@ def efficiency_for(kernel: str, d: int) -> tuple[float | None, str]:
     return EFFICIENCY[(kernel, ds[0])], f"d = {d} never measured: the efficiency at d = {ds[0]}"
 
 
-def _kernel_launches(entry, launch, labels: list[str]) -> dict:
-    """``{nest launch label: KernelLaunch}``: the kernel launch that runs each of the nest's
-    launches (its ``step``, the index of that launch, or the registry's ``unlike_plan``
-    index; the last one listed when several do, since fills come first)."""
-    out = {}
+def _kernel_launches(entry, launch, n: int) -> list:
+    """The kernel launch that runs each of the nest's ``n`` launches, by position (a kernel
+    launch's ``step``, or the registry's ``unlike_plan`` index; the last one listed when
+    several do, since fills come first). A nest launch is told apart by its position, not
+    its label: flash1's launches per K/V block share one."""
+    out = [None] * n
     for kl in launch.launches():
         step = kl.step
         if step is None and kl.kernel in entry.unlike_plan:
             step = entry.unlike_plan[kl.kernel][0]
         if step is not None:
-            out[labels[step]] = kl
-    missing = [x for x in labels if x not in out]
+            out[step] = kl
+    missing = [k for k, kl in enumerate(out) if kl is None]
     if missing:
-        raise PredictError(f"{entry.name}: no kernel launch runs the nest's {missing}")
+        raise PredictError(f"{entry.name}: no kernel launch runs the nest's launches {missing}")
     return out
 
 
@@ -132,10 +133,12 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
                           block_cols=block_cols, **options)
     p = launch.plan(gpu)
     labels = [x.label for x in _nest_launches(p.nest())]
-    runs = _kernel_launches(entry, launch, labels)
-    rows, bps, wpb = [], {}, {}
-    for label in labels:
-        kl = runs[label]
+    runs = _kernel_launches(entry, launch, len(labels))
+    rows, bps, wpb = {}, {}, {}
+    for label, kl in zip(labels, runs):
+        if label in rows:           # one row per label: launches sharing one run one kernel
+            rows[label]["count"] += 1
+            continue
         res = registry.compiled(kernel, kl.kernel, launch.d, launch.block_rows,
                                 launch.block_cols, launch.causal, kl.threads)
         regs, static = res if res else (None, launch.static_smem)
@@ -144,9 +147,9 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
             raise PredictError(f"{kernel}: launch {kl.kernel} needs more of an SM than "
                                f"{g.name} has ({occ['limits']})")
         bps[label], wpb[label] = occ["blocks_per_sm"], kl.threads // 32
-        rows.append({"label": label, "kernel": kl.kernel, "grid": list(kl.grid),
-                     "threads": kl.threads, "registers": regs,
-                     "shared_bytes": static + kl.dynamic_smem, **occ})
+        rows[label] = {"label": label, "kernel": kl.kernel, "grid": list(kl.grid), "count": 1,
+                       "threads": kl.threads, "registers": regs,
+                       "shared_bytes": static + kl.dynamic_smem, **occ}
     rep = _l2.simulate(p, blocks_per_sm=bps, work_limit=work_limit)
     if efficiency is None:
         efficiency, source = efficiency_for(kernel, launch.d)
@@ -156,7 +159,7 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
         "kernel": kernel, "gpu": gpu, "batch": batch, "heads": heads, "seq_len": launch.N,
         "head_dim": launch.d, "dtype": launch.dtype, "causal": launch.causal,
         "block_rows": launch.block_rows, "block_cols": launch.block_cols,
-        "launches": rows, "efficiency": efficiency, "efficiency_source": source,
+        "launches": list(rows.values()), "efficiency": efficiency, "efficiency_source": source,
         "two_level_bytes": p.count().hbm_bytes,
         "l2_read_bytes": rep.l2_read_bytes, "l2_write_bytes": rep.l2_write_bytes,
         "dram_read_bytes": rep.dram_read_bytes, "dram_write_bytes": rep.dram_write_bytes,
@@ -180,7 +183,8 @@ def format_prediction(r: dict) -> str:
     for x in r["launches"]:
         regs = "?" if x["registers"] is None else x["registers"]
         lim = ", ".join(f"{k} {v}" for k, v in x["limits"].items())
-        lines.append(f"  {x['kernel']:<22} grid {'x'.join(map(str, x['grid']))}, "
+        times = f" (x {x['count']} launches, the first's grid)" if x.get("count", 1) > 1 else ""
+        lines.append(f"  {x['kernel']:<22} grid {'x'.join(map(str, x['grid']))}{times}, "
                      f"{x['threads']} threads, {regs} registers, {x['shared_bytes']:,} B shared:"
                      f" {x['blocks_per_sm']} blocks/SM ({lim})")
     lines += [f"two-level bytes     {r['two_level_bytes']:>16,}",

@@ -133,7 +133,8 @@ def point_plan(pt: dict):
     sram = {"sram": c["sram"]} if c.get("sram") else {}
     return _plan(c["algorithm"], pt["N"], pt["d"], batch=pt["batch"], heads=pt["heads"],
                  dtype=c["dtype"], gpu=DEFAULT_GPU, block_rows=c["block_rows"],
-                 block_cols=c["block_cols"], causal=pt["causal"], **sram)
+                 block_cols=c["block_cols"], causal=pt["causal"],
+                 kv_launches=c.get("kv_launches", False), **sram)
 
 
 def blocks_per_sm(launch: dict) -> int:
