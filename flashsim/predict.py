@@ -24,9 +24,10 @@ model's request and DRAM bytes, and the time model's seconds.
 **Efficiency**, one per compiled kernel (kernel, d: head dimension and tiles are
 compile-time constants): predicted compute time at full peak over measured time at one
 calibration point per (kernel, d) (``flashsim.measured.validation.efficiencies``; no mask,
-default tiles, the largest N <= 4096 of the 107-point dataset). A d never measured takes
-the nearest measured d of the same kernel, and says so; a kernel never measured gets no
-time (``predicted_time_s`` None), not a guess.
+default tiles, the largest N <= 4096 of the 107-point dataset; for ``numba_flash1``, which
+Nsight Compute never profiled, of its harness-timed points in ``cupy_h200.json``,
+``validation.TIMED``). A d never measured takes the nearest measured d of the same kernel,
+and says so; a kernel never measured gets no time (``predicted_time_s`` None), not a guess.
 
 No GPU library is imported here. The numba kernels' launch rule (``choose_tiling``) lives
 in ``gpu_kernels.numba``, which imports numba (CPU-side, no device needed) when one of
@@ -47,7 +48,8 @@ WARP_UNIT = 4                 # ... and warps to the four schedulers' register f
 RESERVED_SHARED = 1024        # bytes of shared memory the runtime keeps per block (cc 9.0)
 
 # {(kernel, d): fraction of the SMs' peak}: fitted by validation.efficiencies on the
-# calibration points only; tests/test_predict.py holds these equal to the fit.
+# calibration points only (numba_flash1: on its harness-timed points, validation.TIMED);
+# tests/test_predict.py holds these equal to the fit.
 EFFICIENCY = {
     ('cupy_flash1', 64): 0.05924192850672414,
     ('cupy_flash1', 128): 0.07055929827670793,
@@ -60,6 +62,8 @@ EFFICIENCY = {
     ('cupy_flash3', 256): 0.6570728578057304,
     ('cupy_standard', 64): 0.11390377850735153,
     ('cupy_standard', 128): 0.12874639202094232,
+    ('numba_flash1', 64): 0.2132227076775649,
+    ('numba_flash1', 128): 0.151477064994695,
     ('numba_flash2', 64): 0.40017060456400166,
     ('numba_flash2', 128): 0.2771118671068559,
     ('numba_standard', 64): 0.2326341493915804,
