@@ -1,9 +1,9 @@
 """FlashAttention forward (Dao et al., 2022, Algorithm 1): outer loop over K/V blocks.
 
-Both versions run the paper's Algorithm 1 line for line: O, l and m start in HBM (written
-as 0, 0 and -inf); for every K/V block j, every Q block i loads Q_i, O_i, l_i, m_i, updates
-them with the tile S_ij = tau Q_i K_j^T and writes O_i, l_i, m_i back. They differ in how a
-GPU runs it (``plan.kv_launches``):
+Versions (``plan.kv_launches``), both the paper's Algorithm 1 line for line: O, l and m
+start in HBM (written as 0, 0 and -inf); for every K/V block j, every Q block i loads Q_i,
+O_i, l_i, m_i, updates them with the tile S_ij = tau Q_i K_j^T and writes O_i, l_i, m_i
+back. They differ in how a GPU runs it:
 
     1. one block per head (the default; ``cupy_flash1``): one launch, one thread block per
        head runs the whole nest, K_j and V_j loaded once per j.
