@@ -120,8 +120,11 @@ class Loop:
     use them to skip fully masked tiles. ``visit(ctx)``, when given, replaces both: the
     ascending block indices to visit, any subset (a mask that skips tiles in the middle of
     a row: ``flashsim.masks``). ``parallel`` marks a loop whose iterations are
-    separate thread blocks on a GPU (a top-level loop is one kernel launch); the traffic
-    counts do not depend on it, the L2 and time models do."""
+    separate thread blocks on a GPU (a top-level loop is one kernel launch);
+    ``launch_per_iteration`` marks a top-level loop each of whose iterations is one kernel
+    launch of its body (FlashAttention's j loop as launches ordered in one stream: no block
+    of step j + 1 starts before step j ends). The traffic counts depend on neither, the L2
+    and time models on both (:func:`launches`)."""
     var: str
     block: int
     extent: int
@@ -131,6 +134,7 @@ class Loop:
     label: str = ""
     parallel: bool = False
     visit: Callable[["Ctx"], "Visited"] | None = None
+    launch_per_iteration: bool = False
 
     @property
     def blocks(self) -> int:
@@ -620,32 +624,62 @@ def _count_leaf(loop: Loop, blocks: range, tensors: dict, ctx: Ctx, counts: Coun
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch of a nest: its ops and, when its iterations are thread blocks, the
-    parallel loop over them (``loop`` is None for a launch of one block per head)."""
+    parallel loop over them (``loop`` is None for a launch of one block per head).
+    ``outer``: ``((Loop, index), ...)``, the iteration of each ``launch_per_iteration`` loop
+    around it (empty for a launch of the nest's top level)."""
     label: str
     loop: Loop | None
     ops: tuple
+    outer: tuple = ()
 
     @property
     def var(self) -> str | None:
         return None if self.loop is None else self.loop.var
 
+    def context(self) -> Ctx:
+        """A fresh context with the outer loops' indices set (what every block of this launch
+        starts from)."""
+        return _outer_context(self.outer)
+
+
+def _outer_context(outer: tuple) -> Ctx:
+    ctx = Ctx()
+    for loop, k in outer:
+        ctx.loops[loop.var] = loop
+        ctx.idx[loop.var] = k
+    return ctx
+
 
 def launches(nest: Nest) -> list[Launch]:
-    """The kernel launches of ``nest``: each top-level loop marked ``parallel`` is one launch
-    whose iterations are thread blocks; a run of top-level ops without it is one launch with
-    one block per head (flash1, as the original FlashAttention kernel)."""
+    """The kernel launches of ``nest``, in stream order: each top-level loop marked
+    ``parallel`` is one launch whose iterations are thread blocks; a run of top-level ops
+    without it is one launch with one block per head (flash1, as the original FlashAttention
+    kernel); a top-level loop marked ``launch_per_iteration`` gives, for each of its
+    iterations k, the launches its body gives by these rules, each with ``outer`` (loop, k)
+    (flash1 as the numba kernel runs it: one launch per K/V block). Such launches share
+    their label; their position in this list tells them apart."""
+    return _launches(nest.body, ())
+
+
+def _launches(body: tuple, outer: tuple) -> list[Launch]:
     out, run = [], []
 
     def close():
         if run:
             out.append(Launch(run[0].label if isinstance(run[0], Loop) else "", None,
-                              tuple(run)))
+                              tuple(run), outer))
             run.clear()
 
-    for op in nest.body:
-        if isinstance(op, Loop) and op.parallel:
+    for op in body:
+        if isinstance(op, Loop) and op.launch_per_iteration:
             close()
-            out.append(Launch(op.label, op, op.body))
+            ctx = _outer_context(outer)
+            ctx.loops[op.var] = op
+            for k in loop_range(op, ctx):
+                out += _launches(op.body, outer + ((op, k),))
+        elif isinstance(op, Loop) and op.parallel:
+            close()
+            out.append(Launch(op.label, op, op.body, outer))
         else:
             run.append(op)
     close()
@@ -654,8 +688,9 @@ def launches(nest: Nest) -> list[Launch]:
 
 def blocks(launch: Launch) -> Iterator[Ctx]:
     """The thread blocks of one head in ``launch``, in launch order: a context whose parallel
-    loop index is set (live: copy what you keep). Read by the L2 and the time models."""
-    ctx = Ctx()
+    loop index (and outer indices) are set (live: copy what you keep). Read by the L2 and
+    the time models."""
+    ctx = launch.context()
     if launch.loop is None:
         yield ctx
         return

@@ -66,6 +66,7 @@ class Plan:
     mask: object = None            # a flashsim.masks.Mask, or None (see ``causal`` too)
     dropout: float = 0.0           # dropout probability p on P, 0 <= p < 1
     dropout_seed: int = 0          # the seed its random numbers are regenerated from
+    kv_launches: bool = False      # flash1 only: one launch per K/V block (its version 2)
 
     @property
     def register_budget(self) -> int | None:
@@ -220,7 +221,7 @@ def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None
          causal: bool | None = None,
          extra_passes=(), pass_: str = "fwd", placement: str | None = None,
          warps: int | None = None, mask=None, dropout: float = 0.0,
-         dropout_seed: int = 0, **decode_args) -> Plan:
+         dropout_seed: int = 0, kv_launches: bool = False, **decode_args) -> Plan:
     """Validate a configuration and choose block sizes.
 
     Decoding (``flashsim.decode``): algorithm ``flashdecoding``, ``paged`` or ``mla``, or
@@ -255,6 +256,11 @@ def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None
     standard attention reads it as a dense N x N boolean (``flashsim/masks.py``). ``dropout``
     p in [0, 1) with ``dropout_seed``: standard attention runs a separate pass that stores
     its keep mask, flash2 regenerates the random numbers (``docs/masks.md``).
+
+    ``kv_launches`` (flash1 only) runs FlashAttention's j loop as one kernel launch per K/V
+    block, thread blocks over (Q block i, head), each loading K_j and V_j itself (version 2
+    of ``flashsim/algorithms/flash1.py``, the numba kernel's schedule) in place of one
+    thread block per head; the tiles are chosen as without it.
 
     ``warps`` (warps per block, 1 to 32) sets the register budget of a kernel whose blocks
     are larger than the preset's ``warps_per_block`` (4, as FlashAttention-2's forward).
@@ -307,6 +313,9 @@ def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None
             f"extra passes ({','.join(passes)}) are for standard attention; "
             f"{algorithm} fuses scaling and masking")
     pass_ = validate.choice(pass_, PASSES, "pass_")
+    if validate.flag(kv_launches, "kv_launches") and algorithm != "flash1":
+        raise FlashsimError(f"kv_launches (one launch per K/V block) is flash1's schedule, "
+                            f"not {algorithm}'s")
     mask, dropout, dropout_seed = _masks.check(algorithm, N, causal, mask, dropout,
                                                dropout_seed)
     fixed = [None if x is None else validate.tiles(
@@ -322,7 +331,7 @@ def plan(algorithm: str, seq_len: int | None = None, head_dim: int | None = None
         if (Br, Bc) not in made:
             made[(Br, Bc)] = Plan(algorithm, N, d, batch, heads, dtype, M, Br, Bc, causal,
                                   passes, preset, rows, pass_, placement, mask, dropout,
-                                  dropout_seed)
+                                  dropout_seed, kv_launches)
         return made[(Br, Bc)]
 
     def overflows(p: Plan) -> list[str]:

@@ -24,9 +24,10 @@ model's request and DRAM bytes, and the time model's seconds.
 **Efficiency**, one per compiled kernel (kernel, d: head dimension and tiles are
 compile-time constants): predicted compute time at full peak over measured time at one
 calibration point per (kernel, d) (``flashsim.measured.validation.efficiencies``; no mask,
-default tiles, the largest N <= 4096 of the 107-point dataset). A d never measured takes
-the nearest measured d of the same kernel, and says so; a kernel never measured gets no
-time (``predicted_time_s`` None), not a guess.
+default tiles, the largest N <= 4096 of the 107-point dataset; for ``numba_flash1``, which
+Nsight Compute never profiled, of its harness-timed points in ``cupy_h200.json``,
+``validation.TIMED``). A d never measured takes the nearest measured d of the same kernel,
+and says so; a kernel never measured gets no time (``predicted_time_s`` None), not a guess.
 
 No GPU library is imported here. The numba kernels' launch rule (``choose_tiling``) lives
 in ``gpu_kernels.numba``, which imports numba (CPU-side, no device needed) when one of
@@ -47,7 +48,8 @@ WARP_UNIT = 4                 # ... and warps to the four schedulers' register f
 RESERVED_SHARED = 1024        # bytes of shared memory the runtime keeps per block (cc 9.0)
 
 # {(kernel, d): fraction of the SMs' peak}: fitted by validation.efficiencies on the
-# calibration points only; tests/test_predict.py holds these equal to the fit.
+# calibration points only (numba_flash1: on its harness-timed points, validation.TIMED);
+# tests/test_predict.py holds these equal to the fit.
 EFFICIENCY = {
     ('cupy_flash1', 64): 0.05924192850672414,
     ('cupy_flash1', 128): 0.07055929827670793,
@@ -60,6 +62,8 @@ EFFICIENCY = {
     ('cupy_flash3', 256): 0.6570728578057304,
     ('cupy_standard', 64): 0.11390377850735153,
     ('cupy_standard', 128): 0.12874639202094232,
+    ('numba_flash1', 64): 0.2132227076775649,
+    ('numba_flash1', 128): 0.151477064994695,
     ('numba_flash2', 64): 0.40017060456400166,
     ('numba_flash2', 128): 0.2771118671068559,
     ('numba_standard', 64): 0.2326341493915804,
@@ -92,20 +96,21 @@ def efficiency_for(kernel: str, d: int) -> tuple[float | None, str]:
     return EFFICIENCY[(kernel, ds[0])], f"d = {d} never measured: the efficiency at d = {ds[0]}"
 
 
-def _kernel_launches(entry, launch, labels: list[str]) -> dict:
-    """``{nest launch label: KernelLaunch}``: the kernel launch that runs each of the nest's
-    launches (its ``step``, the index of that launch, or the registry's ``unlike_plan``
-    index; the last one listed when several do, since fills come first)."""
-    out = {}
+def _kernel_launches(entry, launch, n: int) -> list:
+    """The kernel launch that runs each of the nest's ``n`` launches, by position (a kernel
+    launch's ``step``, or the registry's ``unlike_plan`` index; the last one listed when
+    several do, since fills come first). A nest launch is told apart by its position, not
+    its label: flash1's launches per K/V block share one."""
+    out = [None] * n
     for kl in launch.launches():
         step = kl.step
         if step is None and kl.kernel in entry.unlike_plan:
             step = entry.unlike_plan[kl.kernel][0]
         if step is not None:
-            out[labels[step]] = kl
-    missing = [x for x in labels if x not in out]
+            out[step] = kl
+    missing = [k for k, kl in enumerate(out) if kl is None]
     if missing:
-        raise PredictError(f"{entry.name}: no kernel launch runs the nest's {missing}")
+        raise PredictError(f"{entry.name}: no kernel launch runs the nest's launches {missing}")
     return out
 
 
@@ -132,10 +137,12 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
                           block_cols=block_cols, **options)
     p = launch.plan(gpu)
     labels = [x.label for x in _nest_launches(p.nest())]
-    runs = _kernel_launches(entry, launch, labels)
-    rows, bps, wpb = [], {}, {}
-    for label in labels:
-        kl = runs[label]
+    runs = _kernel_launches(entry, launch, len(labels))
+    rows, bps, wpb = {}, {}, {}
+    for label, kl in zip(labels, runs):
+        if label in rows:           # one row per label: launches sharing one run one kernel
+            rows[label]["count"] += 1
+            continue
         res = registry.compiled(kernel, kl.kernel, launch.d, launch.block_rows,
                                 launch.block_cols, launch.causal, kl.threads)
         regs, static = res if res else (None, launch.static_smem)
@@ -144,9 +151,9 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
             raise PredictError(f"{kernel}: launch {kl.kernel} needs more of an SM than "
                                f"{g.name} has ({occ['limits']})")
         bps[label], wpb[label] = occ["blocks_per_sm"], kl.threads // 32
-        rows.append({"label": label, "kernel": kl.kernel, "grid": list(kl.grid),
-                     "threads": kl.threads, "registers": regs,
-                     "shared_bytes": static + kl.dynamic_smem, **occ})
+        rows[label] = {"label": label, "kernel": kl.kernel, "grid": list(kl.grid), "count": 1,
+                       "threads": kl.threads, "registers": regs,
+                       "shared_bytes": static + kl.dynamic_smem, **occ}
     rep = _l2.simulate(p, blocks_per_sm=bps, work_limit=work_limit)
     if efficiency is None:
         efficiency, source = efficiency_for(kernel, launch.d)
@@ -156,7 +163,7 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
         "kernel": kernel, "gpu": gpu, "batch": batch, "heads": heads, "seq_len": launch.N,
         "head_dim": launch.d, "dtype": launch.dtype, "causal": launch.causal,
         "block_rows": launch.block_rows, "block_cols": launch.block_cols,
-        "launches": rows, "efficiency": efficiency, "efficiency_source": source,
+        "launches": list(rows.values()), "efficiency": efficiency, "efficiency_source": source,
         "two_level_bytes": p.count().hbm_bytes,
         "l2_read_bytes": rep.l2_read_bytes, "l2_write_bytes": rep.l2_write_bytes,
         "dram_read_bytes": rep.dram_read_bytes, "dram_write_bytes": rep.dram_write_bytes,
@@ -180,7 +187,8 @@ def format_prediction(r: dict) -> str:
     for x in r["launches"]:
         regs = "?" if x["registers"] is None else x["registers"]
         lim = ", ".join(f"{k} {v}" for k, v in x["limits"].items())
-        lines.append(f"  {x['kernel']:<22} grid {'x'.join(map(str, x['grid']))}, "
+        times = f" (x {x['count']} launches, the first's grid)" if x.get("count", 1) > 1 else ""
+        lines.append(f"  {x['kernel']:<22} grid {'x'.join(map(str, x['grid']))}{times}, "
                      f"{x['threads']} threads, {regs} registers, {x['shared_bytes']:,} B shared:"
                      f" {x['blocks_per_sm']} blocks/SM ({lim})")
     lines += [f"two-level bytes     {r['two_level_bytes']:>16,}",

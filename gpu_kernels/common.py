@@ -271,7 +271,7 @@ class Result(NamedTuple):
 class KernelLaunch:
     """One kernel launch that a ``Launch.run`` makes: the kernel, its grid and block.
 
-    ``step`` is the label of the launch of flashsim's loop nest that this kernel runs with
+    ``step`` is the index of the launch of flashsim's loop nest that this kernel runs with
     the same thread blocks (``flashsim.nest.launches(plan.nest())``); None for a launch the
     nest does not have as such (a fill, one block per row where the nest has R rows): the
     registry entry says why."""
@@ -334,6 +334,9 @@ class Launch:
     # Warps whose registers the plan may count on (None: the preset's 4). A kernel that
     # keeps S_ij and O_i in registers across more warps sets it (launch -> warps).
     PLAN_WARPS = None
+    # flashsim.plan options that pick the algorithm's version this kernel runs (numba's
+    # FlashAttention: {"kv_launches": True}, a launch per K/V block)
+    PLAN_OPTIONS = {}
 
     def main_launch(self) -> KernelLaunch:
         """The first launch of the main kernel (``MAIN``)."""
@@ -348,12 +351,14 @@ class Launch:
         return None
 
     def plan(self, gpu: str = DEFAULT_GPU):
-        """flashsim's plan for exactly this launch: same algorithm, pass, N, d, batch, heads,
-        dtype, causal mask (or the launch's ``mask``, where it has one) and tiles; M = ``sram`` (the preset's when None); the roofline
-        time (``count().predicted_time_s``) on ``gpu``."""
+        """flashsim's plan for exactly this launch: same algorithm (and version:
+        ``PLAN_OPTIONS``), pass, N, d, batch, heads, dtype, causal mask (or the launch's
+        ``mask``, where it has one) and tiles; M = ``sram`` (the preset's when None); the
+        roofline time (``count().predicted_time_s``) on ``gpu``."""
         return planned(self.algorithm, self.N, self.d, batch=self.batch, heads=self.heads,
                        dtype=self.dtype, sram=self.sram, gpu=gpu, causal=self.causal,
                        block_rows=self.block_rows, block_cols=self.block_cols, pass_=self.pass_,
+                       **self.PLAN_OPTIONS,
                        **({"warps": self.PLAN_WARPS(self)} if self.PLAN_WARPS else {}),
                        **({"mask": self.mask} if getattr(self, "mask", None) is not None else {}))
 
@@ -365,7 +370,7 @@ class Launch:
         """The plan's configuration as stored beside measurements (enough to rebuild it)."""
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
                     block_cols=self.block_cols, sram=self.sram,
-                    gpu=None if self.sram else DEFAULT_GPU)
+                    gpu=None if self.sram else DEFAULT_GPU, **self.PLAN_OPTIONS)
 
     def check_shape_of(self, info: ArrayInfo, name: str) -> None:
         """An array given to ``run`` has this launch's shape and dtype."""

@@ -91,10 +91,9 @@ KERNELS = {k.name: k for k in (
            "flashsim.fastest_blocks with the thread layout's score (fastest_rule)", NUMBA_LAYOUT,
            "4 (Q_i^T + K_j^T + V_j + P~_ij^T + 2 B_r' TC) words (Tiling.shared_words)",
            max_head_dim=128, options=("threads",),
-           unlike_plan={"fill_flat": (0, "line 2's O = 0, l = 0, m = -inf as three fills"),
-                        "flash1_step": (0, "one launch per K/V block j, one thread block per "
-                                           "(Q block i, head), where flashsim's nest runs one "
-                                           "block per head: the same loads and stores")}),
+           unlike_plan={"fill_flat": (0, "line 2's O = 0, l = 0, m = -inf as three flat "
+                                         "fills, where flashsim's launch 0 stores O_i, l_i, "
+                                         "m_i from one block per Q block: the same bytes")}),
     Kernel("numba_flash2", "flash2", "numba", "numba.flash2", ("fp32",), None,
            "flashsim.fastest_blocks with the thread layout's score (fastest_rule)", NUMBA_LAYOUT,
            "4 (Q_i^T + K_j^T + V_j + P_ij^T + B_r' TC) words (Tiling.shared_words)",

@@ -139,3 +139,57 @@ def test_four_million_tokens_count_equals_closed_form(alg, causal):
     p = flashsim.plan(alg, 2**22, 128, gpu="h200", causal=causal)
     counted, formula = p.count(), p.closed_form()
     assert counted.per_tensor == formula.per_tensor and counted.flops == formula.flops
+
+
+# -- flash1, version 2: a launch per K/V block (the numba kernel's schedule) -------------
+@pytest.mark.parametrize("N,d,Br,Bc", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_flash1_launch_per_kv_block_count_equals_closed_form(N, d, Br, Bc, causal, dtype):
+    """Every thread block loads K_j and V_j: K and V cross tiles(j) times per K/V block
+    (T_r without a mask) where one block per head reads them once; nothing else moves."""
+    from flashsim.algorithms._common import kv_block_reach
+
+    kw = dict(block_rows=Br, block_cols=Bc, causal=causal, dtype=dtype, sram="1MiB",
+              batch=2, heads=3)
+    two, one = (flashsim.plan("flash1", N, d, kv_launches=v, **kw) for v in (True, False))
+    assert_count_is_closed_form(two)
+    counted, first = two.count().per_tensor, one.count().per_tensor
+    _, tiles, c = kv_block_reach(two)
+    for t in ("K", "V"):
+        assert counted[t]["read_bytes"] == 2 * 3 * int((c * tiles).sum()) * d * two.elem_bytes
+        if not causal:
+            assert counted[t]["read_bytes"] == -(-N // Br) * first[t]["read_bytes"]
+    assert {k: v for k, v in counted.items() if k not in "KV"} == \
+        {k: v for k, v in first.items() if k not in "KV"}
+    assert (two.count().flops, two.count().exp_ops, two.count().nonmatmul_flops) == \
+        (two.closed_form().flops, two.closed_form().exp_ops, two.closed_form().nonmatmul_flops)
+
+
+@settings(max_examples=40, deadline=None)
+@given(N=st.integers(1, 300), d=st.integers(1, 64), Br=st.integers(1, 80),
+       Bc=st.integers(1, 80), causal=st.booleans(), dtype=st.sampled_from(["fp32", "fp16"]))
+def test_flash1_launch_per_kv_block_closed_form_random(N, d, Br, Bc, causal, dtype):
+    p = flashsim.plan("flash1", N, d, block_rows=Br, block_cols=Bc, causal=causal,
+                      dtype=dtype, sram="4MiB", kv_launches=True)
+    assert p.count().per_tensor == p.closed_form().per_tensor
+    assert _fields(nest.count(p.nest())) == _fields(nest.count_leaves(p.nest()))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash1_launch_per_kv_block_runs_the_same_values(causal):
+    """Both versions are Algorithm 1 line for line: the same O, l, m to the last bit."""
+    rng = np.random.default_rng(2)
+    Q, K, V = (rng.standard_normal((2, 70, 8)) for _ in range(3))
+    kw = dict(block_rows=16, block_cols=24, causal=causal, sram="1MiB", batch=2)
+    (O1, r1), (O2, r2) = (flashsim.plan("flash1", 70, 8, kv_launches=v, **kw).run(Q, K, V)
+                          for v in (False, True))
+    assert np.array_equal(O1, O2) and np.array_equal(r1.hbm["l"], r2.hbm["l"])
+    assert r2.per_tensor == flashsim.plan("flash1", 70, 8, kv_launches=True, **kw).count().per_tensor
+
+
+def test_kv_launches_is_flash1s_alone():
+    with pytest.raises(flashsim.FlashsimError, match="flash1"):
+        flashsim.plan("flash2", 64, 16, kv_launches=True)
+    with pytest.raises(flashsim.FlashsimError, match="True or False"):
+        flashsim.plan("flash1", 64, 16, kv_launches="yes")

@@ -277,3 +277,58 @@ def test_work_limit_is_one_clear_error():
                       sram="1MiB")
     with pytest.raises(flashsim.FlashsimError, match="L2 model"):
         l2.simulate(p, l2_bytes=4096, sms=2, blocks_per_sm=1, work_limit=10_000)
+
+
+# -- a loop of launches: flash1 as numba's kernel runs it, a launch per K/V block --------
+def _kv_launches(N, d, Br, Bc, causal=False, **kw):
+    return flashsim.plan("flash1", N, d, block_rows=Br, block_cols=Bc, causal=causal,
+                         kv_launches=True, **{"sram": "1MiB", **kw})
+
+
+def test_a_loop_of_launches_is_one_launch_per_iteration():
+    """Line 2's launch, then launch j: one thread block per Q block that K/V block j reaches
+    (from floor(j B_c / B_r) under the mask), each block's context holding j."""
+    p = _kv_launches(100, 8, 16, 32, causal=True)
+    got = launches(p.nest())
+    assert len(got) == 1 + 4 and got[0].outer == () and got[0].var == "i"
+    for j, launch in enumerate(got[1:]):
+        assert [(loop.var, k) for loop, k in launch.outer] == [("j", j)]
+        ctxs = [dict(ctx.idx) for ctx in blocks(launch)]
+        assert ctxs == [{"j": j, "i": i} for i in range(j * 32 // 16, 7)]
+    assert len({x.label for x in got[1:]}) == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("cap", [4096, 20000, 10**6])
+def test_a_loop_of_launches_equals_block_by_block(causal, cap):
+    p = _kv_launches(72, 8, 16, 16, causal, batch=2, heads=3)
+    rep = l2.simulate(p, l2_bytes=cap, sms=2, blocks_per_sm=2)
+    assert (rep.dram_read_bytes, rep.dram_write_bytes) == naive_dram(p, cap, 4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", GRID)
+@pytest.mark.parametrize("cap", [100, 6000, 10**7])
+def test_a_loop_of_launches_folded_equals_the_stepping_one(causal, shape, cap):
+    """Launches that are renamings of one another (l2_lockstep.launch_class) are simulated
+    once: the same numbers as stepping every launch, field for field."""
+    N, d, Br, Bc, dtype, batch, heads, sms, bps = shape
+    p = _kv_launches(N, d, Br, Bc, causal, dtype=dtype, batch=batch, heads=heads)
+    _both(p, l2_bytes=cap, sms=sms, blocks_per_sm=bps)
+
+
+def test_a_loop_of_launches_simulates_one_launch_per_class(monkeypatch):
+    """At N = 16384 (342 launches of K/V blocks of 48 rows) the launches fall into two
+    classes, the full blocks and the ragged last one (a block moves K by whole sectors), so
+    two launches are simulated besides line 2's, and every launch still has its traffic."""
+    from flashsim.hardware import l2_lockstep
+    ran = []
+    real = l2_lockstep.simulate_launch
+    monkeypatch.setattr(l2_lockstep, "simulate_launch",
+                        lambda launch, *a: (ran.append(launch), real(launch, *a))[1])
+    p = _kv_launches(16384, 64, 32, 48, sram=None, gpu="h200", heads=16)
+    rep = l2.simulate(p)
+    assert len(ran) == 3 and len(rep.launches) == 1 + 342
+    assert rep.l2_read_bytes == p.count().hbm_read_bytes      # 48 x 64 x 4: whole sectors
+    full = rep.launches[1]
+    assert all(vars(x) == vars(full) for x in rep.launches[2:-1])

@@ -137,7 +137,7 @@ def test_flashsim_does_not_import_gpu_kernels():
 
 # ------------------------------------------------------------------ the prediction
 @pytest.mark.parametrize("kernel,causal", [("numba_flash2", False), ("cupy_flash2_tc", True),
-                                           ("numba_standard", False)])
+                                           ("numba_standard", False), ("numba_flash1", True)])
 def test_prediction_is_flashsim_predicts_for_that_launch(kernel, causal):
     from flashsim import predict as fp
     from flashsim.hardware import l2
@@ -155,9 +155,21 @@ def test_prediction_is_flashsim_predicts_for_that_launch(kernel, causal):
 
 
 def test_no_stated_efficiency_means_no_predicted_time():
-    launch = registry.launch("numba_flash1", batch=1, heads=2, seq_len=64, head_dim=16)
+    launch = registry.launch("numba_flash2_bwd", batch=1, heads=2, seq_len=64, head_dim=16)
     got = measure.predict(launch)
     assert got["predicted_time_s"] is None and "no calibration point" in got["efficiency_source"]
+
+
+def test_numba_flash1_is_predicted_launch_by_launch():
+    """Its plan is flashsim's flash1 with a launch per K/V block (the kernel's own launches):
+    line 2's launch, then one row for the T_c launches of flash1_step, each timed."""
+    launch = registry.launch("numba_flash1", batch=2, heads=8, seq_len=2048, head_dim=64)
+    got = measure.predict(launch)
+    assert got["plan"]["kv_launches"] and got["predicted_time_s"] > 0
+    T_c = -(-2048 // launch.block_cols)
+    assert [(x["kernel"], x["count"]) for x in got["launches"]] == [("fill_flat", 1),
+                                                                    ("flash1_step", T_c)]
+    assert got["launches"][1]["grid"] == list(launch.launches()[3].grid)
 
 
 # ------------------------------------------------------------------ the counters
@@ -228,6 +240,19 @@ def simulated_row():
     h = harness.Harness("numba", flush=False, warmup=0, min_repeats=1, max_repeats=1)
     launch = registry.launch("numba_flash2", batch=1, heads=2, seq_len=40, head_dim=16)
     return measure.measure_launch(launch, repeats=1, harness=h), launch
+
+
+def test_numba_flash1_prints_predicted_beside_measured():
+    """The numba FlashAttention kernel (a launch per K/V block) through the row pipeline
+    under the simulator: its line has a predicted time and a ratio, not '-'."""
+    h = harness.Harness("numba", flush=False, warmup=0, min_repeats=1, max_repeats=1)
+    launch = registry.launch("numba_flash1", batch=1, heads=2, seq_len=40, head_dim=16)
+    row = measure.measure_launch(launch, repeats=1, harness=h)
+    assert row["check_ok"] and row["predicted"] == measure.predict(launch)
+    line = measure.format_rows([row], []).splitlines()[1].split()
+    assert line[0] == "numba_flash1" and line[3] == "ok"
+    assert float(line[5]) == pytest.approx(row["predicted"]["predicted_time_s"] * 1e3, abs=1e-4)
+    assert line[6].endswith("x")
 
 
 def test_row_has_the_check_and_both_sides(simulated_row):

@@ -212,3 +212,25 @@ def test_a_launch_takes_at_least_its_chain_of_steps():
     (t,) = timing.predict(long, timing.Efficiency.for_dtype("fp16", 0.25), blocks_per_sm=2)
     assert t.compute_s > 2 * t.latency_s > 0
     assert t.seconds == t.compute_s + timing.LAUNCH_LATENCY_S
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_launch_per_kv_block_is_timed_launch_by_launch(causal, monkeypatch):
+    """flash1 as numba's kernel runs it: line 2's launch, then T_c launches of one block per
+    (Q block, head). Every launch pays the launch latency, the blocks' FLOPs add up to the
+    count's, the launches of one class (the same blocks renamed) are timed as one is, and
+    spread over the SMs it computes far faster than one block per head."""
+    from flashsim.hardware import timing
+    kw = dict(batch=2, heads=8, block_rows=32, block_cols=48, gpu="h200", causal=causal)
+    two = flashsim.plan("flash1", 2048, 64, kv_launches=True, **kw)
+    eff = timing.Efficiency.for_dtype("fp32", 0.2)
+    got = timing.predict(two, eff, blocks_per_sm=5, warps_per_block=4)
+    assert len(got) == 1 + -(-2048 // 48)
+    flops = timing.block_flops(two)
+    assert 16 * sum(sum(f) for _, f in flops) == two.count().flops
+    assert all(t.seconds >= timing.LAUNCH_LATENCY_S for t in got)
+    monkeypatch.setattr(timing, "launch_class", lambda launch, tensors: None)
+    assert timing.predict(two, eff, blocks_per_sm=5, warps_per_block=4) == got
+    one = flashsim.plan("flash1", 2048, 64, **kw)
+    (alone,) = timing.predict(one, eff, blocks_per_sm=5, warps_per_block=4)
+    assert sum(t.compute_s for t in got) < alone.compute_s / 10

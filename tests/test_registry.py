@@ -91,7 +91,7 @@ def test_stored_plan_records_rebuild_the_plan():
     """``plan_record()`` is what the ncu sweep stores and flashsim.measured.validation reads."""
     from flashsim.measured import validation
 
-    for name in ("numba_flash2", "cupy_flash2", "cupy_standard", "cupy_flash2_tc"):
+    for name in ("numba_flash2", "cupy_flash2", "cupy_standard", "cupy_flash2_tc", "numba_flash1"):
         launch = registry.launch(name, batch=2, heads=4, seq_len=1024, head_dim=64)
         pt = dict(N=1024, d=64, batch=2, heads=4, causal=False, plan=launch.plan_record())
         assert validation.point_plan(pt).count().per_tensor == launch.plan().count().per_tensor

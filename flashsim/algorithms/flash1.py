@@ -1,13 +1,26 @@
 """FlashAttention forward (Dao et al., 2022, Algorithm 1): outer loop over K/V blocks.
 
-Versions: one, line for line the paper's Algorithm 1. O, l and m start in HBM (written as
-0, 0 and -inf); for every K/V block j, every Q block i loads Q_i, O_i, l_i, m_i, updates them
-with the tile S_ij = tau Q_i K_j^T and writes O_i, l_i, m_i back.
+Versions (``plan.kv_launches``), both the paper's Algorithm 1 line for line: O, l and m
+start in HBM (written as 0, 0 and -inf); for every K/V block j, every Q block i loads Q_i,
+O_i, l_i, m_i, updates them with the tile S_ij = tau Q_i K_j^T and writes O_i, l_i, m_i
+back. They differ in how a GPU runs it:
 
-Traffic per head, with b bytes per element, T_c = ceil(N/B_c) and 4-byte statistics:
+    1. one block per head (the default; ``cupy_flash1``): one launch, one thread block per
+       head runs the whole nest, K_j and V_j loaded once per j.
+    2. one launch per K/V block (``kv_launches=True``; ``numba_flash1``): line 2 is one
+       launch of T_r blocks per head, then launch j (T_c of them, in stream order: launch
+       j + 1 sees every write of launch j) runs one thread block per (Q block i, head), and
+       each block loads K_j and V_j itself, so K and V cross T_r times (tiles(j) times
+       under the mask) where version 1 reads them once.
+
+Traffic per head, with b bytes per element, T_c = ceil(N/B_c), T_r = ceil(N/B_r) and 4-byte
+statistics:
 
     read  K, V: N d b each             R = sum_j rows(j), the Q rows visited
-    read  Q, O: R d b each             rows(j) = N; causal: N - floor(j B_c / B_r) B_r
+      version 2: C d b each            rows(j) = N; causal: N - floor(j B_c / B_r) B_r
+                                       C = sum_j c_j tiles(j), the K/V rows loaded
+                                       tiles(j) = T_r; causal: T_r - floor(j B_c / B_r)
+    read  Q, O: R d b each             (C = T_r N without a mask)
     read  l, m: 4 R each
     write O: R d b + N d b             (the + N d b, and + 4 N for l and m, is the
     write l, m: 4 R + 4 N each          initialisation of line 2)
@@ -29,15 +42,18 @@ Placed as a kernel would (``placement="registers"``, ``REGISTERS``): K_j, V_j, Q
 memory, b (2 B_c d + B_r d); S_ij, O_i (fp32, as loaded) and the four statistics in
 registers, 4 B_r B_c + 4 B_r d + 16 B_r.
 
-On a GPU no loop here is parallel: one thread block runs the whole nest for one head, as
+In version 1 no loop is parallel: one thread block runs the whole nest for one head, as
 the original FlashAttention kernel did (every K/V block j updates every O_i, so the j loop
-cannot be split). With batch x heads smaller than the SM count, SMs sit idle: the reason
-FlashAttention-2 parallelises over Q blocks too.
+cannot be split inside one launch). With batch x heads smaller than the SM count, SMs sit
+idle: the reason FlashAttention-2 parallelises over Q blocks too. Version 2 splits the j
+loop across launches instead (``Loop.launch_per_iteration``), so its blocks fill the GPU
+but pay a launch and the O, l, m round trip per step.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -113,46 +129,57 @@ def build(plan) -> Nest:
         Store("l_i", "l", rows="i"),
         Store("m_i", "m", rows="i"),
     ))
-    inner = Loop("i", Br, N, label="Q blocks: O_i, l_i, m_i read and written each time",
-                 start=(lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None,
-                 body=(
-                     *block_loads("i", "Q", "O", "l", "m"),
-                     Alloc("S_ij", "i", "j", b),
-                     Alloc("mt_ij", "i", 1, STAT_BYTES),
-                     Alloc("lt_ij", "i", 1, STAT_BYTES),
-                     Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d),
-                             nonmatmul=lambda e: e("i") * e("j")),             # tau x
-                     # rowmax rc, subtract rc, exp rc, rowsum rc
-                     Compute("m~_ij = rowmax S_ij; P~_ij = exp(S_ij - m~_ij); "
-                             "l~_ij = rowsum P~_ij", tile_softmax,
-                             exps=lambda e: e("i") * e("j"),
-                             nonmatmul=lambda e: 4 * e("i") * e("j")),
-                     # per row: max 1, two (subtract, exp) 4, l_new 3, l_i e^.. 1; per
-                     # element of O_i: two products, a sum and a division, 4 d per row
-                     Compute("m_new = max(m_i, m~_ij); l_new = e^(m_i-m_new) l_i + "
-                             "e^(m~_ij-m_new) l~_ij; O_i = diag(l_new)^-1 (diag(l_i) "
-                             "e^(m_i-m_new) O_i + e^(m~_ij-m_new) P~_ij V_j)",
-                             update, matmul_flops("i", "j", d),
-                             exps=lambda e: 2 * e("i"),
-                             nonmatmul=lambda e: 9 * e("i") + 4 * d * e("i")),
-                     Store("O_i", "O", rows="i"),
-                     Store("l_i", "l", rows="i"),
-                     Store("m_i", "m", rows="i"),
-                 ))
-    outer = Loop("j", Bc, N, label="K/V blocks (outer)", body=(
-        *block_loads("j", "K", "V"),
-        inner,
-    ))
+    # one Q block at one K/V block j: Q_i, O_i, l_i, m_i read, updated and written back
+    q_block = (
+        *block_loads("i", "Q", "O", "l", "m"),
+        Alloc("S_ij", "i", "j", b),
+        Alloc("mt_ij", "i", 1, STAT_BYTES),
+        Alloc("lt_ij", "i", 1, STAT_BYTES),
+        Compute("S_ij = tau Q_i K_j^T", s_tile, matmul_flops("i", "j", d),
+                nonmatmul=lambda e: e("i") * e("j")),             # tau x
+        # rowmax rc, subtract rc, exp rc, rowsum rc
+        Compute("m~_ij = rowmax S_ij; P~_ij = exp(S_ij - m~_ij); "
+                "l~_ij = rowsum P~_ij", tile_softmax,
+                exps=lambda e: e("i") * e("j"),
+                nonmatmul=lambda e: 4 * e("i") * e("j")),
+        # per row: max 1, two (subtract, exp) 4, l_new 3, l_i e^.. 1; per
+        # element of O_i: two products, a sum and a division, 4 d per row
+        Compute("m_new = max(m_i, m~_ij); l_new = e^(m_i-m_new) l_i + "
+                "e^(m~_ij-m_new) l~_ij; O_i = diag(l_new)^-1 (diag(l_i) "
+                "e^(m_i-m_new) O_i + e^(m~_ij-m_new) P~_ij V_j)",
+                update, matmul_flops("i", "j", d),
+                exps=lambda e: 2 * e("i"),
+                nonmatmul=lambda e: 9 * e("i") + 4 * d * e("i")),
+        Store("O_i", "O", rows="i"),
+        Store("l_i", "l", rows="i"),
+        Store("m_i", "m", rows="i"),
+    )
+    first_i = (lambda ctx: causal_start_i(ctx.idx["j"], Br, Bc)) if causal else None
+    if getattr(plan, "kv_launches", False):           # version 2: a launch per K/V block
+        init = replace(init, parallel=True)
+        outer = Loop("j", Bc, N, label="K/V blocks (one launch each)",
+                     launch_per_iteration=True, body=(
+                         Loop("i", Br, N, label="Q blocks of step j (one thread block each)",
+                              parallel=True, start=first_i, body=(
+                                  *block_loads("j", "K", "V"),    # by every block
+                                  *q_block)),))
+    else:
+        outer = Loop("j", Bc, N, label="K/V blocks (outer)", body=(
+            *block_loads("j", "K", "V"),
+            Loop("i", Br, N, label="Q blocks: O_i, l_i, m_i read and written each time",
+                 start=first_i, body=q_block),
+        ))
     return Nest(tensors, place((init, outer), registers(plan, REGISTERS)))
 
 
 def closed_form(plan) -> tuple[dict, dict, int]:
     """(read bytes, write bytes, FLOPs) per head, from the formulas in the header."""
     N, d, b = plan.seq_len, plan.head_dim, plan.elem_bytes
-    rows, _, c = kv_block_reach(plan)
+    rows, tiles, c = kv_block_reach(plan)
     R = int(rows.sum())
+    kv = int((c * tiles).sum()) if getattr(plan, "kv_launches", False) else N  # C or N
     s = STAT_BYTES
-    read = {"Q": R * d * b, "K": N * d * b, "V": N * d * b, "O": R * d * b,
+    read = {"Q": R * d * b, "K": kv * d * b, "V": kv * d * b, "O": R * d * b,
             "l": s * R, "m": s * R}
     write = {"Q": 0, "K": 0, "V": 0, "O": R * d * b + N * d * b,
              "l": s * R + s * N, "m": s * R + s * N}

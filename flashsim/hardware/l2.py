@@ -7,9 +7,12 @@ this model needs a schedule, read from the same loop nest as everything else:
 
 * **Launches.** Each top-level loop marked ``parallel`` is one kernel launch whose
   iterations are thread blocks; a run of top-level loops without it is one launch with one
-  block per head (flash1, as the original FlashAttention kernel). Each launch starts with a
-  clean, empty L2, as Nsight Compute's default cache control makes it (and as the
-  measurements it is compared with were taken).
+  block per head (flash1, as the original FlashAttention kernel); a top-level loop marked
+  ``launch_per_iteration`` is one launch per iteration (flash1 as the numba kernel runs it:
+  a launch per K/V block). Each launch starts with a clean, empty L2, as Nsight Compute's
+  default cache control makes it (and as the measurements it is compared with were taken);
+  so launches that make the same requests renamed are simulated once
+  (``l2_lockstep.launch_class``).
 * **Waves.** ``SMs x blocks_per_sm`` blocks are resident at once; blocks start in launch
   order (``blockIdx.x`` = the Q block fastest, then the head), and a finished block's slot
   goes to the next block at once. Resident blocks advance in step: at every step each one
@@ -55,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import FlashsimError
 from ..nest import Ctx, Load, Loop, Store, blocks, count_scope, launches, loop_range, span
@@ -395,14 +398,21 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
     sizes: dict = {}                    # tile -> (touched, owned) bytes (l2_lockstep keys its own)
     intern: dict = {}
     budget = budget if budget is not None else l2_lockstep.Budget(work_limit)
+    done: dict = {}                     # launch class -> its traffic (method "auto")
     for launch in launches(nest):
         if isinstance(blocks_per_sm, dict):
             bps = blocks_per_sm[launch.label]
         else:
             bps = default_bps if blocks_per_sm is None else blocks_per_sm
+        key = l2_lockstep.launch_class(launch, nest.tensors) if method == "auto" else None
+        if key is not None and key in done:
+            report.launches.append(replace(done[key]))
+            continue
         if method == "auto" and l2_lockstep.applies(launch):
             report.launches.append(l2_lockstep.simulate_launch(
                 launch, nest.tensors, heads, n_sms * bps, cap, sizes, budget))
+            if key is not None:
+                done[key] = report.launches[-1]
             continue
         # Blocks out of lockstep (a causal mask): every block's program is built and
         # stepped, request by request. Refuse up front what would run past the limit, from
@@ -410,7 +420,7 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
         scope = (launch.loop,) if launch.loop is not None else launch.ops
         why = ("method='steps'" if method == "steps" else
                "a causal mask keeps its blocks out of lockstep, so nothing folds")
-        budget.reserve(heads * count_scope(scope, nest.tensors, Ctx()).transfers,
+        budget.reserve(heads * count_scope(scope, nest.tensors, launch.context()).transfers,
                        launch.label, why)
         programs = [block_steps(launch.ops, nest.tensors, ctx, launch.var, sizes, intern)
                     for ctx in blocks(launch)]

@@ -33,6 +33,14 @@ has turned over once inside the loop (everything in it was touched in this loop)
 takes about ``capacity / bytes per iteration`` iterations; the check is made at
 exponentially spaced iterations, so it costs O(log) state comparisons.
 
+The same renaming makes **launches of one loop of launches** (``Loop.launch_per_iteration``:
+flash1's version 2, a launch per K/V block j) repeat. Each launch starts from a clean L2, so
+two launches j and j' whose thread blocks are the same, whose block of j has the same extent
+and whose tiles indexed by j sit at the same place in their 32-byte sectors (j = j' modulo
+the period above), and where nothing else indexes those dimensions, make the same requests
+renamed: the same traffic, field for field (:func:`launch_class`). T_c launches are then
+simulated as a few: one for the full blocks of each sector phase, one for the ragged last.
+
 ``tests/test_l2.py`` holds this engine equal to the stepping one over a grid of shapes
 (ragged N, fp16 rows that straddle sectors, several heads per wave, several waves per
 head, caches from one tile to everything).
@@ -44,10 +52,37 @@ from collections import OrderedDict
 from math import gcd
 
 from ..errors import FlashsimError
-from ..nest import Ctx, Load, Loop, Store, full_blocks, has_bounds, loop_range, span
+from ..nest import Load, Loop, Store, full_blocks, has_bounds, loop_range, span
 from .l2 import note_request
 
 SECTOR = 32
+
+
+def launch_class(launch, tensors: dict) -> tuple | None:
+    """A key that two launches of one loop of launches share exactly when one makes the
+    other's requests renamed (module doc): the same label and ops, the same thread blocks,
+    and for each outer loop the same block extent and sector phase. None for a launch of
+    the nest's top level, or where a dimension its outer index selects is also selected
+    otherwise, or a loop inside has bounds (then each launch stands alone)."""
+    if not launch.outer or has_bounds(launch.ops):
+        return None
+    dims = _dims(launch.ops, {})
+    ctx = launch.context()
+    key: list = [launch.label, id(launch.ops)]
+    for loop, k in launch.outer:
+        shifts = []
+        for (tensor, axis), used in dims.items():
+            if loop.var not in used:
+                continue
+            if used != {loop.var}:
+                return None
+            t = tensors[tensor]
+            shifts.append(loop.block * (t.cols if axis == 0 else 1) * t.elem_bytes)
+        key += [k % _period(shifts), ctx.extent(loop.var)]
+    if launch.loop is not None:
+        ctx.loops[launch.var] = launch.loop
+        key.append(tuple(loop_range(launch.loop, ctx)))
+    return tuple(key)
 
 
 def applies(launch) -> bool:
@@ -113,7 +148,7 @@ class _Engine:
             launch, tensors, traffic, sizes, budget)
         self.lru = _LRU(capacity, traffic)
         self.rd = self.wr = 0
-        self.ctx = Ctx()
+        self.ctx = launch.context()
         self.pvar = launch.var
         if launch.loop is not None:
             self.ctx.loops[self.pvar] = launch.loop
@@ -322,7 +357,7 @@ def simulate_launch(launch, tensors: dict, heads: int, slots: int, capacity: int
                     sizes: dict, budget: Budget):
     """One lockstep launch (``applies(launch)``), as ``l2._simulate`` would run it."""
     from .l2 import LaunchTraffic
-    ctx = Ctx()
+    ctx = launch.context()
     if launch.loop is not None:
         ctx.loops[launch.var] = launch.loop
         idxs = loop_range(launch.loop, ctx)

@@ -42,6 +42,7 @@ import heapq
 from dataclasses import dataclass
 
 from .l2 import L2Report, simulate
+from .l2_lockstep import launch_class
 from .presets import DEFAULT_GPU, gpu as _gpu
 from ..nest import blocks, count_scope, launches
 
@@ -95,11 +96,19 @@ class LaunchTime:
 
 
 def block_flops(plan) -> list[tuple[str, list[int]]]:
-    """``[(launch label, [FLOPs of each thread block of one head])]``."""
+    """``[(launch label, [FLOPs of each thread block of one head])]``; launches of one class
+    (``l2_lockstep.launch_class``: flash1's launches per K/V block) share one list."""
     nest = plan.nest()
-    return [(launch.label, [count_scope(launch.ops, nest.tensors, ctx).flops
-                            for ctx in blocks(launch)])
-            for launch in launches(nest)]
+    out, seen = [], {}
+    for launch in launches(nest):
+        key = launch_class(launch, nest.tensors)
+        flops = seen.get(key)
+        if flops is None:
+            flops = [count_scope(launch.ops, nest.tensors, ctx).flops for ctx in blocks(launch)]
+            if key is not None:
+                seen[key] = flops
+        out.append((launch.label, flops))
+    return out
 
 
 def hand_out_blocks(costs: list, heads: int, sms: int) -> tuple[list, list[int]]:
@@ -138,10 +147,12 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
         l2 = simulate(plan, **l2_options)
     peak_sm = g.peak_flops(plan.dtype) / g.sms * efficiency.compute
     heads = plan.batch * plan.heads
-    out = []
+    out, busiest_of = [], {}          # by id of a FLOPs list: launches of one class share it
     for (label, flops), traffic in zip(block_flops(plan), l2.launches):
         blocks = len(flops) * heads
-        busiest = busiest_sm(flops, heads, g.sms) if any(flops) else 0
+        if id(flops) not in busiest_of:
+            busiest_of[id(flops)] = busiest_sm(flops, heads, g.sms) if any(flops) else 0
+        busiest = busiest_of[id(flops)]
         warps = _per_launch(warps_per_block, label)
         bps = _per_launch(l2.blocks_per_sm, label)
         hiding = 1.0

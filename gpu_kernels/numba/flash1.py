@@ -1,4 +1,4 @@
-"""FlashAttention forward in numba.cuda, fp32: the schedule of flashsim's ``flash1``.
+"""FlashAttention forward in numba.cuda, fp32: the schedule of flashsim's ``flash1``, version 2.
 
 Versions: one. Dao et al. (2022), Algorithm 1, line for line: O, l, m live in HBM
 (initialised to 0, 0, -inf); the outer loop runs over K/V blocks j and, for each j, every
@@ -26,13 +26,14 @@ each block instead kept its own i across all j, that is FlashAttention-2's order
 this one. The price is T_c launches (N / B_c; 342 at N = 16384, d = 64) and the HBM
 round trip of O, l, m at every step, which is what this algorithm's traffic counts.
 
-HBM traffic per head (fp32): K, V read once; Q, O read T_c times (fewer rows under the
-mask); O, l, m written T_c times plus the initialisation: flashsim.flash1's closed form;
-``predicted_traffic`` asks flashsim for it. flashsim's nest has one launch with one block
-per head (the CuPy kernel's schedule); the counted traffic is the same. A tile row that
-the causal mask hides entirely has m~_ij = -inf; its P~ is set to 0 there (never
-exp(-inf - (-inf))), and the row's m_i is finite from block j = 0 on, so
-e^(m~_ij - m_new) = 0 drops it.
+HBM traffic per head (fp32): K, V read T_r times, once by each block (fewer blocks under
+the mask); Q, O read T_c times (fewer rows under the mask); O, l, m written T_c times plus
+the initialisation: flashsim's flash1, version 2 (``kv_launches``: the same launches and
+thread blocks as this kernel, ``launch.plan()``), and its closed form;
+``predicted_traffic`` asks flashsim for it. (The CuPy kernel runs version 1, one block per
+head, which reads K and V once.) A tile row that the causal mask hides entirely has
+m~_ij = -inf; its P~ is set to 0 there (never exp(-inf - (-inf))), and the row's m_i is
+finite from block j = 0 on, so e^(m~_ij - m_new) = 0 drops it.
 
 Shared memory: Q_i^T, K_j^T, V_j, P~_ij^T and two row-statistic arrays (``Tiling.shared_words``);
 tiles from flashsim's ``fastest_blocks`` as in ``flash2``; tile loads and products are
@@ -151,16 +152,20 @@ def kernel(tiling, causal: bool):
 
 class Flash1Launch(NumbaLaunch):
     MAIN = "flash1_step"
+    PLAN_OPTIONS = {"kv_launches": True}      # flashsim's flash1, version 2
+
     def i_start(self, j: int) -> int:
         """The first Q block that K/V block j reaches (0 without the mask)."""
         return (j * self.block_cols) // self.block_rows if self.causal else 0
 
     def launches(self) -> list[KernelLaunch]:
-        """Three fills (line 2: O = 0, l = 0, m = -inf), then one launch per K/V block j."""
+        """Three fills (line 2: O = 0, l = 0, m = -inf; the plan's launch 0, which the
+        registry's ``unlike_plan`` names), then one launch per K/V block j: the plan's
+        launch 1 + j."""
         BH, T_r, T_c = self.BH, cdiv(self.N, self.block_rows), cdiv(self.N, self.block_cols)
         fills = [fill_launch(BH * self.N * self.d), fill_launch(BH * self.N), fill_launch(BH * self.N)]
-        return fills + [KernelLaunch("flash1_step", (T_r - self.i_start(j), BH), self.tiling.threads)
-                        for j in range(T_c)]
+        return fills + [KernelLaunch("flash1_step", (T_r - self.i_start(j), BH), self.tiling.threads,
+                                     step=1 + j) for j in range(T_c)]
 
     def run(self, Q, K, V, out=None) -> Result:
         """Q, K, V: (B, H, N, d) or (B*H, N, d) float32. Returns Result(O (B*H, N, d), None);
