@@ -445,7 +445,8 @@ def refresh_cache() -> str:
             entries[key] = dict(what=want[key], log=_stored(log))
     if any(k not in entries for k in want):        # numba's: compiled where not committed
         for key, result in numba_results().items():
-            entries.setdefault(key, dict(what=want[key], **{"ptx" if isinstance(result, dict) else "log": result}))
+            kind = "ptx" if isinstance(result, dict) else "log"
+            entries.setdefault(key, {"what": want[key], kind: result})
     with open(CACHE_FILE, "w") as f:
         json.dump({"note": "What tests read of each compile CI checks, under the SHA-256 of its inputs and "
                            "compiler (gpu_kernels/compile.py); written by python -m gpu_kernels.compile "

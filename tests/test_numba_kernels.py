@@ -6,8 +6,8 @@ NUMBA_ENABLE_CUDASIM=1), which is slow, so the shapes are tiny: one to four bloc
 way, with ragged N, a causal mask, and logits near 1e4 whose running maximum changes from
 one K/V block to the next. Every kernel compiles for sm_90: what the checks read of its PTX
 comes from gpu_kernels/compile_cache.json, or from a compile in a separate process without
-the simulator for a kernel changed since the file was written. The ``gpu`` tests repeat the checks at real sizes on a GPU (run with
-FLASHSIM_REAL_GPU=1) and skip cleanly elsewhere.
+the simulator for a kernel changed since the file was written. The ``gpu`` tests repeat the
+checks at real sizes on a GPU (run with FLASHSIM_REAL_GPU=1) and skip cleanly elsewhere.
 
 Tolerance (flash-attention's rule): a kernel's max error against the float64 reference
 may be at most twice that of a plain fp32 NumPy implementation of the same formula, plus
