@@ -18,12 +18,14 @@ Time on a 2-core CI machine: the workers take files in the order of ``FIRST`` (t
 in collection order; ``--no-loadscope-reorder`` in pyproject.toml keeps xdist from sorting
 files by their number of tests): the notebooks first, so both workers execute them and the
 docs build reuses them (else it executes every one itself, serially, on one worker); then
-the files with a long compile or run, longest first, so no long file starts last and leaves
-the other worker idle; the browser test after the long compiles, so that its ``quiet``
-slider moves wait for short tests on the other worker, not for a minute-long compile. A
-kernel variant that several files compile is compiled once per session: ``FLASHSIM_CUBIN_CACHE``
-names a folder where ``gpu_kernels.compile.compile_cubin`` keeps each result under the hash
-of what it compiled.
+the browser test, the longest file, so that it does not start last and leave the other
+worker idle; then files of short tests, longest first, which the other worker runs while
+the browser test's ``quiet`` slider moves wait for the test running there to end; the docs
+build (one test of 25 s) only after them, when the browser test is about done. Compile
+checks read what they check of a compile from ``gpu_kernels/compile_cache.json`` (committed;
+a compile it lacks is run), and a variant that several files compile is compiled once per
+session: ``FLASHSIM_CUBIN_CACHE`` names a folder where ``gpu_kernels.compile.compile_cubin``
+keeps each result under the hash of what it compiled.
 """
 
 from __future__ import annotations
@@ -42,24 +44,20 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent
 
-# Files that take tens of seconds, in the order the workers should start them (CPU seconds
-# measured on 2 busy cores, 2026-12-02). A new slow file belongs here too.
+# Files that take ten seconds or more, in the order the workers should start them (seconds
+# on one core of the 2-core machine, 2026-12-02). A new slow file belongs here too.
 FIRST = [
-    "notebooks/09_after_flashattention2.ipynb",    # 22: the paper's error table, FP8 panel
-    "notebooks/06_model_vs_hardware.ipynb",        # 12
-    "notebooks",                                   # the others: 3-5 each
-    "tests/test_decode_kernel.py",                 # 76: 96 variants compiled
-    "tests/test_numba_kernels.py",                 # 69: numba PTX in a process, the simulator
-    "tests/test_cupy_kernels.py",                  # 44: every CuPy variant compiled (flash3 too)
-    "tests/test_docs_site.py",                     # 20: mkdocs build --strict (notebooks reused)
-    "tests/test_flash3.py",                        # 4 once cupy's compiles are reused; PTX
-    "tests/test_flash3_mask.py",
-    "tests/test_browser.py",                       # 82: JupyterLab, Chromium, six notebooks
-    "tests/test_widgets.py",                       # 25
-    "tests/test_numba_backward.py",                # 22
-    "tests/test_registry.py",                      # 19
-    "tests/test_kernel_tiles.py",                  # 14
-    "tests/test_learner.py",                       # 13
+    "notebooks/09_after_flashattention2.ipynb",    # 11: the paper's error table, FP8 panel
+    "notebooks/06_model_vs_hardware.ipynb",        # 11
+    "notebooks",                                   # the others: 2-5 each
+    "tests/test_browser.py",                       # 70: JupyterLab, Chromium, six notebooks
+    "tests/test_numba_kernels.py",                 # 24: kernels under the simulator
+    "tests/test_widgets.py",                       # 15
+    "tests/test_kernel_tiles.py",                  # 12
+    "tests/test_registry.py",                      # 7
+    "tests/test_learner.py",                       # 7
+    "tests/test_docs_site.py",                     # 25: mkdocs build --strict (notebooks reused)
+    "tests/test_flash3.py",                        # 10: --probe compiles eight variants
 ]
 
 
@@ -79,6 +77,11 @@ def pytest_configure(config):
     # setdefault: pytest-xdist workers inherit the controller's start time and lock folder.
     os.environ.setdefault("FLASHSIM_NOTEBOOKS_EXECUTED_SINCE", repr(time.time()))
     os.environ.setdefault(QUIET_ENV, tempfile.mkdtemp(prefix="flashsim-quiet-"))
+    if getattr(config.option, "numprocesses", None):
+        # One worker a core: NumPy's OpenBLAS would start a thread a core in each worker,
+        # and the workers' threads then wait on each other (measured: 21 -> 17 s for five
+        # NumPy-heavy test files on 2 cores). Set before the workers start, which import NumPy.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if CUBIN_ENV not in os.environ:         # this process made it: it removes it at the end
         config._flashsim_cubins = tempfile.mkdtemp(prefix="flashsim-cubins-")
         os.environ[CUBIN_ENV] = config._flashsim_cubins

@@ -22,10 +22,12 @@ import fcntl
 import hashlib
 import os
 import pathlib
+import tempfile
 
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from traitlets.config import Config
 
 __all__ = ["NOTEBOOKS", "EXECUTED", "CellExecutionError", "notebooks", "executed", "since"]
 
@@ -76,9 +78,15 @@ def executed(source: pathlib.Path, after: float | None = None) -> pathlib.Path:
 def _execute(source: pathlib.Path, copy: pathlib.Path) -> pathlib.Path:
     digest = _digest(source)
     nb = nbformat.read(source, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, store_widget_state=False,
-                            resources={"metadata": {"path": str(source.parent)}})
-    client.execute()                       # raises CellExecutionError at the first failing cell
+    # IPC sockets in a folder of its own, not TCP: a TCP kernel binds ports its manager
+    # picked and let go of, which a kernel starting at the same moment in another test
+    # worker can take first ("Kernel died before replying to kernel_info": Address already
+    # in use). The path is absolute: the kernel runs in the notebook's folder.
+    with tempfile.TemporaryDirectory(prefix="flashsim-kernel-") as sockets:
+        config = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
+        client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, store_widget_state=False, config=config,
+                                resources={"metadata": {"path": str(source.parent)}})
+        client.execute()                   # raises CellExecutionError at the first failing cell
     nb.metadata["flashsim"] = {"source_sha256": digest}
     tmp = copy.with_name(f".{copy.name}.{os.getpid()}")     # atomic: readers never see half
     nbformat.write(nb, tmp)

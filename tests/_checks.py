@@ -64,3 +64,45 @@ def stale_predictions(dataset=None, predictions=None) -> str | None:
     return (f"{predictions.name} is stale: its inputs changed "
             f"({', '.join(changed) or 'hash only'}); run python -m flashsim.measured.validation "
             "(a few minutes; it says how many rows moved) and commit the file")
+
+
+def numba_compiled(part: str, keys) -> dict:
+    """``{key: result}`` of the numba compiles ``keys`` (of ``gpu_kernels.compile``'s
+    numba_forward or numba_backward rows: ``part``): from gpu_kernels/compile_cache.json
+    when it holds them all, else from ``python -m gpu_kernels.compile --numba PART`` (a
+    process without the CUDA simulator, which compiles what the file lacks)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from gpu_kernels import compile as cuda_compile
+
+    have = cuda_compile.committed()
+    if all(k in have for k in keys):
+        return {k: have[k].get("ptx", have[k].get("log")) for k in keys}
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-m", "gpu_kernels.compile", "--numba", part], env=env,
+                         cwd=root, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def stale_compiles() -> str | None:
+    """Why gpu_kernels/compile_cache.json may not hold every compile CI checks, or None. A
+    compile it lacks still runs in its test (minutes where seconds would do); this makes a
+    forgotten refresh visible."""
+    from gpu_kernels import compile as cuda_compile
+
+    missing, unused, wheels = cuda_compile.stale()
+    if not missing and not unused:
+        return None
+    total = len(cuda_compile.wanted())
+    compilers = "; ".join(f"{w} {old} in the file, {now} here" for w, (old, now) in wheels.items())
+    return (f"compile_cache.json is stale: {len(missing)} of the {total} compiles CI checks are not "
+            f"in it ({'; '.join(missing[:5])}{'; ...' if len(missing) > 5 else ''}) and {unused} of "
+            f"its entries no compile asks for{f' ({compilers})' if compilers else ''}; run "
+            "python -m gpu_kernels.compile --refresh-cache (it compiles only what is missing) "
+            "and commit the file")

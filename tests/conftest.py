@@ -1,7 +1,8 @@
 """Test set-up shared by every test file.
 
 numba's CUDA simulator must be chosen before numba is first imported, so it is set here:
-without a GPU (CI, laptops) numba kernels run under ``NUMBA_ENABLE_CUDASIM=1``. On a GPU
+without a GPU (CI, laptops) numba kernels run under ``NUMBA_ENABLE_CUDASIM=1``, with its
+thread blocks waiting at ``syncthreads()`` instead of polling (``_cudasim.py``). On a GPU
 machine, run with ``FLASHSIM_REAL_GPU=1`` to use the real device instead. Nothing here asks
 the hardware anything.
 """
@@ -10,3 +11,7 @@ import os
 
 if os.environ.get("FLASHSIM_REAL_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    import _cudasim
+
+    _cudasim.install()

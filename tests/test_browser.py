@@ -6,7 +6,8 @@ or that the browser snapped a value a cell set off the slider's step grid and se
 snapped value back to the kernel (so the printed text and the picture disagree with the
 slider). Here JupyterLab runs on a free local port over a temporary copy of the notebooks
 (nothing in the tree is touched); Chromium (Debian's ``chromium``, driven by Playwright)
-opens each notebook, runs all cells from the Run menu and waits until the kernel is idle
+loads JupyterLab once and opens each notebook in it in turn (closed, its kernel shut down,
+before the next), runs all cells from the Run menu and waits until the kernel is idle
 with no ``[*]`` prompt left. Then, per notebook:
 
 * every code cell ran and none raised;
@@ -41,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 import urllib.request
 
 import pytest
@@ -203,10 +205,10 @@ DIGEST = """async (picture) => {
     return [...new Uint8Array(await crypto.subtle.digest('SHA-256', bytes))].map(b => b.toString(16)).join(''); }""" % PICTURES
 
 
-def _kernel_messages(ws, messages: list) -> None:
+def _kernel_messages(ws, seen) -> None:
     """Record the kernel messages on a websocket in order, decoded, as (from the browser?,
-    msg_type, content). JupyterLab speaks the v1 binary protocol; JSON frames (the legacy
-    protocol) are decoded too."""
+    msg_type, content), in ``seen.messages`` as it is when each arrives. JupyterLab speaks
+    the v1 binary protocol; JSON frames (the legacy protocol) are decoded too."""
     from jupyter_server.services.kernels.connection.base import deserialize_msg_from_ws_v1
 
     def decode(payload):
@@ -217,8 +219,8 @@ def _kernel_messages(ws, messages: list) -> None:
         return json.loads(parts[0])["msg_type"], json.loads(parts[3])
 
     if "/api/kernels/" in ws.url:
-        ws.on("framesent", lambda payload: messages.append((True, *decode(payload))))
-        ws.on("framereceived", lambda payload: messages.append((False, *decode(payload))))
+        ws.on("framesent", lambda payload: seen.messages.append((True, *decode(payload))))
+        ws.on("framereceived", lambda payload: seen.messages.append((False, *decode(payload))))
 
 
 def _values_sent_back(messages) -> list[str]:
@@ -293,21 +295,38 @@ def _dismiss_news(page) -> None:
         no.first.click()
 
 
-@pytest.fixture(scope="module", params=browser_notebooks(), ids=lambda p: p.stem)
-def run(request, lab, chromium, quiet):
-    """Open one notebook, Run All from the menu, wait, read everything, move the sliders."""
+@pytest.fixture(scope="module")
+def app(lab, chromium):
+    """One page of JupyterLab for the module, in a workspace of its own, reset (nothing
+    restored): loading the application takes seconds, so each notebook is opened in it and
+    closed with its kernel in turn. What the page logs and the kernel messages it sees are
+    kept in ``.console`` (a notebook takes what was logged since the one before it was
+    read: the application's start goes to the first, a notebook's closing to the next) and
+    ``.messages`` (each notebook's own kernel)."""
     base, token = lab
-    name = request.param.name
     page = chromium.new_page(viewport={"width": 1400, "height": 1000})
-    console = []
-    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: console.append(f"uncaught: {e}"))
-    messages = []
-    page.on("websocket", lambda ws: _kernel_messages(ws, messages))
+    seen = types.SimpleNamespace(page=page, console=[], messages=[])
+    page.on("console", lambda m: seen.console.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: seen.console.append(f"uncaught: {e}"))
+    page.on("websocket", lambda ws: _kernel_messages(ws, seen))
+    page.goto(f"{base}/lab/workspaces/browser-test?reset&token={token}")
+    page.wait_for_function("() => window.jupyterapp", timeout=120_000, polling=50)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+    yield seen
+    page.close()
+
+
+@pytest.fixture(scope="module", params=browser_notebooks(), ids=lambda p: p.stem)
+def run(request, app, quiet):
+    """Open one notebook, Run All from the menu, wait, read everything, move the sliders."""
+    name, page = request.param.name, app.page
+    app.messages = []
     try:
-        # A workspace of its own, reset: only this notebook open, nothing restored.
-        page.goto(f"{base}/lab/workspaces/{request.param.stem}/tree/{name}?reset&token={token}")
-        page.wait_for_function(f"({KERNEL_STATUS})() === 'idle'", timeout=120_000, polling=200)
+        page.evaluate("async path => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }",
+                      name)
+        page.wait_for_function(f"""() => {{ const w = {PANEL};
+            return w && w.context && w.context.path === {json.dumps(name)}
+                && ({KERNEL_STATUS})() === 'idle'; }}""", timeout=120_000, polling=50)
         _dismiss_news(page)
         page.get_by_role("menuitem", name="Run", exact=True).click()
         page.locator("li[data-command='runmenu:run-all']:not(.lm-mod-disabled)").click()
@@ -315,16 +334,17 @@ def run(request, lab, chromium, quiet):
         page.wait_for_timeout(500)     # let the last widget messages arrive
         cells = [c for c in page.evaluate(CELLS) if c is not None]
         rendered = page.evaluate(RENDERED)
-        snaps = _values_sent_back(messages)
+        snaps = _values_sent_back(app.messages)
         _dismiss_news(page)
         with quiet():                  # timed: no other test loads the machine meanwhile
             moves = _move_sliders(page, rendered)
+        console, app.console = app.console, []
         return {"name": name, "cells": cells, "rendered": rendered, "snaps": snaps,
                 "moves": moves, "console": console}
     finally:
         with contextlib.suppress(Exception):     # cleanup must not hide the failure above
-            page.evaluate(f"() => ({PANEL}) && ({PANEL}).sessionContext.shutdown()")
-        page.close()
+            page.evaluate(f"""async () => {{ const w = {PANEL}; if (!w) return;
+                await w.sessionContext.shutdown(); w.context.model.dirty = false; w.close(); }}""")
 
 
 # ---------------------------------------------------------------- the checks

@@ -32,14 +32,12 @@ from gpu_kernels.cupy.common import read_source
 @pytest.fixture(scope="module")
 def resources(request):
     pytest.importorskip("cuda.core")
-    from gpu_kernels.compile import KernelResources, format_table, parse_ptxas_log, variant_label
+    from gpu_kernels.compile import FILE_ARCH, compile_variant, format_table
 
+    assert FILE_ARCH[flash3.CU_FILE] == flash3.ARCH      # the compile flash3.cubin loads
     rows = []
     for cu_file, defines, dyn, _hot in flash3.compile_variants():
-        _, log = flash3.cubin(tuple(sorted(defines.items())))
-        for k, r in parse_ptxas_log(log).items():
-            rows.append(KernelResources(file=cu_file, variant=variant_label(defines), kernel=k,
-                                        dynamic_smem=dyn, **r))
+        rows.extend(compile_variant(cu_file, defines, dyn))
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
         print("\nflash3.cu for sm_90a\n" + format_table(rows))

@@ -43,14 +43,11 @@ def _mask_variants():
 
 def test_mask_variants_compile_for_sm90a_without_spills(request):
     pytest.importorskip("cuda.core")
-    from gpu_kernels.compile import (SMEM_LIMIT_OPTIN, KernelResources, format_table,
-                                     parse_ptxas_log, variant_label)
+    from gpu_kernels.compile import SMEM_LIMIT_OPTIN, compile_variant, format_table
 
     rows = []
     for cu_file, defines, dyn, _hot in _mask_variants():
-        _, log = flash3.cubin(tuple(sorted(defines.items())))
-        rows += [KernelResources(file=cu_file, variant=variant_label(defines), kernel=k,
-                                 dynamic_smem=dyn, **r) for k, r in parse_ptxas_log(log).items()]
+        rows += compile_variant(cu_file, defines, dyn)
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
         print("\nflash3.cu MASK=1 for sm_90a\n" + format_table(rows))

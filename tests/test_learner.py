@@ -93,9 +93,13 @@ class _Controls(dict):
         return self[name]
 
 
-@pytest.fixture(scope="module")
-def controls():
+@pytest.fixture
+def controls(monkeypatch):
+    """Panels' controls, their pictures not drawn: a panel still computes its view (whose
+    limits set a control's range), but a PNG costs a render this test does not look at (the
+    notebook tests draw these same cells' pictures)."""
     pytest.importorskip("ipywidgets")
+    monkeypatch.setattr(w.Panel, "png", lambda self: b"")
     return _Controls()
 
 

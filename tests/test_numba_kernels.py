@@ -4,9 +4,10 @@ through ``gpu_kernels.attention(..., backend="numba")``.
 Without a GPU (CI) the kernels run under numba's CUDA simulator (tests/conftest.py sets
 NUMBA_ENABLE_CUDASIM=1), which is slow, so the shapes are tiny: one to four blocks each
 way, with ragged N, a causal mask, and logits near 1e4 whose running maximum changes from
-one K/V block to the next. A separate process compiles every kernel for sm_90 without the
-simulator. The ``gpu`` tests repeat the checks at real sizes on a GPU (run with
-FLASHSIM_REAL_GPU=1) and skip cleanly elsewhere.
+one K/V block to the next. Every kernel compiles for sm_90: what the checks read of its PTX
+comes from gpu_kernels/compile_cache.json, or from a compile in a separate process without
+the simulator for a kernel changed since the file was written. The ``gpu`` tests repeat the
+checks at real sizes on a GPU (run with FLASHSIM_REAL_GPU=1) and skip cleanly elsewhere.
 
 Tolerance (flash-attention's rule): a kernel's max error against the float64 reference
 may be at most twice that of a plain fp32 NumPy implementation of the same formula, plus
@@ -16,14 +17,11 @@ not demand exactness).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
+from _checks import numba_compiled
 
 import flashsim
 import gpu_kernels
@@ -261,55 +259,30 @@ def test_shared_memory_budget_is_checked():
 
 
 # --------------------------------------------------------------------------------------
-# Every kernel compiles for sm_90 (a separate process: compile_ptx cannot run under the
-# simulator). Device functions ask for the current device's compute capability while
-# compiling, so that one call is stubbed; nothing else touches a driver. A kernel that two
-# shapes share (the kernel factories are cached: same tiles, same object) with the same
-# signature is compiled once: 17 compiles for the 21 (shape, kernel) rows.
-
-COMPILE_SCRIPT = textwrap.dedent("""
-    import json, re, sys, types
-    import numba.cuda.dispatcher as dispatcher
-    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
-    from gpu_kernels.numba import flash1, flash2, standard
-    from gpu_kernels.numba.common import cuda
-    modules = {"standard": standard, "flash1": flash1, "flash2": flash2}
-    compiled = {}
-    out = []
-    for alg, mod in modules.items():
-        for shape, causal, tiles in [((1, 1, 4096, 64), False, {}), ((1, 1, 4096, 128), True, {}),
-                                     ((1, 1, 37, 12), True, dict(block_rows=16, block_cols=8))]:
-            launch = mod.configure(*shape, causal=causal, **tiles)
-            tl = launch.tiling if isinstance(launch.tiling, tuple) else (launch.tiling,) * 2
-            want = {"scores": 4 * tl[0].shared_words(standard.ARRAYS_QK),
-                    "weighted_sum": 4 * tl[1].shared_words(standard.ARRAYS_PV),
-                    "row_softmax_fits": 8 * standard.softmax_threads(4096),
-                    "row_softmax_stream": 8 * standard.softmax_threads(4096),
-                    "fill_flat": 0}
-            for name, kernel, sig in mod.kernels_for(launch.tiling, causal):
-                if (kernel, str(sig)) not in compiled:
-                    compiled[kernel, str(sig)] = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
-                ptx = compiled[kernel, str(sig)]
-                shared = re.findall(r"\\.shared \\.align \\d+ \\.b8 \\w+\\[(\\d+)\\]", ptx)
-                out.append(dict(alg=alg, kernel=name, shape=shape, causal=causal,
-                                target=".target sm_90" in ptx, local=".local" in ptx,
-                                f64=len(re.findall(r"\\.f64", ptx)),
-                                vec4=len(re.findall(r"ld\\.shared\\.v4\\.f32", ptx)),
-                                smem=sum(map(int, shared)),
-                                want_smem=want.get(name, launch.static_smem)))
-    print(json.dumps(out))
-""")
+# Every kernel compiles for sm_90: the launches of gpu_kernels.compile.NUMBA_FORWARD, each
+# kernel's PTX facts read from gpu_kernels/compile_cache.json, or, for a kernel changed since
+# it was written, compiled in a separate process (compile_ptx cannot run under the
+# simulator).
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    from gpu_kernels import compile as cuda_compile
+
+    rows = cuda_compile.numba_forward()
+    facts = numba_compiled("forward", {r["key"] for r in rows})
+    out = []
+    for r in rows:
+        launch = r["launch"]
+        tl = launch.tiling if isinstance(launch.tiling, tuple) else (launch.tiling,) * 2
+        want = {"scores": 4 * tl[0].shared_words(numba_standard.ARRAYS_QK),
+                "weighted_sum": 4 * tl[1].shared_words(numba_standard.ARRAYS_PV),
+                "row_softmax_fits": 8 * numba_standard.softmax_threads(4096),
+                "row_softmax_stream": 8 * numba_standard.softmax_threads(4096),
+                "fill_flat": 0}
+        out.append(dict(alg=r["alg"], kernel=r["kernel"], shape=r["shape"], causal=r["causal"],
+                        **facts[r["key"]], want_smem=want.get(r["kernel"], launch.static_smem)))
+    return out
 
 
 def test_every_kernel_compiles_for_sm90(compiled):
