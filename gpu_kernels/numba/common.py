@@ -248,8 +248,10 @@ def _score(tl: Tiling, arrays) -> float:
     return useful / 128 / cycles * min(1.0, blocks * warps / 16)
 
 
+@functools.lru_cache(maxsize=None)      # a pure function of its arguments, asked again and again
 def choose_tiling(B_r: int, B_c: int, d: int, arrays=("Q", "K", "V", "P", "rows")):
-    """The tiling with the best ``_score`` (None if nothing fits in 48 KiB)."""
+    """The tiling with the best ``_score`` (None if nothing fits in 48 KiB); ``arrays`` a
+    tuple (the cache's key). Tiling is frozen, so callers share the cached one safely."""
     best, best_score = None, 0.0
     for TR in range(1, min(B_r, 32) + 1):
         for TC in range(1, min(max(B_c, d), 32) + 1):
