@@ -379,23 +379,31 @@ def test_setup_installs_nbstripout_as_a_git_filter():
     assert "*.ipynb filter=nbstripout" in attrs
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_what_jupyterlab_saves_strips_back_to_the_committed_file(path, tmp_path):
-    """JupyterLab's autosave writes outputs, execution counts, kernel and language metadata
-    and widget state; the git filter the README installs must turn that back into the
-    committed bytes, so ``git status`` stays clean."""
+@pytest.fixture(scope="module")
+def stripped(tmp_path_factory) -> dict:
+    """Every notebook as JupyterLab's autosave writes it (outputs, execution counts, kernel
+    and language metadata, widget state), then put through the filter's nbstripout, one
+    process for all of them (each start costs about 2 s): ``{name: the bytes it leaves}``."""
     if shutil.which("nbstripout") is None:
         pytest.skip("nbstripout is in the notebooks extra")
-    nb = json.loads(path.read_text())
-    nb["metadata"]["language_info"] = {"name": "python", "version": "3.12.3"}
-    nb["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
-    for k, cell in enumerate(nb["cells"]):
-        cell["metadata"] = {"scrolled": True, "execution": {"iopub.status.busy": "now"}}
-        if cell["cell_type"] == "code":
-            cell["execution_count"] = k
-            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["x\n"]}]
-    saved = tmp_path / path.name
-    saved.write_text(json.dumps(nb, indent=1))
-    cleaned = subprocess.run(["nbstripout", "--extra-keys", EXTRA_KEYS, "-t", str(saved)],
-                             capture_output=True, text=True, check=True).stdout
-    assert cleaned == path.read_text()
+    folder = tmp_path_factory.mktemp("saved")
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text())
+        nb["metadata"]["language_info"] = {"name": "python", "version": "3.12.3"}
+        nb["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+        for k, cell in enumerate(nb["cells"]):
+            cell["metadata"] = {"scrolled": True, "execution": {"iopub.status.busy": "now"}}
+            if cell["cell_type"] == "code":
+                cell["execution_count"] = k
+                cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["x\n"]}]
+        (folder / path.name).write_text(json.dumps(nb, indent=1))
+    subprocess.run(["nbstripout", "--extra-keys", EXTRA_KEYS,
+                    *(str(folder / p.name) for p in NOTEBOOKS)], capture_output=True, check=True)
+    return {p.name: (folder / p.name).read_text() for p in NOTEBOOKS}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_what_jupyterlab_saves_strips_back_to_the_committed_file(path, stripped):
+    """The git filter the README installs must turn what JupyterLab saves back into the
+    committed bytes, so ``git status`` stays clean."""
+    assert stripped[path.name] == path.read_text()
