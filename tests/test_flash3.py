@@ -158,8 +158,9 @@ def test_sass_histogram_reads_cuobjdump_text():
 
 
 def test_probe_runs_without_a_gpu(tmp_path):
-    """--probe compiles every version (fp16) and records ptxas' registers; the opcode histogram
-    is there only where cuobjdump is (the GPU machine), and then it holds HGMMA."""
+    """--probe records every version's (fp16) ptxas registers (read from the committed
+    compile cache where there is no cuobjdump); the opcode histogram is there only where
+    cuobjdump is (the GPU machine), and then it holds HGMMA."""
     pytest.importorskip("cuda.core")
     import json
 
