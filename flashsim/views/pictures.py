@@ -780,6 +780,7 @@ def predicted_vs_measured(rows: list[dict], quantity: str, ax=None):
                     xs * (1 + band), color="k", alpha=0.08)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.minorticks_off()      # up to ten decades: hundreds of unlabelled ticks cost seconds to lay out
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     unit = "s" if quantity == "time" else "bytes"
