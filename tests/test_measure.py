@@ -246,7 +246,7 @@ def test_numba_flash1_prints_predicted_beside_measured():
     """The numba FlashAttention kernel (a launch per K/V block) through the row pipeline
     under the simulator: its line has a predicted time and a ratio, not '-'."""
     h = harness.Harness("numba", flush=False, warmup=0, min_repeats=1, max_repeats=1)
-    launch = registry.launch("numba_flash1", batch=1, heads=2, seq_len=40, head_dim=16)
+    launch = registry.launch("numba_flash1", batch=1, heads=1, seq_len=40, head_dim=16)
     row = measure.measure_launch(launch, repeats=1, harness=h)
     assert row["check_ok"] and row["predicted"] == measure.predict(launch)
     line = measure.format_rows([row], []).splitlines()[1].split()
