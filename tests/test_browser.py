@@ -198,11 +198,24 @@ ARM = """(picture) => {
         seen.observe(img, {attributes: true, attributeFilter: ['src']});
         setTimeout(() => { seen.disconnect(); done(null); }, %d);
     }); }""" % (PICTURES, MOVE_TIMEOUT_MS)
-FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
 DIGEST = """async (picture) => {
     const img = %s[picture];
     const bytes = await (await fetch(img.src)).arrayBuffer();
     return [...new Uint8Array(await crypto.subtle.digest('SHA-256', bytes))].map(b => b.toString(16)).join(''); }""" % PICTURES
+FRAME = "new Promise(done => requestAnimationFrame(done))"
+# Before a key press, in one round trip: the picture's digest and the readout's text, the
+# handle focused and (focusing may scroll) a frame let pass before the clock is armed.
+PREPARE = """async ([picture, handle, readout]) => {
+    const digest = await (%s)(picture);
+    handle.focus();
+    await %s;
+    (%s)(picture);
+    return [digest, readout.textContent]; }""" % (DIGEST, FRAME, ARM)
+# After it: the readout's text once it changed (the slider's views update it in the key's
+# own handler), or after two frames if it did not (at the end of the slider's range).
+READOUT_AFTER = """async ([readout, before]) => {
+    for (let i = 0; i < 2 && readout.textContent === before; i++) await %s;
+    return readout.textContent; }""" % FRAME
 
 
 def _kernel_messages(ws, seen) -> None:
@@ -256,7 +269,8 @@ def _move_sliders(page, rendered) -> list[dict]:
         for out in cell:
             for _ in range(out["sliders"]):
                 label = labels.nth(slider).text_content().strip()
-                handle, readout = handles.nth(slider), readouts.nth(slider)
+                handle = handles.nth(slider).element_handle()
+                readout = readouts.nth(slider).element_handle()
                 for key, back in (("ArrowRight", "ArrowLeft"), ("ArrowLeft", "ArrowRight")):
                     step = _press(page, handle, readout, key, picture)
                     if not step["moved"]:
@@ -273,18 +287,15 @@ def _move_sliders(page, rendered) -> list[dict]:
 
 
 def _press(page, handle, readout, key, picture) -> dict:
-    """One key press on a focused slider handle: did the slider move (its readout), did the
-    picture change (its bytes), and how long from key press to new picture."""
-    old, before = page.evaluate(DIGEST, picture), readout.text_content()
-    handle.focus()
-    page.evaluate(FRAMES)       # focusing may scroll: let that paint before the clock starts
-    page.evaluate(ARM, picture)
+    """One key press on a slider's handle (an element handle; ``readout`` its value's text):
+    did the slider move, did the picture change (its bytes), and how long from key press to
+    new picture."""
+    old, before = page.evaluate(PREPARE, [picture, handle, readout])
     page.keyboard.press(key)
-    page.evaluate(FRAMES)
-    if readout.text_content() == before:
+    if page.evaluate(READOUT_AFTER, [readout, before]) == before:
         return {"moved": False, "changed": False, "ms": None}
     ms = page.evaluate("window.__redraw")
-    page.wait_for_function(SETTLED, timeout=MOVE_TIMEOUT_MS, polling=100)
+    page.wait_for_function(SETTLED, timeout=MOVE_TIMEOUT_MS, polling="raf")
     return {"moved": True, "changed": page.evaluate(DIGEST, picture) != old, "ms": ms}
 
 
