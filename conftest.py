@@ -1,5 +1,6 @@
 """Every notebook in notebooks/ is a test: it is executed headless and fails at its first
-failing cell (the notebooks assert what they show).
+failing cell (the notebooks assert what they show); the ones the browser test runs in
+JupyterLab are executed and checked there instead, when it runs.
 
 Execution goes through docs/notebook_run.py, which keeps the executed copy for the docs
 site: the docs test (tests/test_docs_site.py) then builds the site without executing the
@@ -11,7 +12,8 @@ Tests run in parallel (pytest-xdist, ``-n auto --dist loadfile`` in pyproject.to
 file's tests share a worker, so a module-scoped fixture such as a compile or a JupyterLab
 server is built once; ``--dist loadgroup`` is not used: with pytest 9.2 it silently stops
 grouping, pytest-xdist issue #1386). A notebook that a notebook test and the docs build
-both want is executed once: docs/notebook_run.py locks it, and the second reuses the copy.
+both want is executed once: docs/notebook_run.py locks it, and the second reuses the copy;
+one that the browser test runs in JupyterLab is executed there only.
 A test that times what a user sees takes the machine to itself with the ``quiet`` fixture.
 
 Time on a 2-core CI machine: the workers take files in the order of ``FIRST`` (then the rest
@@ -21,7 +23,9 @@ docs build reuses them (else it executes every one itself, serially, on one work
 the browser test, the longest file, so that it does not start last and leave the other
 worker idle; then files of short tests, longest first, which the other worker runs while
 the browser test's ``quiet`` slider moves wait for the test running there to end; the docs
-build (one test of 25 s) only after them, when the browser test is about done. Compile
+build (one test of 14 s) only after them, when the browser test is done: it reuses the
+executed copies that the browser test keeps of the notebooks it runs (the notebook tests
+skip those; see ``pytest_collection_finish``), and would execute any not kept yet. Compile
 checks read what they check of a compile from ``gpu_kernels/compile_cache.json`` (committed;
 a compile it lacks is run), and a variant that several files compile is compiled once per
 session: ``FLASHSIM_CUBIN_CACHE`` names a folder where ``gpu_kernels.compile.compile_cubin``
@@ -56,7 +60,10 @@ FIRST = [
     "tests/test_kernel_tiles.py",                  # 12
     "tests/test_registry.py",                      # 7
     "tests/test_learner.py",                       # 7
-    "tests/test_docs_site.py",                     # 25: mkdocs build --strict (notebooks reused)
+    "tests/test_measure.py",                       # 7
+    "tests/test_cli_contract.py",                  # 8
+    "tests/test_harness.py",                       # 6
+    "tests/test_docs_site.py",                     # 14: mkdocs build --strict (notebooks reused)
     "tests/test_flash3.py",                        # 10: --probe compiles eight variants
 ]
 
@@ -141,6 +148,22 @@ def _quiet():
 
 
 @pytest.fixture(scope="session")
+def notebook_run():
+    """docs/notebook_run.py: the notebooks' executed copies, shared with the docs build."""
+    return _load_notebook_run()
+
+
+def pytest_collection_finish(session):
+    """The notebooks the browser test runs in JupyterLab in this session, when it runs: they
+    are executed and checked there, and it keeps their executed copies, so their notebook
+    tests skip rather than execute them a second time."""
+    session.config._flashsim_in_browser = set()
+    browser = next((i for i in session.items if i.path == ROOT / "tests" / "test_browser.py"), None)
+    if browser is not None and browser.module.runs_here():
+        session.config._flashsim_in_browser = {p.name for p in browser.module.browser_notebooks()}
+
+
+@pytest.fixture(scope="session")
 def quiet():
     """``with quiet():`` runs its body while no other test of the session runs (the other
     workers wait): for what measures time as a user would see it."""
@@ -161,6 +184,8 @@ class NotebookFile(pytest.File):
 
 class NotebookItem(pytest.Item):
     def runtest(self):
+        if self.path.name in getattr(self.config, "_flashsim_in_browser", ()):
+            pytest.skip("executed and checked in JupyterLab by tests/test_browser.py this session")
         run = _load_notebook_run()
         run.executed(self.path, after=run.since())
 

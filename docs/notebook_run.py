@@ -6,9 +6,12 @@ renders the notebooks with their outputs). Executing them twice would double the
 notebooks' share of CI time, so both call :func:`executed`: whichever runs first executes
 the notebook and writes ``build/notebooks/NAME.ipynb``; the other reuses that copy when it
 was executed from the same source (its SHA-256 is stored in the copy's metadata) after
-``since``. The test session puts its start time in ``FLASHSIM_NOTEBOOKS_EXECUTED_SINCE``,
-which the ``mkdocs build`` it starts inherits; a ``mkdocs`` started by hand puts its own
-start time there (docs/hooks.py), so it executes every notebook once.
+``since``. A third, the browser test (tests/test_browser.py), runs some notebooks in
+JupyterLab; it keeps what JupyterLab executed as their copies (:func:`store`), and when it
+runs, the notebook tests leave those notebooks to it. The test session puts its start time
+in ``FLASHSIM_NOTEBOOKS_EXECUTED_SINCE``, which the ``mkdocs build`` it starts inherits; a
+``mkdocs`` started by hand puts its own start time there (docs/hooks.py), so it executes
+every notebook once.
 
 Executed copies keep no widget state, so static renderers fall back from a widget view to
 the PNG a panel puts beside it (``flashsim.views.widgets.Panel._repr_mimebundle_``).
@@ -29,7 +32,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from traitlets.config import Config
 
-__all__ = ["NOTEBOOKS", "EXECUTED", "CellExecutionError", "notebooks", "executed", "since"]
+__all__ = ["NOTEBOOKS", "EXECUTED", "CellExecutionError", "notebooks", "executed", "store",
+           "since"]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -87,6 +91,21 @@ def _execute(source: pathlib.Path, copy: pathlib.Path) -> pathlib.Path:
         client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, store_widget_state=False, config=config,
                                 resources={"metadata": {"path": str(source.parent)}})
         client.execute()                   # raises CellExecutionError at the first failing cell
+    return _write(nb, digest, copy)
+
+
+def store(source: pathlib.Path, nb: dict) -> pathlib.Path:
+    """Keep ``nb``, ``source`` executed elsewhere (the browser test's JupyterLab: every cell
+    run, none raised), as its executed copy, for :func:`executed` to reuse."""
+    source, nb = pathlib.Path(source).resolve(), nbformat.from_dict(nb)
+    nbformat.validate(nb)                  # raises ValidationError: nothing written
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    with open(EXECUTED / f".{source.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _write(nb, _digest(source), EXECUTED / source.name)
+
+
+def _write(nb, digest: str, copy: pathlib.Path) -> pathlib.Path:
     nb.metadata["flashsim"] = {"source_sha256": digest}
     tmp = copy.with_name(f".{copy.name}.{os.getpid()}")     # atomic: readers never see half
     nbformat.write(nb, tmp)

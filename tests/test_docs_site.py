@@ -92,3 +92,27 @@ def test_site_holds_every_page_and_an_api_page_per_module(site):
                 continue
             html = (site / "api" / ".".join(parts) / "index.html").read_text()
             assert 'class="doc doc-' in html, f"no API docs rendered for {'.'.join(parts)}"
+
+
+def test_a_stored_copy_is_what_executed_gives_back(tmp_path, monkeypatch, notebook_run):
+    """What the browser test keeps (``store``) is reused by the docs build's ``executed``
+    (nothing executed again) while its source is unchanged, and not once it changes; a copy
+    that is not a valid notebook is refused and nothing is written."""
+    import nbformat
+
+    monkeypatch.setattr(notebook_run, "EXECUTED", tmp_path / "executed")
+    source = tmp_path / "nb.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 +")])   # would raise
+    nbformat.write(nb, source)
+    ran = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "1 + 1", execution_count=1,
+        outputs=[nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)])])
+    copy = notebook_run.store(source, ran)
+    assert notebook_run.executed(source, after=0.0) == copy
+    assert nbformat.read(copy, as_version=4).cells[0].outputs[0]["data"]["text/plain"] == "2"
+    with pytest.raises(nbformat.ValidationError):
+        notebook_run.store(source, {"cells": [{"cell_type": "code"}]})
+    assert sorted(p.name for p in copy.parent.iterdir()) == [".nb.ipynb.lock", "nb.ipynb"]
+    source.write_text(source.read_text() + " ")                  # the source changed
+    with pytest.raises(notebook_run.CellExecutionError):         # so it is executed: and fails
+        notebook_run.executed(source, after=0.0)
