@@ -332,3 +332,17 @@ def test_a_loop_of_launches_simulates_one_launch_per_class(monkeypatch):
     assert rep.l2_read_bytes == p.count().hbm_read_bytes      # 48 x 64 x 4: whole sectors
     full = rep.launches[1]
     assert all(vars(x) == vars(full) for x in rep.launches[2:-1])
+
+
+def test_launches_stepped_one_by_one_claim_the_limit_together_before_any_is_stepped(monkeypatch):
+    """Flash-Decoding under the mask (q_len 4): its split launch (224 tile requests here)
+    and its combine (80) are both stepped block by block. Under a limit of 300 either one
+    fits but not both: refused, from the counts alone, before either is stepped."""
+    p = flashsim.plan("flashdecoding", q_len=4, kv_len=64, head_dim=8, heads=4, kv_heads=2,
+                      batch=2, splits=4, block_cols=8, gpu="h200")
+    assert l2.simulate(p, work_limit=304).launches          # exactly enough: it runs
+    stepped = []
+    monkeypatch.setattr(l2, "block_steps", lambda *a: stepped.append(a))
+    with pytest.raises(flashsim.FlashsimError, match=r"304 tile requests .* for '2 launches'"):
+        l2.simulate(p, work_limit=300)
+    assert stepped == []

@@ -398,8 +398,21 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
     sizes: dict = {}                    # tile -> (touched, owned) bytes (l2_lockstep keys its own)
     intern: dict = {}
     budget = budget if budget is not None else l2_lockstep.Budget(work_limit)
+    # Blocks out of lockstep (a causal mask) are stepped request by request: each such
+    # launch claims its tile loads and stores (counted without values, nest.count_scope)
+    # from the budget, all of them before anything is simulated, so that a run the limit
+    # would stop is refused up front.
+    why = ("method='steps'" if method == "steps" else
+           "a causal mask keeps its blocks out of lockstep, so nothing folds")
+    plan_launches, stepped = list(launches(nest)), {}
+    for i, launch in enumerate(plan_launches):
+        if not (method == "auto" and l2_lockstep.applies(launch)):
+            scope = (launch.loop,) if launch.loop is not None else launch.ops
+            stepped[i] = heads * count_scope(scope, nest.tensors, launch.context()).transfers
+    if len(stepped) > 1:
+        budget.check(sum(stepped.values()), f"{len(stepped)} launches", why)
     done: dict = {}                     # launch class -> its traffic (method "auto")
-    for launch in launches(nest):
+    for i, launch in enumerate(plan_launches):
         if isinstance(blocks_per_sm, dict):
             bps = blocks_per_sm[launch.label]
         else:
@@ -414,14 +427,7 @@ def simulate(plan, *, l2_bytes: int | None = None, sms: int | None = None,
             if key is not None:
                 done[key] = report.launches[-1]
             continue
-        # Blocks out of lockstep (a causal mask): every block's program is built and
-        # stepped, request by request. Refuse up front what would run past the limit, from
-        # the tile loads and stores counted without values (nest.count_scope).
-        scope = (launch.loop,) if launch.loop is not None else launch.ops
-        why = ("method='steps'" if method == "steps" else
-               "a causal mask keeps its blocks out of lockstep, so nothing folds")
-        budget.reserve(heads * count_scope(scope, nest.tensors, launch.context()).transfers,
-                       launch.label, why)
+        budget.reserve(stepped[i], launch.label, why)
         programs = [block_steps(launch.ops, nest.tensors, ctx, launch.var, sizes, intern)
                     for ctx in blocks(launch)]
         report.launches.append(_simulate(launch.label, programs, heads, n_sms * bps, cap))

@@ -109,13 +109,17 @@ class Budget:
     def reserve(self, n: int, label: str, why: str) -> None:
         """Claim ``n`` accesses for a launch that is stepped block by block, before
         stepping it (``why`` it cannot be folded, for the message)."""
+        self.check(n, label, why)
+        self.used += n
+
+    def check(self, n: int, label: str, why: str) -> None:
+        """Raise if ``n`` more accesses would pass the limit (claims nothing)."""
         if self.used + n > self.limit:
             raise FlashsimError(
                 f"the L2 model would step through {n:,} tile requests one by one for "
                 f"'{label}' ({why}), more than its limit of {self.limit:,}; use a smaller "
                 "N, larger blocks or fewer heads, or leave out --gpu/--l2 (the two-level "
                 "counts need no cache model)")
-        self.used += n
 
 
 def _period(shift_bytes: list[int]) -> int:
