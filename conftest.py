@@ -64,7 +64,7 @@ FIRST = [
     "tests/test_cli_contract.py",                  # 8
     "tests/test_harness.py",                       # 6
     "tests/test_docs_site.py",                     # 14: mkdocs build --strict (notebooks reused)
-    "tests/test_flash3.py",                        # 10: --probe compiles eight variants
+    "tests/test_flash3.py",                        # 4 (--probe reads the compile cache)
 ]
 
 
