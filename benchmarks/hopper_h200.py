@@ -217,8 +217,7 @@ class HopperBench(Bench):
             for version in flash3.VERSIONS:
                 D = flash3.defines(d, "float16", version=version)
                 try:
-                    _, log = flash3.cubin(tuple(sorted(D.items())))
-                    res = parse_ptxas_log(log).get("flash3_fwd", {})
+                    res = parse_ptxas_log(flash3.ptxas_log(D)).get("flash3_fwd", {})
                 except Exception as exc:
                     res = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
                 self.results["kernel_resources"][f"d={d} v{version}"] = {
@@ -339,7 +338,7 @@ def probe(args) -> int:
     """Compile every version (fp16, each d) for sm_90a and print its SASS opcode histogram
     (where cuobjdump is; without it, each version's registers from ptxas' log, which
     ``compile_cache.json`` holds)."""
-    from gpu_kernels.compile import parse_ptxas_log, ptxas_log
+    from gpu_kernels.compile import parse_ptxas_log
 
     tool = cuobjdump()
     out = {"provenance": harness.provenance(), "sass": {}, "cuobjdump": tool}
@@ -355,8 +354,7 @@ def probe(args) -> int:
                     with open(path, "wb") as f:
                         f.write(data)
                 else:   # nothing to disassemble: ptxas' log, committed or compiled
-                    log = ptxas_log(flash3.read_source(flash3.CU_FILE), dict(sorted(D.items())),
-                                    arch=flash3.ARCH, name=flash3.CU_FILE)
+                    log = flash3.ptxas_log(D)
                 rec = {"ptxas": parse_ptxas_log(log).get("flash3_fwd", {})}
                 if tool:
                     sass = subprocess.run([tool, "--dump-sass", path], capture_output=True, text=True).stdout

@@ -98,6 +98,14 @@ def cubin(defines_items: tuple) -> tuple[bytes, str]:
     return compile_cubin(read_source(CU_FILE), dict(defines_items), arch=ARCH, name=CU_FILE)
 
 
+def ptxas_log(defines: dict[str, int]) -> str:
+    """ptxas' log of :func:`cubin`'s compile of these constants, read from
+    ``compile_cache.json`` when it holds it (then nothing is compiled)."""
+    from ..compile import ptxas_log as log_of
+
+    return log_of(read_source(CU_FILE), dict(sorted(defines.items())), arch=ARCH, name=CU_FILE)
+
+
 def cubin_path(defines: dict[str, int]) -> str:
     """The cubin written to a file (CuPy loads modules from files), named by its hash."""
     data, _ = cubin(tuple(sorted(defines.items())))
