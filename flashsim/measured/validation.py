@@ -533,13 +533,18 @@ def store(dataset, predictions, fit: bool = False) -> dict:
               if all("split" in r["point"] for r in rows) else {}),
            **fitted,
            "rows": [{"efficiency": r["efficiency"], "predicted": r["predicted"]} for r in rows]}
+    return _write(predictions, out)
+
+
+def _write(predictions, out: dict) -> dict:
+    """Write ``out`` to ``predictions``; returns it with ``changed_rows``: how many of its
+    rows differ from the copy stored before."""
     path_ = pathlib.Path(predictions)
     before = json.loads(path_.read_text()) if path_.exists() else {}
-    out["changed_rows"] = (sum(a != b for a, b in zip(before.get("rows", []), out["rows"]))
-                           + abs(len(before.get("rows", [])) - len(out["rows"])))
-    path_.write_text(json.dumps({k: v for k, v in out.items() if k != "changed_rows"},
-                                indent=1) + "\n")
-    return out
+    old = before.get("rows", [])
+    path_.write_text(json.dumps(out, indent=1) + "\n")
+    changed = sum(a != b for a, b in zip(old, out["rows"])) + abs(len(old) - len(out["rows"]))
+    return {**out, "changed_rows": changed}
 
 
 def store_timed(dataset=TIMED, predictions=TIMED_PREDICTIONS) -> dict:
@@ -559,12 +564,7 @@ def store_timed(dataset=TIMED, predictions=TIMED_PREDICTIONS) -> dict:
            "inputs_sha256": inputs_sha256(files=files), "inputs": files,
            "fitted_efficiencies": [[k, d, e] for (k, d), e in sorted(fit.items())],
            "rows": rows}
-    path_ = pathlib.Path(predictions)
-    before = json.loads(path_.read_text()) if path_.exists() else {}
-    path_.write_text(json.dumps(out, indent=1) + "\n")
-    out["changed_rows"] = (sum(a != b for a, b in zip(before.get("rows", []), rows))
-                           + abs(len(before.get("rows", [])) - len(rows)))
-    return out
+    return _write(predictions, out)
 
 
 def main() -> None:
