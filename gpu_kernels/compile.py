@@ -44,8 +44,19 @@ import sysconfig
 import types
 
 ARCH = "sm_90"
-# Files that need the architecture-specific target (wgmma, setmaxnreg exist only in sm_90a).
+# Files that need the architecture-specific target (wgmma, setmaxnreg exist only in sm_90a),
+# and the constant that asks for it in a file whose other variants do not (decode.cu's v5).
 FILE_ARCH = {"flash3.cu": "sm_90a"}
+ARCH_DEFINE = {"WGMMA": "sm_90a"}
+
+
+def arch_for(cu_file: str, defines: dict[str, int] | None = None) -> str:
+    """The target one variant of ``cu_file`` compiles for: sm_90a for flash3.cu and for a
+    variant that sets a constant of ARCH_DEFINE, else ARCH."""
+    for name, arch in ARCH_DEFINE.items():
+        if (defines or {}).get(name):
+            return arch
+    return FILE_ARCH.get(cu_file, ARCH)
 SMEM_LIMIT_OPTIN = 227 * 1024  # bytes of shared memory per block on sm_90 with the opt-in
 SMEM_LIMIT_DEFAULT = 48 * 1024  # without it
 CACHE_ENV = "FLASHSIM_CUBIN_CACHE"
@@ -210,7 +221,7 @@ def compile_variant(cu_file: str, defines: dict[str, int], dynamic_smem: int = 0
     """Compile one variant of one file in gpu_kernels/cuda/ and return each kernel's resources."""
     from gpu_kernels.cupy.common import read_source
 
-    log = ptxas_log(read_source(cu_file), defines, arch=FILE_ARCH.get(cu_file, ARCH), name=cu_file)
+    log = ptxas_log(read_source(cu_file), defines, arch=arch_for(cu_file, defines), name=cu_file)
     return [KernelResources(file=cu_file, variant=variant_label(defines), kernel=k, dynamic_smem=dynamic_smem, **r)
             for k, r in parse_ptxas_log(log).items()]
 
@@ -410,7 +421,7 @@ def wanted() -> dict[str, str]:
 
     out = {}
     for cu_file, defines, _dyn, _hot in cached_variants():
-        arch = FILE_ARCH.get(cu_file, ARCH)
+        arch = arch_for(cu_file, defines)
         out[_nvrtc_key(read_source(cu_file), _options(defines, arch, cu_file))] = \
             f"{cu_file} {variant_label(defines)} ({arch})"
     for r in numba_forward():
@@ -438,7 +449,7 @@ def refresh_cache() -> str:
     want, have = wanted(), committed()
     entries = {k: have[k] for k in want if k in have}
     for cu_file, defines, _dyn, _hot in cached_variants():
-        arch = FILE_ARCH.get(cu_file, ARCH)
+        arch = arch_for(cu_file, defines)
         key = _nvrtc_key(read_source(cu_file), _options(defines, arch, cu_file))
         if key not in entries:
             log = compile_cubin(read_source(cu_file), defines, arch=arch, name=cu_file)[1]

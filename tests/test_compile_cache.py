@@ -33,7 +33,7 @@ def test_a_sample_of_logs_is_what_nvrtc_gives_now():
     assert len(first) >= 6
     for cu_file, defines in first.items():
         args = (read_source(cu_file), defines)
-        kw = dict(arch=cuda_compile.FILE_ARCH.get(cu_file, cuda_compile.ARCH), name=cu_file)
+        kw = dict(arch=cuda_compile.arch_for(cu_file, defines), name=cu_file)
         _, now = cuda_compile.compile_cubin(*args, **kw)
         stored = cuda_compile.ptxas_log(*args, **kw)
         assert cuda_compile.parse_ptxas_log(now) == cuda_compile.parse_ptxas_log(stored), cu_file

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import re
+import tempfile
 
 from ..common import KernelInputError, KernelLaunch, Launch, describe
 
@@ -55,12 +57,47 @@ def _module(cu_file: str, defines_items: tuple):
     return cupy.RawModule(code=read_source(cu_file), options=compile_options(dict(defines_items)))
 
 
-def get_kernel(cu_file: str, name: str, defines: dict[str, int], dynamic_smem: int = 0):
-    """The compiled ``cupy.RawKernel`` ``name`` of ``cu_file`` with these constants.
+@functools.lru_cache(maxsize=None)
+def cubin(cu_file: str, defines_items: tuple, arch: str) -> tuple[bytes, str]:
+    """(cubin, ptxas log) of ``cu_file`` with these constants for ``arch`` (NVRTC through
+    ``gpu_kernels.compile``; no GPU needed): for targets CuPy's own compile does not pick,
+    such as sm_90a (wgmma)."""
+    from ..compile import compile_cubin
+
+    return compile_cubin(read_source(cu_file), dict(defines_items), arch=arch, name=cu_file)
+
+
+def cubin_path(cu_file: str, defines: dict[str, int], arch: str) -> str:
+    """:func:`cubin` written to a file (CuPy loads modules from files), named by its hash."""
+    data, _ = cubin(cu_file, tuple(sorted(defines.items())), arch)
+    folder = os.path.join(tempfile.gettempdir(), "flashsim-cubin")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, hashlib.sha256(data).hexdigest()[:32] + ".cubin")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _cubin_module(cu_file: str, defines_items: tuple, arch: str):
+    import cupy
+
+    return cupy.RawModule(path=cubin_path(cu_file, dict(defines_items), arch))
+
+
+def get_kernel(cu_file: str, name: str, defines: dict[str, int], dynamic_smem: int = 0,
+               arch: str | None = None):
+    """The compiled ``cupy.RawKernel`` ``name`` of ``cu_file`` with these constants; ``arch``
+    (e.g. "sm_90a"): compiled for that target by :func:`cubin`, else by CuPy for the device.
 
     ``dynamic_smem`` above 48 KB raises the kernel's dynamic shared-memory limit (opt-in).
     """
-    kernel = _module(cu_file, tuple(sorted(defines.items()))).get_function(name)
+    items = tuple(sorted(defines.items()))
+    module = _module(cu_file, items) if arch is None else _cubin_module(cu_file, items, arch)
+    kernel = module.get_function(name)
     if dynamic_smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < dynamic_smem:
         kernel.max_dynamic_shared_size_bytes = dynamic_smem
     return kernel

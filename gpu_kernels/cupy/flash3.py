@@ -33,14 +33,13 @@ kernel's B_r = 128 (two warpgroups of wgmma's 64 rows) by B_c = 128 (64 at d = 2
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..common import KernelInputError, Result, dtype_name
+from . import common
 from .common import LOG2E, output, read_source
 from .flash2_tc import TcLaunch, checked_choice
 
@@ -90,12 +89,9 @@ def defines(d: int, dtype: str, **config) -> dict[str, int]:
 
 # ---------------------------------------------------------------- compiling and loading
 
-@functools.lru_cache(maxsize=None)
 def cubin(defines_items: tuple) -> tuple[bytes, str]:
     """(cubin, ptxas log) of flash3.cu with these constants, for sm_90a (no GPU needed)."""
-    from ..compile import compile_cubin
-
-    return compile_cubin(read_source(CU_FILE), dict(defines_items), arch=ARCH, name=CU_FILE)
+    return common.cubin(CU_FILE, defines_items, ARCH)
 
 
 def ptxas_log(defines: dict[str, int]) -> str:
@@ -106,29 +102,10 @@ def ptxas_log(defines: dict[str, int]) -> str:
     return log_of(read_source(CU_FILE), dict(sorted(defines.items())), arch=ARCH, name=CU_FILE)
 
 
-def cubin_path(defines: dict[str, int]) -> str:
-    """The cubin written to a file (CuPy loads modules from files), named by its hash."""
-    data, _ = cubin(tuple(sorted(defines.items())))
-    folder = os.path.join(tempfile.gettempdir(), "flashsim-cubin")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, hashlib.sha256(data).hexdigest()[:32] + ".cubin")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    return path
-
-
 @functools.lru_cache(maxsize=None)
 def get_kernel(defines_items: tuple, dynamic_smem: int):
     """The loaded ``cupy.RawKernel`` flash3_fwd with these constants, shared memory opted in."""
-    import cupy
-
-    kernel = cupy.RawModule(path=cubin_path(dict(defines_items))).get_function("flash3_fwd")
-    if dynamic_smem > 48 * 1024:
-        kernel.max_dynamic_shared_size_bytes = dynamic_smem
-    return kernel
+    return common.get_kernel(CU_FILE, "flash3_fwd", dict(defines_items), dynamic_smem, arch=ARCH)
 
 
 # ---------------------------------------------------------------- tensor maps (TMA)
