@@ -2,6 +2,7 @@
 
     python -m benchmarks.decode_h200 --out DIR            # DIR/decode_h200.json, ~4 minutes
     python -m benchmarks.decode_h200 --out DIR --quick    # the issue's reference points only
+    python -m benchmarks.decode_h200 --out DIR --splits-sweep   # DIR/decode_splits_h200.json, ~2 min
     python -m benchmarks.decode_h200 --sanitize           # tiny launches of every variant, no timing:
         compute-sanitizer --tool memcheck python -m benchmarks.decode_h200 --sanitize
         compute-sanitizer --tool racecheck python -m benchmarks.decode_h200 --sanitize
@@ -14,14 +15,16 @@
 Points: batch in {1, 8, 64}, kv_len in {4k, 32k, 128k}, H = 32 query heads with kv_heads in
 {32, 8, 1}, d = 128, q_len in {1, 4}, fp16 (a combination whose K/V cache exceeds 40 GB is
 skipped). Implementations per point, all on the same K/V values:
-  cupy_decode        ours, contiguous cache (B, kv_len, kv_heads, d), splits by the heuristic,
-                     each configuration of decode.VARIANTS (v1: the first run's; v2: the new
-                     combine, 8 warps where rows > 64; v2_w8: 8 warps, where a KV head has >= 32
-                     rows) timed in the same run (one equal to one timed before is not repeated);
+  cupy_decode        ours, contiguous cache (B, kv_len, kv_heads, d), each configuration of
+                     decode.VARIANTS (v1: the first run's, 4 warps; v2: the new combine,
+                     decode.default_warps; v2_w8: 8 warps, where a KV head has >= 32 rows; v3:
+                     v3's combine; v4: v3 with the one-wave splits, the others FlashAttention-2's;
+                     v5: v4 on wgmma, where a KV head has >= 32 rows)
+                     timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
-                     (v2: block-table entries prefetched a tile ahead; v1 too at pages of 16,
-                     q_len 1)
+                     (the default, v4 or v5: block-table entries prefetched a tile ahead; v1 too
+                     at pages of 16, q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
                      kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
                      reference; the q_len - 1 hidden keys change no bandwidth)
@@ -31,6 +34,11 @@ skipped). Implementations per point, all on the same K/V values:
   flashinfer         if importable (it is not on the H200 image: noted)
   plain_read         a kernel that reads every byte of the same K and V once: the limit
 Bandwidth = the K and V bytes a step must read (2 B kv_len kv_heads d 2) / time.
+
+--splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
+fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
+counts around both rules' choices (``sweep_splits``), each checked, then timed: the data
+that holds the wave rule against FlashAttention-2's (no constant in either is fitted).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import numpy as np
 
 from benchmarks.common import Recorder, parser
 from gpu_kernels import harness
-from gpu_kernels.common import KernelInputError, Result
+from gpu_kernels.common import KernelInputError, Result, cdiv
 from gpu_kernels.cupy import decode
 
 H, D = 32, 128
@@ -55,8 +63,9 @@ REFERENCE_POINTS = [(8, 8, 32768, 1), (1, 8, 32768, 1), (64, 8, 4096, 1), (1, 8,
 FLEX_POINTS = {(8, 8, 32768, 1), (8, 8, 32768, 4)}
 FLEX_GRACE_S = 40.0
 TUNING_POINTS = [(8, 8, 32768, 1), (64, 8, 4096, 1), (1, 8, 32768, 1)]
+TUNING_POINTS_V5 = [(8, 1, 32768, 4)]   # v5's tiles (decode.TUNING_V5) are chosen here
 PAGED_V1 = 16                 # the page size at which v1 (no block-table prefetch) is timed too
-W8_MIN_ROWS = 32              # v2_w8 where a KV head has this many packed rows (MQA); fewer
+W8_MIN_ROWS = 32              # _w8 and v5 where a KV head has this many packed rows (MQA); fewer
                               # rows would pad 8 warps' 32-row tiles (the time budget)
 MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: small points only
 
@@ -124,15 +133,16 @@ def paged_copy(torch, k, v, page_size: int, seed: int):
 
 
 class Bench(Recorder):
-    def __init__(self, args):
+    def __init__(self, args, name: str = "decode_h200.json"):
         import cupy
         import torch
 
         self.torch, self.cupy = torch, cupy
         self.harness = harness.Harness("cupy", target_s=0.06, max_repeats=12)   # the 4-minute budget
-        super().__init__(args, "decode_h200.json", METHOD, timing=self.harness.method(),
+        super().__init__(args, name, METHOD, timing=self.harness.method(),
                          notes={}, tuning=[], config={}, plain_read_source=PLAIN_READ.strip())
         self.tile = dict(block_cols=decode.BLOCK_C, stages=decode.STAGES[D])   # until tune()
+        self.tile_v5 = dict(zip(("block_cols", "stages"), decode.WGMMA_TILES))
         self._plain = cupy.RawKernel(PLAIN_READ, "plain_read")
         self._flag = cupy.zeros(1, cupy.uint32)
         self.failures = 0
@@ -204,32 +214,44 @@ class Bench(Recorder):
             return fn
         return q, k, v, launch, refs, ours_check, run_ours
 
+    def tiles(self, wgmma: int) -> dict:
+        """The tuned tiles of v5 (wgmma) or of the mma.sync versions."""
+        return self.tile_v5 if wgmma else self.tile
+
     def tune(self):
-        """Time every (B_c, STAGES) of decode.TUNING on the contiguous cache at TUNING_POINTS;
-        the fastest correct one (geometric mean) runs the whole table."""
-        times = {c: [] for c in decode.TUNING}
-        for B, kvh, n, ql in TUNING_POINTS:
+        """Time every (B_c, STAGES) of decode.TUNING on the contiguous cache at TUNING_POINTS
+        (and of decode.TUNING_V5, v5, at TUNING_POINTS_V5); the fastest correct one (geometric
+        mean) runs the whole table."""
+        self.tile = self._tune(decode.TUNING, TUNING_POINTS, {"wgmma": 0})
+        self.tile_v5 = self._tune(decode.TUNING_V5, TUNING_POINTS_V5, decode.VARIANTS["v5"])
+        self.results["config"] = {**self.tile, "chosen_from": [list(c) for c in decode.TUNING],
+                                  "points": [list(p) for p in TUNING_POINTS],
+                                  "v5": {**self.tile_v5, "chosen_from": [list(c) for c in decode.TUNING_V5],
+                                         "points": [list(p) for p in TUNING_POINTS_V5]}}
+        print(f"tiles for the table: {self.tile}; v5: {self.tile_v5}", flush=True)
+        self.save()
+
+    def _tune(self, candidates, points, kw) -> dict:
+        times = {c: [] for c in candidates}
+        for B, kvh, n, ql in points:
             q, k, v, launch, refs, check, run_ours = self.inputs(B, kvh, n, ql)
             base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
                     "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
-            for Bc, st in decode.TUNING:
-                lt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, block_cols=Bc, stages=st)
+            for Bc, st in candidates:
+                lt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, block_cols=Bc, stages=st,
+                                      **kw)
                 row = self.record({"impl": "cupy_decode", **base, "block_cols": Bc, "stages": st,
-                                   "splits": lt.splits}, run_ours(lt, k, v), check, into="tuning")
+                                   "splits": lt.splits, "wgmma": lt.wgmma}, run_ours(lt, k, v), check,
+                                  into="tuning")
                 if row is not None and row["check_ok"] and (Bc, st) in times:
                     times[(Bc, st)].append(row["time_s"])
                 else:
                     times.pop((Bc, st), None)           # failed or did not run: not chosen
             del q, k, v
             self.torch.cuda.empty_cache()
-        full = {c: t for c, t in times.items() if len(t) == len(TUNING_POINTS)}
-        if full:
-            best = min(full, key=lambda c: sum(map(math.log, full[c])))
-            self.tile = dict(block_cols=best[0], stages=best[1])
-        self.results["config"] = {**self.tile, "chosen_from": [list(c) for c in decode.TUNING],
-                                  "points": [list(p) for p in TUNING_POINTS]}
-        print(f"tiles for the table: {self.tile}", flush=True)
-        self.save()
+        full = {c: t for c, t in times.items() if len(t) == len(points)}
+        best = min(full, key=lambda c: sum(map(math.log, full[c]))) if full else candidates[0]
+        return dict(block_cols=best[0], stages=best[1])
 
     def point(self, B, kvh, n, ql):
         torch = self.torch
@@ -239,10 +261,11 @@ class Bench(Recorder):
 
         seen = set()
         for name, kw in decode.VARIANTS.items():
-            if name.endswith("_w8") and ql * H // kvh < W8_MIN_ROWS:
+            if (name.endswith("_w8") or name == "v5") and ql * H // kvh < W8_MIN_ROWS:
                 continue
             try:
-                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tile, **kw)
+                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tiles(kw["wgmma"]),
+                                      **kw)
             except KernelInputError as exc:   # e.g. 8 warps' merge with the tuned 2 stages
                 self.skip({"impl": "cupy_decode", **base, "page_size": 0, "variant": name}, str(exc))
                 continue
@@ -259,10 +282,12 @@ class Bench(Recorder):
                         run_ours(lv, k, v), ours_check)
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
-            for name in ("v2", "v1") if P == PAGED_V1 and ql == 1 else ("v2",):
+            default = "v5" if decode.default_wgmma(ql * H // kvh) else "v4"
+            for name in (default, "v1") if P == PAGED_V1 and ql == 1 else (default,):
                 try:
                     lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
-                                          block_table=bt, num_pages=kp.shape[0], **self.tile,
+                                          block_table=bt, num_pages=kp.shape[0],
+                                          **self.tiles(decode.VARIANTS[name]["wgmma"]),
                                           **decode.VARIANTS[name])
                 except KernelInputError as exc:
                     self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
@@ -374,6 +399,46 @@ class Bench(Recorder):
         self.record(what, fn, lambda o: decode.check_rows(launch, refs[True],
                                                           o.transpose(1, 2).float().cpu().numpy()))
 
+    def sweep_point(self, B, kvh, n, ql):
+        """Ours at ``sweep_splits`` of this point, each checked, then timed."""
+        base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
+        q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
+        tl = self.tiles(decode.default_wgmma(ql * H // kvh))     # the default kernels' tiles
+        rules = {r: decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **tl,
+                                     split_rule=r).splits for r in decode.SPLIT_RULES}
+        for S in sweep_splits(rules, cdiv(n, launch.block_cols)):
+            ls = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **tl, splits=S)
+            self.record({"impl": "cupy_decode", **base, "variant": "v5" if ls.wgmma else "v4", "splits": S,
+                         "rules": [r for r, x in rules.items() if x == S], "warps": ls.warps,
+                         "block_cols": ls.block_cols, "stages": ls.stages},
+                        run_ours(ls, k, v), ours_check)
+        del q, k, v
+        self.torch.cuda.empty_cache()
+        self.save()
+
+    def sweep_summary(self):
+        """Per point: the fastest split count, and each rule's time over the fastest's."""
+        pts = [p for p in self.results["points"] if p["check_ok"]]
+        key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
+        rows = []
+        for k in dict.fromkeys(key(p) for p in pts):
+            here = [p for p in pts if key(p) == k]
+            best = min(here, key=lambda p: p["time_s"])
+            row = {"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
+                   "best_splits": best["splits"], "best_time_s": best["time_s"]}
+            for r in decode.SPLIT_RULES:
+                mine = next((p for p in here if r in p["rules"]), None)
+                row[f"{r}_splits"] = mine["splits"] if mine else None
+                row[f"{r}_over_best"] = mine["time_s"] / best["time_s"] if mine else None
+            rows.append(row)
+        self.results["summary"] = rows
+        f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        for r in rows:
+            print(f"B={r['batch']:>2} kvh={r['kv_heads']:>2} n={r['kv_len']:>6} q={r['q_len']}: best "
+                  f"S={r['best_splits']:>3}; wave S={r['wave_splits']} x{f(r['wave_over_best'])}, "
+                  f"fa2 S={r['fa2_splits']} x{f(r['fa2_over_best'])}", flush=True)
+
     def summary(self, show: bool = True):
         pts = self.results["points"]
         key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
@@ -415,18 +480,45 @@ class Bench(Recorder):
                   f"{f(r['ours_over_plain_read']):>9} {f(r['ours_over_q1']):>7} {r['ours_variant']}")
 
 
+# ---------------------------------------------------------------------- the splits sweep
+
+def sweep_points() -> list[tuple]:
+    """(B, kv_heads, kv_len, q_len) of the grid with B in {1, 8} whose blocks without splits
+    (B kv_heads row chunks) fill less than half of one wave (132 SMs, one v4 block each at
+    the tuned tiles or two at the default: the half of the smaller): where splits are chosen."""
+    out = []
+    for B, kvh, n, ql in grid_points(False):
+        if B in (1, 8) and B * kvh < 66:
+            out.append((B, kvh, n, ql))
+    return out
+
+
+def sweep_splits(rules: dict, n_tiles: int) -> list[int]:
+    """Split counts timed at one point: each rule's choice (``rules``: name -> S), one either
+    side of each, twice the wave rule's (a second wave), 1, and the powers of two up to
+    MAX_SPLITS and the tiles."""
+    top = min(decode.MAX_SPLITS, n_tiles)
+    c = {1} | {2 ** i for i in range(1, 8) if 2 ** i <= top}
+    for S in rules.values():
+        c |= {S - 1, S, S + 1}
+    c.add(2 * rules["wave"])
+    return sorted(x for x in c if 1 <= x <= top)
+
+
 # ---------------------------------------------------------------------- sanitizer and ncu modes
 
 def tiny_cases():
     """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits, configure keywords): every variant
     in a few small blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4,
     16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the three combines, row chunks, bf16,
-    d = 64."""
+    d = 64, and v5 (wgmma; the default above 64 rows)."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
              for Bc, st in decode.TUNING[1:]]                       # the tuning step's tiles
-    v1, v2, w8, v3, v3w8 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8", "v3", "v3_w8"))
+    v1, v2, w8, v3, v3w8, v5 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8", "v3", "v3_w8", "v5"))
+    tuned += [(32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(v5, block_cols=Bc, stages=st))
+              for Bc, st in decode.TUNING_V5[1:]]                  # and v5's
     return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, {}),   # 32 rows: 2 row warps
                             (32, 1, 128, [100], 4, 0, "fp16", 2, v1),      # 128 rows: 2 chunks
                             (4, 2, 128, [37, 300], 4, 16, "fp16", 3, v1),  # v1's paged loads
@@ -439,13 +531,18 @@ def tiny_cases():
                             # 8 warps: 2 row x 4 key warps; pages; d = 64; 256 rows (chunks)
                             (32, 1, 128, [70, 300], 1, 0, "fp16", 3, w8),
                             (32, 1, 128, [70, 300], 4, 64, "fp16", 3, w8),
-                            (32, 1, 128, [70, 300], 4, 1, "fp16", None, dict(stages=4)),
+                            (32, 1, 128, [70, 300], 4, 1, "fp16", None, dict(stages=4, wgmma=0)),
                             (32, 4, 64, [65, 130], 4, 16, "bf16", 2, w8),
                             (16, 1, 128, [90, 20], 16, 0, "fp16", 2, {}),
                             # v3's combine: a row's splits over 4 warps, some empty; d = 64
                             (4, 2, 128, [37, 300], 1, 0, "fp16", 40, v3),
                             (32, 1, 128, [70, 300], 1, 16, "fp16", 5, v3w8),
-                            (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 7, v3)]
+                            (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 7, v3),
+                            # v5 (wgmma): 128-row blocks with padding rows, pages, bf16, d = 64
+                            (8, 1, 128, [37, 300], 1, 0, "fp16", 2, v5),
+                            (32, 1, 64, [70, 300], 4, 16, "bf16", 3, v5),
+                            (32, 1, 128, [5, 129], 4, 1, "fp16", 5, v5),
+                            (64, 2, 128, [200], 4, 16, "bf16", 1, v5)]
 
 
 def sanitize() -> int:
@@ -537,6 +634,8 @@ def main(argv=None) -> int:
                     help="B,kv_heads,kv_len,q_len,page (one or more): one NVTX-marked launch each")
     ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile time)")
     ap.add_argument("--no-tune", action="store_true", help="the default tiles, no tuning step")
+    ap.add_argument("--splits-sweep", action="store_true",
+                    help="ours at split counts around both rules' (decode_splits_h200.json)")
     args = ap.parse_args(argv)
 
     if args.sanitize:
@@ -550,9 +649,11 @@ def main(argv=None) -> int:
 
     if args.profile_point:
         return profile_points(args.profile_point, torch, args.out)
-    bench = Bench(args)
+    bench = Bench(args, "decode_splits_h200.json" if args.splits_sweep else "decode_h200.json")
     bench.results["provenance"] = harness.provenance(
         extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
+    if args.splits_sweep:
+        return sweep(bench, args)
     bench.results["configs"] = {"heads": H, "head_dim": D, "batches": list(BATCHES), "kv_lens": list(KV_LENS),
                                 "kv_heads": list(KV_HEADS), "q_lens": list(Q_LENS), "pages": list(PAGES),
                                 "max_cache_bytes": MAX_CACHE_BYTES}
@@ -577,6 +678,23 @@ def main(argv=None) -> int:
 
     ok = bench.guarded(table)
     bench.summary()
+    bench.results["failed_checks"] = bench.failures
+    bench.finish(f"; {bench.failures} failed checks")
+    return 0 if ok and not bench.failures else 1
+
+
+def sweep(bench, args) -> int:
+    """--splits-sweep: the tuned tiles (as the table), then ``sweep_point`` at ``sweep_points``."""
+    def run():
+        if not args.no_tune:
+            bench.tune()
+        for B, kvh, n, ql in sweep_points():
+            what = {"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql}
+            if bench.due(what):
+                bench.sweep_point(B, kvh, n, ql)
+
+    ok = bench.guarded(run)
+    bench.sweep_summary()
     bench.results["failed_checks"] = bench.failures
     bench.finish(f"; {bench.failures} failed checks")
     return 0 if ok and not bench.failures else 1

@@ -26,6 +26,8 @@ import pytest
 
 import flashsim
 import gpu_kernels
+from flashsim.algorithms import flashdecoding
+from flashsim.units import cdiv
 from gpu_kernels import KernelInputError, registry
 from gpu_kernels.cupy import decode
 from gpu_kernels.cupy.common import KERNEL_DIR, read_source
@@ -119,40 +121,54 @@ def test_includes_common_and_repeats_none_of_it():
 
 # ------------------------------------------------------------------ the launch (no GPU)
 
-def _efficiency(blocks, slots, s):
-    waves = blocks * s / slots
-    return waves / math.ceil(waves)
+@pytest.mark.parametrize("blocks", [1, 8, 29, 64, 66, 67, 200, 2048])
+@pytest.mark.parametrize("n_tiles", [1, 7, 64, 512, 2048])
+def test_one_wave_splits_are_the_fewest_with_the_shortest_longest_split(blocks, n_tiles):
+    """v4's rule against a brute force: among the split counts whose blocks fit one wave of
+    the slots (and at most one split per tile; 1 always qualifies), the shortest longest
+    split ceil(n_tiles / S), and of those the fewest splits."""
+    slots = 132
+    fits = [x for x in range(1, decode.MAX_SPLITS + 1)
+            if x == 1 or (blocks * x <= slots and x <= n_tiles)]
+    longest = min(cdiv(n_tiles, x) for x in fits)
+    assert decode.one_wave_splits(blocks, slots, n_tiles) == min(
+        x for x in fits if cdiv(n_tiles, x) == longest)
 
 
-@pytest.mark.parametrize("blocks", [1, 8, 29, 64, 200, 211, 212, 2048])
-@pytest.mark.parametrize("n_tiles", [1, 7, 64, 2048])
-def test_split_heuristic_is_flashattentions_rule(blocks, n_tiles):
-    slots = 264
-    s = decode.num_splits_heuristic(blocks, slots, n_tiles)
-    if blocks >= 0.8 * slots:
-        assert s == 1
-        return
-    top = min(decode.MAX_SPLITS, slots, n_tiles)
-    best = max(_efficiency(blocks, slots, x) for x in range(1, top + 1))
-    assert 1 <= s <= top and _efficiency(blocks, slots, s) >= 0.85 * best
-    assert all(_efficiency(blocks, slots, x) < 0.85 * best for x in range(1, s))
+def test_split_rules_at_one_kv_head_group_per_sm():
+    """B = 1, kv_heads 8, 32k keys, 4 stages (one block per SM): FlashAttention-2's rule
+    (flashsim's, the "fa2" rule) takes 14 splits, 37 tiles in the longest; the wave rule
+    (the default) 16 splits of 32 tiles; a given count is kept."""
+    assert decode.SPLIT_RULES["fa2"] is flashdecoding.num_splits_heuristic
+    kw = dict(kv_lens=[32768], stages=4)
+    assert decode.configure(1, 32, 8, 128, **kw, split_rule="fa2").splits == 14
+    wave = decode.configure(1, 32, 8, 128, **kw)
+    assert (wave.splits, wave.split_rule) == (16, "wave")
+    given = decode.configure(1, 32, 8, 128, **kw, splits=5)
+    assert (given.splits, given.split_rule) == (5, "given")
+    with pytest.raises(KernelInputError, match="split_rule"):
+        decode.configure(1, 32, 8, 128, **kw, split_rule="FA2 ")
 
 
 @pytest.mark.parametrize("q_len", [1, 4, 16])
 @pytest.mark.parametrize("kv_heads", [32, 8, 4, 1])
 def test_launch_covers_every_row_once(q_len, kv_heads):
     """Row chunks x 16 ROW_WARPS rows cover q_len x group packed rows, with less than one
-    chunk to spare; the grid is (chunks, splits, B kv_heads); the combine runs iff splits > 1."""
+    chunk to spare; the grid is (chunks, splits, B kv_heads); the combine runs iff splits > 1;
+    above 64 rows v5 (wgmma: 8 warps, 128-row blocks, 1 KiB more shared memory)."""
     launch = decode.configure(3, 32, kv_heads, 128, kv_lens=[100, 5000, 70000], q_len=q_len)
     rows = q_len * 32 // kv_heads
     assert launch.rows == rows and launch.block_rows == 16 * launch.row_warps
     assert launch.chunks * launch.block_rows >= rows > (launch.chunks - 1) * launch.block_rows
-    assert launch.warps == (8 if rows > 64 else 4)
+    assert launch.warps == (8 if rows >= 32 else 4)
     assert launch.row_warps == (1 if rows <= 16 else 2 if rows <= 32 else 4 if rows <= 64 else 8)
     split, *combine = launch.launches()
     assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads)
     assert split.threads == 32 * launch.warps
-    assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps)
+    assert launch.wgmma == (rows > 64)
+    assert (launch.block_cols, launch.stages) == (decode.WGMMA_TILES if launch.wgmma else (64, 3))
+    assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps, launch.block_cols,
+                                                   launch.stages, launch.wgmma)
     assert len(combine) == (launch.splits > 1)
     for s in (1, 5):
         one = decode.configure(3, 32, kv_heads, 128, kv_lens=[100, 5000, 70000], q_len=q_len, splits=s)
@@ -239,8 +255,17 @@ def test_registry_launch_takes_the_plans_names():
     _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, kv_lens=[5, 5], match="both")
     _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, dtype="fp32", match="fp32")
     _refused(entry.launch, batch=2, heads=4, head_dim=64, kv_len=5, warps=6, match="warps")
-    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, match="merge")
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, wgmma=0, warps=8,
+             match="merge")
+    assert decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2).wgmma == 1  # no merge
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, wgmma=1, warps=4, match="8 warps")
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, wgmma=True, match="wgmma")
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, wgmma=1, block_cols=32,
+             match="64 or 128")
     assert decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, warps=4).stages == 2
+    for q_len in (1, 2):                 # 32, 64 rows: 8 warps' merge needs 3 stages, so 4 warps
+        two = decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=q_len, stages=2)
+        assert (two.warps, decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=q_len).warps) == (4, 8)
     _refused(decode.configure(1, 8, 1, 128, kv_lens=[100], page_size=48, block_table=[[0, 1, 2]],
                               num_pages=3).plan, match="page_size")
 
@@ -655,3 +680,21 @@ def test_benchmark_points_are_the_issues_grid():
         assert P in decode.COMPILED_PAGE_SIZES
     names = [c[:8] for c in bench.tiny_cases()]
     assert {c[5] for c in names} == {0, 1, 16, 64} and {c[4] for c in names} >= {1, 4, 16}
+
+
+def test_splits_sweep_times_both_rules_and_their_neighbours():
+    """--splits-sweep: the grid's points where splits are chosen (B in {1, 8}, fewer blocks
+    than half a wave), each at both rules' split counts, one either side, a second wave and
+    the powers of two, within 1 .. min(MAX_SPLITS, tiles)."""
+    from benchmarks import decode_h200 as bench
+
+    points = bench.sweep_points()
+    assert points and set(points) <= set(bench.grid_points(False))
+    assert {(B, kvh) for B, kvh, _, _ in points} == {(1, 32), (1, 8), (1, 1), (8, 8), (8, 1)}
+    for B, kvh, n, ql in points:
+        tiles = cdiv(n, decode.BLOCK_C)
+        rules = {r: decode.configure(B, 32, kvh, 128, kv_lens=[n] * B, q_len=ql, split_rule=r).splits
+                 for r in decode.SPLIT_RULES}
+        S = bench.sweep_splits(rules, tiles)
+        assert S == sorted(set(S)) and 1 == S[0] and S[-1] <= min(decode.MAX_SPLITS, tiles)
+        assert set(rules.values()) <= set(S) and {1, 2, 4, 8} <= set(S)

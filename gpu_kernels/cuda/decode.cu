@@ -44,6 +44,15 @@
 //       S / 8 rounds of dependent loads: at B = 1, MQA (32 rows, over 100 splits) that combine
 //       took longer on the H200 than the split kernel itself (benchmarks/decode_h200.json
 //       times v2 and v3 side by side).
+//   (v4) v3's kernels; decode.py chooses the splits by its one-wave rule (nothing here changes).
+//   (v5) WGMMA 1 (sm_90a): decode_split on Hopper's warpgroup MMA, for 128 packed rows per
+//       block (MQA or big groups at q_len 4: where v2's mma.sync loop is bound by arithmetic,
+//       128 rows x 4 d FLOPs per key). Two warpgroups of 64 rows (NUM_WARPS 8, ROW_WARPS 8);
+//       per K/V tile each computes S = Q_w K_j^T (wgmma, both operands in shared memory), masks
+//       it, runs the online softmax on the accumulators, and adds P V_j (wgmma, P from
+//       registers): flash3.cu's v1 step (wgmma.cuh), with this file's loads (split, paging,
+//       cp.async STAGES deep) into flash3's swizzled 64-column panels. No key warps, so no
+//       merge: each thread writes its own rows of O (or of the split's partial O) directly.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -58,6 +67,7 @@
 //   STAGES     shared-memory buffers of K and V tiles in flight (2..4)
 //   COMBINE    1, 2 or 3: decode_combine's version (above)
 //   PAGE_PREFETCH  0 as in v1, or 1 (v2, paged): block-table entries read one tile ahead
+//   WGMMA      0, or 1: v5 (NUM_WARPS 8, ROW_WARPS 8; compile for sm_90a)
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3: one row per block).
@@ -92,6 +102,9 @@
 #ifndef PAGE_PREFETCH
 #define PAGE_PREFETCH 0
 #endif
+#ifndef WGMMA
+#define WGMMA 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
 #define COMBINE_THREADS (32 * COMBINE_WARPS)
@@ -99,7 +112,11 @@
 #define BLOCK_R (16 * ROW_WARPS)
 #define KW (BLOCK_C / KEY_WARPS)                     // keys of a tile per warp
 #define KV_TILE_ELEMS (BLOCK_C * HEAD_DIM)
+#if WGMMA   // 1 KiB to align the swizzled panels, Q_i, STAGES x (K_j, V_j)
+#define SMEM_BYTES (1024 + (BLOCK_R * HEAD_DIM + 2 * STAGES * KV_TILE_ELEMS) * 2)
+#else
 #define SMEM_BYTES ((BLOCK_R * HEAD_DIM + 2 * STAGES * KV_TILE_ELEMS) * 2)
+#endif
 // After the loop the K/V buffers hold the KEY_WARPS partial states (O_i fp32, m_i, l_i).
 #define MERGE_BYTES (KEY_WARPS * BLOCK_R * (HEAD_DIM + 2) * 4)
 
@@ -112,10 +129,14 @@ static_assert(COMBINE >= 1 && COMBINE <= 3, "COMBINE is 1, 2 or 3");
 static_assert(KW % 16 == 0 && KW >= 16, "BLOCK_C must be a multiple of 16 KEY_WARPS");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
 static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
-static_assert(MERGE_BYTES <= 2 * STAGES * KV_TILE_ELEMS * 2, "merge buffers fit the K/V buffers");
+static_assert(WGMMA || MERGE_BYTES <= 2 * STAGES * KV_TILE_ELEMS * 2, "merge buffers fit the K/V buffers");
+static_assert(!WGMMA || (NUM_WARPS == 8 && ROW_WARPS == 8), "v5: two warpgroups of 64 rows");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
 #include "common.cuh"
+#if WGMMA
+#include "wgmma.cuh"     // flash3.cu's warpgroup GEMMs, swizzled panels and softmax step
+#endif
 
 // Offset (16-bit elements) of (row, col) in a d-wide tile: 16-byte chunk c of row r stored
 // at chunk c ^ (r % 8), so ldmatrix and cp.async are free of bank conflicts (flash2_tc v3).
@@ -150,38 +171,197 @@ __device__ __forceinline__ void fetch_pages(Pages& P, const int* bt_row, int key
 #endif
 }
 
+// Element offset of key p's row (KV head at head_off) in the cache: contiguous, or through
+// the block table (PAGE_PREFETCH: ``pages`` holds the entries of load iteration it's rows).
+__device__ __forceinline__ size_t kv_row_off(const int* bt_row, size_t seq_base, int p, int row_stride,
+                                             int head_off, const Pages& pages, int it) {
+    (void)bt_row; (void)seq_base; (void)pages; (void)it;
+#if PAGE_SIZE == 0
+    return seq_base + (size_t)p * row_stride + head_off;
+#else
+#if PAGE_PREFETCH
+    const int page = pages.pg[NPG == 1 ? 0 : it];
+#else
+    const int page = bt_row[p / PAGE_SIZE];
+#endif
+    return ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * row_stride + head_off;
+#endif
+}
+
 // K_j, V_j: keys key0 .. key0 + B_c - 1 of sequence b, KV head kvh, into one stage.
 // Keys >= kv_len are zero-filled (no bytes read; P is 0 there and 0 * 0 stays 0).
 // PAGE_PREFETCH: ``pages`` holds this tile's fetch_pages.
 __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, const u16* V,
                                         const int* bt_row, size_t seq_base, int key0, int kv_len,
                                         int row_stride, int head_off, const Pages& pages) {
-    (void)bt_row; (void)seq_base; (void)pages;
 #pragma unroll
     for (int it = 0; it < LOAD_ITERS; ++it) {
         const int c = it * NUM_THREADS + threadIdx.x;
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const int p = key0 + r;            // key position in the sequence
         const bool valid = p < kv_len;
-        size_t off = 0;
-        if (valid) {
-#if PAGE_SIZE == 0
-            off = seq_base + (size_t)p * row_stride + head_off;
-#else
-#if PAGE_PREFETCH
-            const int page = pages.pg[NPG == 1 ? 0 : it];
-#else
-            const int page = bt_row[p / PAGE_SIZE];
-#endif
-            off = ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * row_stride + head_off;
-#endif
-        }
+        const size_t off = valid ? kv_row_off(bt_row, seq_base, p, row_stride, head_off, pages, it) : 0;
         cp_async_16(smem_addr(K_st + tile_off(r, col)), K + off + col, valid);
         cp_async_16(smem_addr(V_st + tile_off(r, col)), V + off + col, valid);
     }
 }
 
 // ---------------------------------------------------------------- kernel 1: one split
+#if WGMMA
+// v5: as load_kv, into flash3's swizzled 64-column panels (wgmma.cuh's tile_off, bytes).
+__device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, const u16* V,
+                                           const int* bt_row, size_t seq_base, int key0, int kv_len,
+                                           int row_stride, int head_off, const Pages& pages) {
+#pragma unroll
+    for (int it = 0; it < LOAD_ITERS; ++it) {
+        const int c = it * NUM_THREADS + threadIdx.x;
+        const int r = c / CHUNKS, ch = c % CHUNKS;
+        const int p = key0 + r;
+        const bool valid = p < kv_len;
+        const size_t off = valid ? kv_row_off(bt_row, seq_base, p, row_stride, head_off, pages, it) : 0;
+        cp_async_16(K_st + tile_off(BLOCK_C, r, ch), K + off + ch * 8, valid);
+        cp_async_16(V_st + tile_off(BLOCK_C, r, ch), V + off + ch * 8, valid);
+    }
+}
+
+// One block per SM: 256 threads of 150-215 registers (ptxas, d = 64, 128) take most of the file.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
+             u16* __restrict__ O, float* __restrict__ L, float* __restrict__ O_part,
+             float* __restrict__ L_part, const int* __restrict__ block_table,
+             const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
+             int max_pages, long long kv_batch_stride, int num_splits, int causal,
+             float scale_log2) {
+    constexpr int D = HEAD_DIM, B_c = BLOCK_C;
+    const float NEG_INF = neg_inf();
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];   // aligned to 1 KiB below
+    const u32 q_tile = (smem_addr(smem_raw) + 1023) & ~1023u;   // the swizzle repeats every 1 KiB
+    const u32 kv_tiles = q_tile + TILE_BYTES(BLOCK_R);           // STAGES x (K_j, V_j)
+    auto k_tile = [&](int st) { return kv_tiles + 2 * st * TILE_BYTES(B_c); };
+    auto v_tile = [&](int st) { return kv_tiles + (2 * st + 1) * TILE_BYTES(B_c); };
+
+    const int w = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int chunk = blockIdx.x, split = blockIdx.y;
+    const int b = blockIdx.z / kv_heads, kvh = blockIdx.z % kv_heads;
+    const int H = kv_heads * group;
+    const int R = q_len * group;
+    const int row0 = chunk * BLOCK_R;
+    const int kv_len = kv_lens[b];
+    const int row_stride = kv_heads * D;
+    const int head_off = kvh * D;
+    const size_t seq_base = (size_t)b * (size_t)kv_batch_stride;
+    const int* bt_row = block_table + (size_t)b * max_pages;
+    const int shift = causal ? kv_len - q_len : kv_len - 1;
+    const int T_c = cdiv(kv_len, B_c);
+    const int t_begin = (int)((long long)split * T_c / num_splits);
+    const int t_end = (int)((long long)(split + 1) * T_c / num_splits);
+
+    // ---- prologue: the first STAGES - 1 tiles in flight, then Q_i (generic 16-byte stores)
+    Pages pages;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (t_begin + st < t_end) {
+            fetch_pages(pages, bt_row, (t_begin + st) * B_c, kv_len);
+            load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, seq_base, (t_begin + st) * B_c, kv_len,
+                       row_stride, head_off, pages);
+        }
+        cp_async_commit();
+    }
+    if (t_begin + STAGES - 1 < t_end) fetch_pages(pages, bt_row, (t_begin + STAGES - 1) * B_c, kv_len);
+    unsigned char* q_gen = smem_raw + (q_tile - smem_addr(smem_raw));   // generic pointer to Q_i
+    for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
+        const int r = c / (D / 8), ch = c % (D / 8), pr = row0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (pr < R) {
+            const int qi = pr / group, hg = pr % group;
+            v = *reinterpret_cast<const uint4*>(
+                Q + ((size_t)(b * q_len + qi) * H + kvh * group + hg) * D + ch * 8);
+        }
+        *reinterpret_cast<uint4*>(q_gen + tile_off(BLOCK_R, r, ch)) = v;
+    }
+    fence_proxy_async();                  // Q_i's stores visible to wgmma (the loop's barrier orders them)
+
+    // This thread's rows of the block: row_w + g and row_w + g + 8 (accumulator e: + 8 (e / 2)).
+    const int row_w = w * 64 + warp * 16;
+    float o[O_REGS];
+#pragma unroll
+    for (int k = 0; k < O_REGS; ++k) o[k] = 0.f;
+    float m_i[2] = {NEG_INF, NEG_INF}, l_i[2] = {0.f, 0.f}, alpha[2];
+    float s[S_REGS];
+    u32 p[P_REGS];
+    int limit[2];                         // last visible key of rows g, g + 8
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int pr = row0 + row_w + g + 8 * h;
+        limit[h] = min(kv_len - 1, shift + (causal ? pr / group : 0));
+    }
+
+    for (int j = t_begin; j < t_end; ++j) {
+        cp_async_wait<STAGES - 2>();      // tile j has landed (this thread's part) ...
+        fence_proxy_async();              // ... visible to wgmma (async proxy) ...
+        __syncthreads();                  // ... everyone's; and tile j - 1's stage is free
+        {
+            const int jn = j + STAGES - 1, st = (jn - t_begin) % STAGES;
+            if (jn < t_end)
+                load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, seq_base, jn * B_c, kv_len,
+                           row_stride, head_off, pages);
+            cp_async_commit();
+            if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);
+        }
+        const int st = (j - t_begin) % STAGES;
+        gemm_qk(s, q_tile, w, k_tile(st));            // S = Q_w K_j^T
+        wgmma_wait<0>();
+        fence_regs(s);
+        const int key0 = j * B_c;
+        if (key0 + B_c - 1 > shift) {                 // ragged end, causal diagonal
+#pragma unroll
+            for (int n = 0; n < B_c / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (key0 + n * 8 + 2 * t + (e & 1) > limit[e >> 1]) s[4 * n + e] = NEG_INF;
+        }
+        softmax_step(s, m_i, l_i, alpha, scale_log2);
+        rescale_o(o, alpha);
+        convert_p(s, p);
+        gemm_pv(o, p, v_tile(st));                    // O_i += P V_j
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+    }
+    cp_async_wait<0>();
+
+    // ---- O = diag(l_i)^-1 O_i and L = m_i + log l_i (rows that saw no key: O 0, L -inf), to O,
+    // L (one split) or to this split's partial O, L; each thread its own rows and columns
+    const float LN2 = 0.6931471805599453f;
+    const int NR = batch * q_len * H;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 1);
+        l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 2);
+        const int pr = row0 + row_w + g + 8 * h;
+        if (pr >= R) continue;
+        const float inv = l_i[h] > 0.f ? 1.f / l_i[h] : 0.f;
+        const float lse = l_i[h] > 0.f ? (m_i[h] + __log2f(l_i[h])) * LN2 : NEG_INF;
+        const int qi = pr / group, hh = kvh * group + pr % group;
+        const int orow = (b * q_len + qi) * H + hh;
+        if (num_splits == 1) {
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+                *reinterpret_cast<u32*>(O + (size_t)orow * D + n * 8 + 2 * t) =
+                    pack2<IS_BF16>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+            if (t == 0) L[(b * H + hh) * q_len + qi] = lse;
+        } else {
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+                *reinterpret_cast<float2*>(O_part + ((size_t)split * NR + orow) * D + n * 8 + 2 * t) =
+                    make_float2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+            if (t == 0) L_part[(size_t)split * NR + orow] = lse;
+        }
+    }
+}
+#else
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
 decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
              u16* __restrict__ O, float* __restrict__ L, float* __restrict__ O_part,
@@ -411,6 +591,8 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         }
     }
 }
+
+#endif   // WGMMA
 
 // ---------------------------------------------------------------- kernel 2: combine the splits
 // acc[0 .. CPL) += w x a lane's CPL columns of one partial O_s row (one vector load).

@@ -24,13 +24,21 @@ NaN/Inf check needs the cache's values: ``run(check_finite=True)`` (one extra re
 used cache on the device, before the launch; off by default on this fast path) and
 ``gpu_kernels.decode_attention`` (on by default) make it.
 
-Splits: FlashAttention's ``num_splits_heuristic`` over the thread blocks that fit the GPU at
-once (``splits=`` overrides it). Versions (the .cu file's header describes them): v1 (4
-warps, the one-split-at-a-time combine), v2 (``warps=8``: up to 128 packed rows in one
-block; ``combine=2``: the combine's loads 32 and 8 splits at a time) and v3 (``combine=3``:
-one combine block per output row, its 4 warps sharing the splits). ``configure``'s defaults
-are v3's combine, and 8 warps only where a KV head's rows exceed 64 (they would be chunked,
-K/V read once per chunk); ``VARIANTS`` lists what the benchmark times side by side.
+Splits (``splits=`` overrides the rule), over the thread blocks that fit the GPU at once:
+``split_rule="fa2"``, FlashAttention-2's ``num_splits_heuristic`` (flashsim's, the one
+``flashsim -a flashdecoding --splits auto`` takes; until 2026-12-02 this file had a copy
+without its step that skips split counts with the same longest split), or ``"wave"``
+(``one_wave_splits``: fill one wave, equal splits). Versions (the .cu file's header
+describes the kernels): v1 (4 warps, the one-split-at-a-time combine), v2 (``warps=8``: up
+to 128 packed rows in one block; ``combine=2``: the combine's loads 32 and 8 splits at a
+time), v3 (``combine=3``: one combine block per output row, its 4 warps sharing the splits),
+all with the fa2 rule, v4 (v3's kernels, the wave rule) and v5 (``wgmma=1``: decode_split
+on Hopper's warpgroup MMA, 128 packed rows a block, compiled for sm_90a; v4 otherwise).
+``configure``'s defaults are v4's, 8 warps where a KV head has 32 rows or more
+(``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row chunks that
+read K/V once each), and v5 where it has more than 64 (``default_wgmma``: there the step is
+bound by arithmetic on mma.sync), at its own tiles (``WGMMA_TILES``); ``VARIANTS`` lists what
+the benchmark times side by side.
 ``reference_rows`` / ``check_rows`` are the correctness rule: float64 reference,
 flash-attention's 2x bound.
 """
@@ -42,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from flashsim.algorithms.flashdecoding import num_splits_heuristic   # FlashAttention-2's rule
 from flashsim.decode import GroupShape
 
 from ..common import (SHARED_OPTIN, KernelInputError, KernelLaunch, Result, cdiv, describe, dtype_name,
@@ -51,7 +60,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3)
+VERSIONS = (1, 2, 3, 4, 5)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3)                # COMBINE: decode_combine's version
@@ -65,6 +74,11 @@ COMPILED_PAGE_SIZES = (0, 1, 16, 64)   # what CI compiles (any page size compile
 SM_SHARED = 228 * 1024              # shared memory per SM on sm_90; 1 KiB of it reserved per block
 GRID_Z_LIMIT = 65535                # batch x kv_heads travel in gridDim.z
 MAX_POOL_PAGES = 2**24              # page_table: pages of one pool (its permutation is built on the host)
+WGMMA_ARCH = "sm_90a"               # v5's target (wgmma.cuh)
+# v5's (B_c, STAGES) by default: 128-key tiles, two in flight (the benchmark's tuning step
+# times these against v5 at mma.sync's tiles; decode_h200.json's "tuning" rows).
+WGMMA_TILES = (128, 2)
+TUNING_V5 = (WGMMA_TILES, (64, 4), (64, 3))
 
 
 def row_warps(rows: int, warps: int = 4, block_cols: int = BLOCK_C) -> int:
@@ -78,11 +92,12 @@ def row_warps(rows: int, warps: int = 4, block_cols: int = BLOCK_C) -> int:
     return rw
 
 
-def smem_bytes(d: int, rw: int, block_cols: int = BLOCK_C, stages: int | None = None) -> int:
+def smem_bytes(d: int, rw: int, block_cols: int = BLOCK_C, stages: int | None = None,
+               wgmma: int = 0) -> int:
     """Dynamic shared memory of decode_split: Q_i (16 rw x d) and STAGES K_j, V_j tiles, 2-byte
-    elements (SMEM_BYTES in the .cu file)."""
+    elements, and (v5) 1 KiB to align the swizzled panels (SMEM_BYTES in the .cu file)."""
     stages = STAGES[d] if stages is None else stages
-    return (16 * rw * d + 2 * stages * block_cols * d) * 2
+    return (16 * rw * d + 2 * stages * block_cols * d) * 2 + (1024 if wgmma else 0)
 
 
 # Resident blocks per SM that the registers allow, per (d, warps) (ptxas: up to 234 per thread
@@ -97,43 +112,73 @@ def blocks_per_sm(smem: int, d: int = 128, warps: int = 4) -> int:
     return max(1, min(REGISTER_BLOCKS[(d, warps)], SM_SHARED // (smem + 1024)))
 
 
-def num_splits_heuristic(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX_SPLITS) -> int:
-    """FlashAttention-2's ``num_splits_heuristic``: one split when the blocks nearly fill the
-    GPU (>= 80% of ``slots``, the blocks resident at once); else the fewest splits whose wave
-    efficiency (waves / ceil(waves)) is within 85% of the best, at most min(max_splits,
-    slots, n_tiles)."""
-    if blocks >= 0.8 * slots:
-        return 1
-    top = max(1, min(max_splits, slots, n_tiles))
-    eff = []
-    for s in range(1, top + 1):
-        waves = blocks * s / slots
-        eff.append(waves / math.ceil(waves))
-    best = max(eff)
-    return next(s for s, e in enumerate(eff, 1) if e >= 0.85 * best)
+def one_wave_splits(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX_SPLITS) -> int:
+    """v4's splits: as many as one wave of ``slots`` resident blocks holds (at most
+    ``max_splits`` and ``n_tiles``), then the fewest that keep the same longest split,
+    ceil(n_tiles / S) tiles; 1 where ``blocks`` alone fill half the slots or more.
+
+    Why: a memory-bound launch of one wave lasts as long as its longest split, and each busy
+    SM adds its share of HBM bandwidth. FlashAttention-2's rule (``num_splits_heuristic``)
+    takes the fewest splits within 85% of the best wave efficiency: at B = 1, kv_heads 8, one
+    block per SM, 14 splits leave 20 of 132 SMs idle and make the longest split 37 of 512
+    tiles, where 16 splits keep 128 busy with 32 tiles each."""
+    top = max(1, min(max_splits, slots // blocks, n_tiles))
+    return cdiv(n_tiles, cdiv(n_tiles, top))
+
+
+SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic}
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
             stages: int | None = None, warps: int = 4, combine: int = 3,
-            page_prefetch: int = 1) -> dict[str, int]:
+            page_prefetch: int = 1, wgmma: int = 0) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
             "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
             "NUM_WARPS": warps, "COMBINE": combine,
-            "PAGE_PREFETCH": int(bool(page_prefetch and page_size))}
+            "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma}
+
+
+def arch(wgmma: int) -> str | None:
+    """The target a variant compiles for: sm_90a for v5 (wgmma), else CuPy's for the device."""
+    return WGMMA_ARCH if wgmma else None
 
 
 def default_warps(rows: int) -> int:
-    """8 warps where a KV head's packed rows exceed 4 row warps' 64 (one block instead of
-    chunks that re-read K/V), else 4 (v1's, measured at 0.9-1.0 of cuDNN for kv_heads 8, 32)."""
-    return 8 if rows > 64 else 4
+    """8 warps where a KV head has 32 packed rows or more, else 4 (v1's, measured at 0.9-1.0
+    of cuDNN for kv_heads 8, 32: 4 to 16 rows). Above 64 rows 8 warps make one block where
+    4 would make row chunks that re-read K/V; at 32 rows (MQA, q_len 1) each of 4 key warps
+    takes 16 keys of a tile instead of 2 taking 32, and MQA's q_len = 1 points ran faster so
+    at every point of the grid (decode_h200.json of 2026-12-02 04:06 UTC, as committed at
+    3b05a93: v3_w8 against v3, the same splits, 1.02-1.16x). configure keeps 4 where 8 warps'
+    merge would not fit the K/V buffers (2 stages)."""
+    return 8 if rows >= 32 else 4
+
+
+def merge_bytes(rows: int, warps: int, block_cols: int, d: int) -> int:
+    """MERGE_BYTES of the .cu file: the KEY_WARPS partial states (O_i fp32, m_i, l_i) of a
+    block's 16 ROW_WARPS rows, which must fit the K/V buffers they reuse."""
+    rw = row_warps(rows, warps, block_cols)
+    return warps // rw * 16 * rw * (d + 2) * 4
+
+
+def default_wgmma(rows: int) -> int:
+    """v5 where a KV head has more than 64 packed rows (MQA or a big group at q_len 4: 128 rows
+    x 4 d FLOPs per key byte pair, where v2's mma.sync loop is bound by arithmetic)."""
+    return int(rows > 64)
 
 
 # The configurations the benchmark times at every point of ours (name -> configure keywords):
-# v1 as measured in the first run, v2 (its combine, the block-table prefetch; 8 warps
-# where rows > 64 by default) and v3 (v2 with v3's combine: the default).
-VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0), "v2": dict(combine=2),
-            "v2_w8": dict(warps=8, combine=2), "v3": dict(combine=3),
-            "v3_w8": dict(warps=8, combine=3)}
+# v1 as measured in the first run (4 warps), v2 (its combine, the block-table prefetch;
+# default_warps), v3 (v2 with v3's combine), all three with FlashAttention-2's splits, v4
+# (v3 with the one-wave splits) and v5 (v4 on wgmma); _w8: 8 warps whatever the rows.
+# v1-v4 take wgmma=0; configure's defaults are v4's, with v5 where rows > 64.
+VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0),
+            "v2": dict(combine=2, split_rule="fa2", wgmma=0),
+            "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0),
+            "v3": dict(combine=3, split_rule="fa2", wgmma=0),
+            "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0),
+            "v4": dict(combine=3, wgmma=0), "v4_w8": dict(warps=8, combine=3, wgmma=0),
+            "v5": dict(combine=3, wgmma=1)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -159,6 +204,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     warps: int = 4                   # NUM_WARPS of decode_split
     combine: int = 3                 # COMBINE: decode_combine's version
     page_prefetch: int = 1           # PAGE_PREFETCH: block-table entries one tile ahead
+    split_rule: str = "wave"         # how ``splits`` was chosen: SPLIT_RULES, or "given"
+    wgmma: int = 0                   # WGMMA: v5's decode_split (sm_90a)
 
     @property
     def rows(self) -> int:
@@ -177,7 +224,19 @@ class DecodeLaunch(CupyLaunch, GroupShape):
 
     def defines(self) -> dict[str, int]:
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
-                       self.stages, self.warps, self.combine, self.page_prefetch)
+                       self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma)
+
+    def launch_kernel(self, kl: KernelLaunch, args: tuple) -> None:
+        """As CupyLaunch's, v5 compiled for sm_90a (refused on other GPUs, before launching)."""
+        if self.wgmma:
+            import cupy
+
+            cc = cupy.cuda.Device().compute_capability
+            if cc != "90":
+                raise KernelInputError(f"v5 (wgmma) runs on compute capability 9.0 (Hopper), this "
+                                       f"GPU has {cc[:-1]}.{cc[-1]}: configure with wgmma=0")
+        kernel = get_kernel(self.CU_FILE, kl.kernel, self.defines(), kl.dynamic_smem, arch(self.wgmma))
+        kernel(kl.grid, (kl.threads,), args, shared_mem=kl.dynamic_smem)
 
     def launches(self) -> list[KernelLaunch]:
         out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
@@ -235,7 +294,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     block_cols=self.block_cols, splits=self.splits, page_size=self.page_size,
                     kv_heads=self.kv_heads, q_len=self.q_len, row_warps=self.row_warps,
                     warps=self.warps, combine=self.combine, stages=self.stages,
-                    page_prefetch=self.page_prefetch)
+                    page_prefetch=self.page_prefetch, wgmma=self.wgmma)
 
     # ------------------------------------------------------------------ inputs
     def cache_shape_ok(self, shape: tuple) -> str | None:
@@ -432,14 +491,17 @@ def check_layout(batch: int, kv_lens, q_len: int, causal: bool, page_size: int,
 def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, q_len: int = 1,
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
-              stages=None, warps=None, combine=3, page_prefetch=1) -> DecodeLaunch:
+              stages=None, warps=None, combine=3, page_prefetch=1,
+              split_rule="wave", wgmma=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
-    ``block_table`` and ``num_pages``. ``splits`` None: the heuristic for ``sm_count`` SMs.
+    ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave",
+    "fa2") for ``sm_count`` SMs.
     ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
-    STAGES[d]). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
+    STAGES[d]; v5: WGMMA_TILES). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
     ``combine``: decode_combine's version, 1, 2 or 3 (the .cu file's header); ``page_prefetch``
-    1 (paged): block-table entries read one tile ahead, 0: as v1."""
+    1 (paged): block-table entries read one tile ahead, 0: as v1; ``wgmma``: 1 for v5 (8
+    warps, 128 rows a block, sm_90a), 0 not, None: ``default_wgmma``."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -462,34 +524,50 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                f"of {GRID_Z_LIMIT}")
     lens, bt = check_layout(batch, kv_lens, q_len, causal, page_size or 0, block_table, num_pages)
     rows = q_len * (heads // kv_heads)
-    warps = default_warps(rows) if warps is None else _int(warps, "warps")
+    if wgmma is None:                      # v5 has 8 warps: other warps given mean mma.sync
+        wgmma = default_wgmma(rows) if warps in (None, 8) else 0
+    if isinstance(wgmma, bool) or wgmma not in (0, 1):
+        raise KernelInputError(f"wgmma = {wgmma!r}: 0 or 1")
+    if wgmma and warps not in (None, 8):
+        raise KernelInputError(f"wgmma = 1 (v5) runs 8 warps (two warpgroups), not warps = {warps!r}")
+    Bc = (WGMMA_TILES[0] if wgmma else BLOCK_C) if block_cols is None else _int(block_cols, "block_cols")
+    stages = ((WGMMA_TILES[1] if wgmma else STAGES[head_dim]) if stages is None
+              else _int(stages, "stages"))
+    if warps is None:                      # 8 where the key warps' merge fits the K/V buffers
+        warps = 8 if wgmma else default_warps(rows)
+        if not wgmma and warps == 8 and merge_bytes(rows, 8, Bc, head_dim) > 2 * stages * Bc * head_dim * 2:
+            warps = 4
+    else:
+        warps = _int(warps, "warps")
     if warps not in WARPS or combine not in COMBINES or page_prefetch not in (0, 1):
         raise KernelInputError(f"warps = {warps!r}, combine = {combine!r}, page_prefetch = "
                                f"{page_prefetch!r}: the kernel has warps in {WARPS}, combine in "
                                f"{COMBINES}, page_prefetch 0 or 1")
-    Bc = BLOCK_C if block_cols is None else _int(block_cols, "block_cols")
-    rw = row_warps(rows, warps, Bc)
+    if split_rule not in SPLIT_RULES:
+        raise KernelInputError(f"split_rule = {split_rule!r}: one of {', '.join(SPLIT_RULES)}")
+    rw = 8 if wgmma else row_warps(rows, warps, Bc)      # v5: always two warpgroups of 64 rows
     chunks = cdiv(rows, 16 * rw)
-    stages = STAGES[head_dim] if stages is None else _int(stages, "stages")
     kw_ = warps // rw
     if Bc % (16 * kw_) or not 2 <= stages <= 4:
         raise KernelInputError(f"block_cols = {Bc} must be a multiple of {16 * kw_} (16 keys per "
                                f"warp, {kw_} key warps) and stages = {stages} in 2..4")
-    merge = kw_ * 16 * rw * (head_dim + 2) * 4          # MERGE_BYTES: the key warps' states
-    if merge > 2 * stages * Bc * head_dim * 2:
+    if wgmma and Bc not in (64, 128):
+        raise KernelInputError(f"block_cols = {Bc}: v5 (wgmma) takes 64 or 128")
+    merge = merge_bytes(rows, warps, Bc, head_dim)
+    if not wgmma and merge > 2 * stages * Bc * head_dim * 2:
         raise KernelInputError(f"stages = {stages}, block_cols = {Bc}: the merge of {kw_} key warps x "
                                f"{16 * rw} rows ({merge} bytes) does not fit the K/V buffers; use "
                                "more stages or fewer warps")
-    smem = smem_bytes(head_dim, rw, Bc, stages)
+    smem = smem_bytes(head_dim, rw, Bc, stages, wgmma)
     if smem > SHARED_OPTIN:
         raise KernelInputError(f"block_cols = {Bc}, stages = {stages} need {smem} bytes of shared "
                                "memory; a block has at most 227 KiB")
     n_tiles = cdiv(max(lens), Bc)
     if splits is None:
-        splits = num_splits_heuristic(batch * kv_heads * chunks,
-                                      sm_count * blocks_per_sm(smem, head_dim, warps), n_tiles)
+        splits = SPLIT_RULES[split_rule](batch * kv_heads * chunks,
+                                         sm_count * blocks_per_sm(smem, head_dim, warps), n_tiles)
     else:
-        splits = _int(splits, "splits")
+        splits, split_rule = _int(splits, "splits"), "given"
         if splits > MAX_SPLITS:
             raise KernelInputError(f"splits = {splits}: at most {MAX_SPLITS}")
     name, algorithm = ("cupy_decode_paged", "paged") if page_size else ("cupy_decode", "flashdecoding")
@@ -498,12 +576,14 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         q_len=q_len, kv_lens=lens, page_size=page_size or 0, block_table=bt,
                         num_pages=None if not page_size else int(num_pages), splits=splits,
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
-                        page_prefetch=int(bool(page_prefetch and page_size)))
+                        page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
+                        wgmma=wgmma)
 
 
 def compile_variants():
     """(file, defines, dynamic smem, hot kernels) that CI compiles: d x dtype x the page sizes
-    the benchmark runs (0: contiguous) x row warps."""
+    the benchmark runs (0: contiguous) x row warps, the versions and tiles the benchmark and
+    the sanitizer cases run (v5's for sm_90a: ``gpu_kernels.compile.arch_for``)."""
     out = []
     for d in HEAD_DIMS:
         for dtype in ("fp16", "bf16"):
@@ -524,6 +604,13 @@ def compile_variants():
             for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
                 for rw in (2, 4, 8):
                     out.append((CU_FILE, defines(d, dtype, page, rw, warps=8), smem_bytes(d, rw), HOT))
+    for d in HEAD_DIMS:                      # v5 (sm_90a) at its tiles, and the tuning step's
+        for dtype in ("fp16", "bf16"):
+            for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
+                tiles = TUNING_V5 if (d, dtype, page) == (128, "fp16", 0) else (WGMMA_TILES,)
+                for Bc, st in tiles:
+                    out.append((CU_FILE, defines(d, dtype, page, 8, Bc, st, warps=8, wgmma=1),
+                                smem_bytes(d, 8, Bc, st, wgmma=1), HOT))
     return out
 
 
