@@ -9,6 +9,7 @@ typed by hand. A test regenerates the page and fails if the committed copy diffe
 from __future__ import annotations
 
 import pathlib
+import statistics
 import sys
 
 from flashsim import measured
@@ -178,6 +179,22 @@ def decode_done_when(d: dict) -> list[str]:
     return out
 
 
+def decode_splits(sw: dict) -> list[str]:
+    """What the splits sweep (decode_splits_h200.json) says of the two split rules."""
+    rows = [r for r in sw["summary"] if r["wave_over_best"] and r["fa2_over_best"]]
+    if not rows:
+        return []
+    wave, fa2 = ([r[f"{k}_over_best"] for r in rows] for k in ("wave", "fa2"))
+    faster = sum(w < f for w, f in zip(wave, fa2))
+    slower = sum(w > f for w, f in zip(wave, fa2))
+    return [f"* The split rules, from `flashsim/measured/data/decode_splits_h200.json` (ours at "
+            f"split counts around both rules' choices, {len(rows)} points with B <= 8 where "
+            "splits are chosen): time over the fastest count timed, one-wave rule (the default) "
+            f"median {statistics.median(wave):.3f}, worst {max(wave):.3f}; FlashAttention-2's "
+            f"median {statistics.median(fa2):.3f}, worst {max(fa2):.3f}. The one-wave rule was "
+            f"faster at {faster} points, slower at {slower}, the same count at the rest."]
+
+
 def decode_table(d: dict) -> list[str]:
     """Per point: our kernel (its fastest correct configuration), paged, PyTorch, the read."""
     rows = d["summary"]
@@ -222,6 +239,8 @@ def decode_md_text() -> str:
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
     block += decode_done_when(d) if d else ["Not measured yet."]
+    sw = _load("decode_splits_h200.json")
+    block += decode_splits(sw) if sw else []
     return _with_block(DECODE_MD, block)
 
 
