@@ -19,11 +19,12 @@ skipped). Implementations per point, all on the same K/V values:
                      decode.VARIANTS (v1: the first run's, 4 warps; v2: the new combine,
                      decode.default_warps; v2_w8: 8 warps, where a KV head has >= 32 rows; v3:
                      v3's combine; v4: v3 with the one-wave splits, the others FlashAttention-2's;
-                     v5: v4 on wgmma, where a KV head has >= 32 rows)
+                     v5: v4 on wgmma, where a KV head has >= 32 rows; v5_w4: v5 with one
+                     warpgroup, where it has 32 to 64)
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
-                     (the default, v4 or v5: block-table entries prefetched a tile ahead; v1 too
+                     (the default, v4, v5_w4 or v5: block-table entries prefetched a tile ahead; v1 too
                      at pages of 16, q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
                      kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
@@ -263,6 +264,8 @@ class Bench(Recorder):
         for name, kw in decode.VARIANTS.items():
             if (name.endswith("_w8") or name == "v5") and ql * H // kvh < W8_MIN_ROWS:
                 continue
+            if name == "v5_w4" and not W8_MIN_ROWS <= ql * H // kvh <= 64:   # one 64-row block
+                continue
             try:
                 lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tiles(kw["wgmma"]),
                                       **kw)
@@ -282,7 +285,7 @@ class Bench(Recorder):
                         run_ours(lv, k, v), ours_check)
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
-            default = "v5" if decode.default_wgmma(ql * H // kvh) else "v4"
+            default = decode.default_variant(ql * H // kvh)
             for name in (default, "v1") if P == PAGED_V1 and ql == 1 else (default,):
                 try:
                     lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
@@ -516,7 +519,8 @@ def tiny_cases():
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
              for Bc, st in decode.TUNING[1:]]                       # the tuning step's tiles
-    v1, v2, w8, v3, v3w8, v5 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8", "v3", "v3_w8", "v5"))
+    v1, v2, w8, v3, v3w8, v5, v5w4 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8", "v3", "v3_w8",
+                                                                   "v5", "v5_w4"))
     tuned += [(32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(v5, block_cols=Bc, stages=st))
               for Bc, st in decode.TUNING_V5[1:]]                  # and v5's
     return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, {}),   # 32 rows: 2 row warps
@@ -542,7 +546,10 @@ def tiny_cases():
                             (8, 1, 128, [37, 300], 1, 0, "fp16", 2, v5),
                             (32, 1, 64, [70, 300], 4, 16, "bf16", 3, v5),
                             (32, 1, 128, [5, 129], 4, 1, "fp16", 5, v5),
-                            (64, 2, 128, [200], 4, 16, "bf16", 1, v5)]
+                            (64, 2, 128, [200], 4, 16, "bf16", 1, v5),
+                            # v5_w4: one warpgroup, 64-row blocks (32 rows: half padding)
+                            (32, 1, 128, [70, 300], 1, 16, "fp16", 3, v5w4),
+                            (32, 1, 64, [5, 129], 2, 0, "bf16", 2, v5w4)]
 
 
 def sanitize() -> int:

@@ -96,7 +96,7 @@ def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None
     for label, kl in zip(labels, kernel_launches):
         shared = launch.static_smem + kl.dynamic_smem
         if kl.kernel == launch.MAIN:
-            n = loader.blocks_per_sm(kl.dynamic_smem, launch.d, launch.warps)
+            n = loader.blocks_per_sm(kl.dynamic_smem, launch.d, launch.warps, launch.wgmma)
             source = "the loader's blocks_per_sm (shared memory, REGISTER_BLOCKS)"
         else:
             n = occupancy(kl.threads, None, shared, g)["blocks_per_sm"]

@@ -82,8 +82,9 @@ def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
             continue
         d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
         w = int(re.search(r"NUM_WARPS=(\d+)", r.variant).group(1))
+        wg = int(re.search(r"WGMMA=(\d+)", r.variant).group(1))
         warp_regs = math.ceil(math.ceil(r.registers / 8) * 8 * 32 / 256) * 256
-        assert decode.blocks_per_sm(r.dynamic_smem, d, w) <= 65536 // (w * warp_regs), r
+        assert decode.blocks_per_sm(r.dynamic_smem, d, w, wg) <= 65536 // (w * warp_regs), r
         if d == 128 and f"BLOCK_C={decode.BLOCK_C} STAGES={decode.STAGES[128]} NUM_WARPS=4" in r.variant:
             assert decode.blocks_per_sm(r.dynamic_smem, d) == 2, r
 
@@ -160,12 +161,12 @@ def test_launch_covers_every_row_once(q_len, kv_heads):
     rows = q_len * 32 // kv_heads
     assert launch.rows == rows and launch.block_rows == 16 * launch.row_warps
     assert launch.chunks * launch.block_rows >= rows > (launch.chunks - 1) * launch.block_rows
+    assert launch.wgmma == (rows > 64) and decode.default_variant(rows) == ("v5" if rows > 64 else "v4")
     assert launch.warps == (8 if rows >= 32 else 4)
     assert launch.row_warps == (1 if rows <= 16 else 2 if rows <= 32 else 4 if rows <= 64 else 8)
     split, *combine = launch.launches()
     assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads)
     assert split.threads == 32 * launch.warps
-    assert launch.wgmma == (rows > 64)
     assert (launch.block_cols, launch.stages) == (decode.WGMMA_TILES if launch.wgmma else (64, 3))
     assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps, launch.block_cols,
                                                    launch.stages, launch.wgmma)
@@ -258,14 +259,16 @@ def test_registry_launch_takes_the_plans_names():
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, wgmma=0, warps=8,
              match="merge")
     assert decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2).wgmma == 1  # no merge
-    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, wgmma=1, warps=4, match="8 warps")
+    w4 = decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=1, wgmma=1, warps=4)
+    assert (w4.row_warps, w4.block_rows, w4.chunks, w4.launches()[0].threads) == (4, 64, 1, 128)
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, wgmma=True, match="wgmma")
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, wgmma=1, block_cols=32,
              match="64 or 128")
     assert decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, warps=4).stages == 2
-    for q_len in (1, 2):                 # 32, 64 rows: 8 warps' merge needs 3 stages, so 4 warps
-        two = decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=q_len, stages=2)
-        assert (two.warps, decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=q_len).warps) == (4, 8)
+    for q_len in (1, 2):                 # 32, 64 rows on mma.sync: 8 warps' merge needs 3 stages
+        kw = dict(kv_lens=[100], q_len=q_len, wgmma=0)
+        two = decode.configure(1, 32, 1, 128, stages=2, **kw)
+        assert (two.warps, decode.configure(1, 32, 1, 128, **kw).warps) == (4, 8)
     _refused(decode.configure(1, 8, 1, 128, kv_lens=[100], page_size=48, block_table=[[0, 1, 2]],
                               num_pages=3).plan, match="page_size")
 

@@ -71,7 +71,7 @@ def test_prediction_is_flashsims_plan_of_the_kernels_own_launch(case):
     assert (r["block_rows"], r["block_cols"]) == (launch.plan_block_rows, launch.block_cols)
     assert [x["grid"] for x in r["launches"]] == [list(x.grid) for x in launch.launches()]
     assert r["launches"][0]["blocks_per_sm"] == decode.blocks_per_sm(
-        launch.dynamic_smem, launch.d, launch.warps)
+        launch.dynamic_smem, launch.d, launch.warps, launch.wgmma)
     assert r["plan"] == launch.plan_record()
     # the counted bytes: the plan's, and its closed forms
     assert r["two_level_bytes"] == rep.hbm_bytes == p.closed_form().hbm_bytes

@@ -53,6 +53,7 @@
 //       registers): flash3.cu's v1 step (wgmma.cuh), with this file's loads (split, paging,
 //       cp.async STAGES deep) into flash3's swizzled 64-column panels. No key warps, so no
 //       merge: each thread writes its own rows of O (or of the split's partial O) directly.
+//       With NUM_WARPS 4 (ROW_WARPS 4): one warpgroup, 64-row blocks (MQA at q_len 1: 32 rows).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -67,7 +68,7 @@
 //   STAGES     shared-memory buffers of K and V tiles in flight (2..4)
 //   COMBINE    1, 2 or 3: decode_combine's version (above)
 //   PAGE_PREFETCH  0 as in v1, or 1 (v2, paged): block-table entries read one tile ahead
-//   WGMMA      0, or 1: v5 (NUM_WARPS 8, ROW_WARPS 8; compile for sm_90a)
+//   WGMMA      0, or 1: v5 (ROW_WARPS = NUM_WARPS, 8 or 4; compile for sm_90a)
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3: one row per block).
@@ -130,7 +131,7 @@ static_assert(KW % 16 == 0 && KW >= 16, "BLOCK_C must be a multiple of 16 KEY_WA
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
 static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
 static_assert(WGMMA || MERGE_BYTES <= 2 * STAGES * KV_TILE_ELEMS * 2, "merge buffers fit the K/V buffers");
-static_assert(!WGMMA || (NUM_WARPS == 8 && ROW_WARPS == 8), "v5: two warpgroups of 64 rows");
+static_assert(!WGMMA || ROW_WARPS == NUM_WARPS, "v5: one or two warpgroups of 64 rows, no key warps");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
 #include "common.cuh"
@@ -224,8 +225,9 @@ __device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, con
     }
 }
 
-// One block per SM: 256 threads of 150-215 registers (ptxas, d = 64, 128) take most of the file.
-extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+// Two warpgroups: one block per SM, 256 threads of 150-215 registers (ptxas, d = 64, 128)
+// take most of the register file; one warpgroup (64 rows): room for two blocks.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, NUM_WARPS == 4 ? 2 : 1)
 decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
              u16* __restrict__ O, float* __restrict__ L, float* __restrict__ O_part,
              float* __restrict__ L_part, const int* __restrict__ block_table,

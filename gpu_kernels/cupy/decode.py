@@ -37,8 +37,9 @@ on Hopper's warpgroup MMA, 128 packed rows a block, compiled for sm_90a; v4 othe
 ``configure``'s defaults are v4's, 8 warps where a KV head has 32 rows or more
 (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row chunks that
 read K/V once each), and v5 where it has more than 64 (``default_wgmma``: there the step is
-bound by arithmetic on mma.sync), at its own tiles (``WGMMA_TILES``); ``VARIANTS`` lists what
-the benchmark times side by side.
+bound by arithmetic on mma.sync), at its own tiles (``WGMMA_TILES``); ``wgmma=1, warps=4``
+makes one warpgroup's 64-row blocks (v5_w4). ``VARIANTS`` lists what the benchmark times side
+by side.
 ``reference_rows`` / ``check_rows`` are the correctness rule: float64 reference,
 flash-attention's 2x bound.
 """
@@ -104,12 +105,15 @@ def smem_bytes(d: int, rw: int, block_cols: int = BLOCK_C, stages: int | None = 
 # at d = 128, 170 at d = 64 with 4 warps; 230 at d = 128 with 8; tests/test_decode_kernel.py
 # holds it).
 REGISTER_BLOCKS = {(64, 4): 3, (128, 4): 2, (64, 8): 1, (128, 8): 1}
+# v5 (wgmma) per warps: __launch_bounds__ asks for 2 blocks of one warpgroup, 1 of two.
+WGMMA_REGISTER_BLOCKS = {4: 2, 8: 1}
 
 
-def blocks_per_sm(smem: int, d: int = 128, warps: int = 4) -> int:
+def blocks_per_sm(smem: int, d: int = 128, warps: int = 4, wgmma: int = 0) -> int:
     """Resident decode_split blocks per SM: as its shared memory (1 KiB reserved per block)
-    and its registers (REGISTER_BLOCKS) allow."""
-    return max(1, min(REGISTER_BLOCKS[(d, warps)], SM_SHARED // (smem + 1024)))
+    and its registers (REGISTER_BLOCKS; v5: WGMMA_REGISTER_BLOCKS) allow."""
+    regs = WGMMA_REGISTER_BLOCKS[warps] if wgmma else REGISTER_BLOCKS[(d, warps)]
+    return max(1, min(regs, SM_SHARED // (smem + 1024)))
 
 
 def one_wave_splits(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX_SPLITS) -> int:
@@ -163,22 +167,31 @@ def merge_bytes(rows: int, warps: int, block_cols: int, d: int) -> int:
 
 def default_wgmma(rows: int) -> int:
     """v5 where a KV head has more than 64 packed rows (MQA or a big group at q_len 4: 128 rows
-    x 4 d FLOPs per key byte pair, where v2's mma.sync loop is bound by arithmetic)."""
+    x 4 d FLOPs per key byte pair, where v2's mma.sync loop is bound by arithmetic). At 32
+    rows (MQA at q_len 1) v5_w4, one warpgroup, is timed beside the others (docs/decode.md's
+    measured lines say how it did); it is not the default there yet because the benchmark's
+    paged rows at those points ran v4, the default when they were measured."""
     return int(rows > 64)
+
+
+def default_variant(rows: int) -> str:
+    """The name in VARIANTS of configure's defaults for a KV head of ``rows`` packed rows."""
+    return "v5" if default_wgmma(rows) else "v4"
 
 
 # The configurations the benchmark times at every point of ours (name -> configure keywords):
 # v1 as measured in the first run (4 warps), v2 (its combine, the block-table prefetch;
 # default_warps), v3 (v2 with v3's combine), all three with FlashAttention-2's splits, v4
-# (v3 with the one-wave splits) and v5 (v4 on wgmma); _w8: 8 warps whatever the rows.
-# v1-v4 take wgmma=0; configure's defaults are v4's, with v5 where rows > 64.
+# (v3 with the one-wave splits) and v5 (v4 on wgmma); _w8: 8 warps whatever the rows; v5_w4:
+# v5 with one warpgroup, 64-row blocks.
+# v1-v4 take wgmma=0; configure's defaults are default_variant's.
 VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0),
             "v3": dict(combine=3, split_rule="fa2", wgmma=0),
             "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0),
             "v4": dict(combine=3, wgmma=0), "v4_w8": dict(warps=8, combine=3, wgmma=0),
-            "v5": dict(combine=3, wgmma=1)}
+            "v5": dict(combine=3, wgmma=1), "v5_w4": dict(warps=4, combine=3, wgmma=1)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -500,8 +513,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
     STAGES[d]; v5: WGMMA_TILES). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
     ``combine``: decode_combine's version, 1, 2 or 3 (the .cu file's header); ``page_prefetch``
-    1 (paged): block-table entries read one tile ahead, 0: as v1; ``wgmma``: 1 for v5 (8
-    warps, 128 rows a block, sm_90a), 0 not, None: ``default_wgmma``."""
+    1 (paged): block-table entries read one tile ahead, 0: as v1; ``wgmma``: 1 for v5 (sm_90a;
+    8 warps, 128 rows a block, or with ``warps=4`` 64), 0 not, None: ``default_wgmma``."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -528,8 +541,6 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         wgmma = default_wgmma(rows) if warps in (None, 8) else 0
     if isinstance(wgmma, bool) or wgmma not in (0, 1):
         raise KernelInputError(f"wgmma = {wgmma!r}: 0 or 1")
-    if wgmma and warps not in (None, 8):
-        raise KernelInputError(f"wgmma = 1 (v5) runs 8 warps (two warpgroups), not warps = {warps!r}")
     Bc = (WGMMA_TILES[0] if wgmma else BLOCK_C) if block_cols is None else _int(block_cols, "block_cols")
     stages = ((WGMMA_TILES[1] if wgmma else STAGES[head_dim]) if stages is None
               else _int(stages, "stages"))
@@ -545,7 +556,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                f"{COMBINES}, page_prefetch 0 or 1")
     if split_rule not in SPLIT_RULES:
         raise KernelInputError(f"split_rule = {split_rule!r}: one of {', '.join(SPLIT_RULES)}")
-    rw = 8 if wgmma else row_warps(rows, warps, Bc)      # v5: always two warpgroups of 64 rows
+    rw = warps if wgmma else row_warps(rows, warps, Bc)  # v5: one or two warpgroups of 64 rows
     chunks = cdiv(rows, 16 * rw)
     kw_ = warps // rw
     if Bc % (16 * kw_) or not 2 <= stages <= 4:
@@ -565,7 +576,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     n_tiles = cdiv(max(lens), Bc)
     if splits is None:
         splits = SPLIT_RULES[split_rule](batch * kv_heads * chunks,
-                                         sm_count * blocks_per_sm(smem, head_dim, warps), n_tiles)
+                                         sm_count * blocks_per_sm(smem, head_dim, warps, wgmma), n_tiles)
     else:
         splits, split_rule = _int(splits, "splits"), "given"
         if splits > MAX_SPLITS:
@@ -611,6 +622,9 @@ def compile_variants():
                 for Bc, st in tiles:
                     out.append((CU_FILE, defines(d, dtype, page, 8, Bc, st, warps=8, wgmma=1),
                                 smem_bytes(d, 8, Bc, st, wgmma=1), HOT))
+                if page in (0, 16):          # v5_w4, one warpgroup, as the benchmark runs it
+                    out.append((CU_FILE, defines(d, dtype, page, 4, *WGMMA_TILES, warps=4, wgmma=1),
+                                smem_bytes(d, 4, *WGMMA_TILES, wgmma=1), HOT))
     return out
 
 
