@@ -179,6 +179,23 @@ def decode_done_when(d: dict) -> list[str]:
     return out
 
 
+def decode_v5_w4(d: dict) -> list[str]:
+    """How v5_w4 (one warpgroup) did where it is timed: MQA at q_len = 1 (32 rows)."""
+    by = {}
+    for p in d["points"]:
+        if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1:
+            by.setdefault((p["batch"], p["kv_len"]), {})[p.get("variant", "v1")] = p["tbps"]
+    here = {k: v for k, v in by.items() if "v5_w4" in v}
+    if not here:
+        return []
+    fastest = sum(max(v, key=v.get) == "v5_w4" for v in here.values())
+    worst = min(v["v5_w4"] / max(v.values()) for v in here.values())
+    w8 = [v["v5_w4"] / v["v4"] for v in here.values() if "v4" in v]
+    line = (f"* v5_w4 (wgmma, one warpgroup), MQA at q_len = 1: the fastest version at {fastest} "
+            f"of {len(here)} points, at worst {worst:.3f} of the fastest")
+    return [line + (f"; over v4 (8 mma.sync warps) {min(w8):.2f}-{max(w8):.2f}x." if w8 else ".")]
+
+
 def decode_splits(sw: dict) -> list[str]:
     """What the splits sweep (decode_splits_h200.json) says of the two split rules."""
     rows = [r for r in sw["summary"] if r["wave_over_best"] and r["fa2_over_best"]]
@@ -238,7 +255,7 @@ def decode_md_text() -> str:
     d = _load("decode_h200.json")
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
-    block += decode_done_when(d) if d else ["Not measured yet."]
+    block += (decode_done_when(d) + decode_v5_w4(d)) if d else ["Not measured yet."]
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []
     return _with_block(DECODE_MD, block)
