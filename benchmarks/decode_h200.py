@@ -24,8 +24,8 @@ skipped). Implementations per point, all on the same K/V values:
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
-                     (the default, v4, v5_w4 or v5: block-table entries prefetched a tile ahead; v1 too
-                     at pages of 16, q_len 1)
+                     (the default, decode.default_variant: v4 or v5, block-table entries
+                     prefetched a tile ahead; v1 too at pages of 16, q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
                      kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
                      reference; the q_len - 1 hidden keys change no bandwidth)
@@ -412,8 +412,8 @@ class Bench(Recorder):
                                      split_rule=r).splits for r in decode.SPLIT_RULES}
         for S in sweep_splits(rules, cdiv(n, launch.block_cols)):
             ls = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **tl, splits=S)
-            self.record({"impl": "cupy_decode", **base, "variant": "v5" if ls.wgmma else "v4", "splits": S,
-                         "rules": [r for r, x in rules.items() if x == S], "warps": ls.warps,
+            self.record({"impl": "cupy_decode", **base, "variant": decode.default_variant(ls.rows),
+                         "splits": S, "rules": [r for r, x in rules.items() if x == S], "warps": ls.warps,
                          "block_cols": ls.block_cols, "stages": ls.stages},
                         run_ours(ls, k, v), ours_check)
         del q, k, v
