@@ -71,6 +71,21 @@ def test_with_data_the_matching_points_are_drawn(monkeypatch):
     assert pic.note.get_text() == "1 measured points"
 
 
+def test_each_measured_points_prediction_is_the_kernel_launchs_own_plan():
+    """Notebook 08's predicted times: for every contiguous point of the committed data, the
+    prediction of the launch ``gpu_kernels.cupy.decode`` configures for it (its variant,
+    tiles and splits), whose plan reads K/V once per block of rows as the kernel does."""
+    decode = pytest.importorskip("gpu_kernels.cupy.decode")
+    rows = [r for r in dv.measured_table() if not r.get("page_size")]
+    assert any(r.get("variant") == "v5" for r in rows)           # 128-row blocks among them
+    for r in rows:
+        launch = decode.configure(r["batch"], r["heads"], r["kv_heads"], r["head_dim"],
+                                  kv_lens=[r["kv_len"]] * r["batch"], q_len=r["q_len"],
+                                  block_cols=r["block_cols"], stages=r["stages"], splits=r["splits"],
+                                  **decode.VARIANTS[r.get("variant", "v1")])
+        assert r["predicted_s"] == pytest.approx(launch.plan().predict_seconds()), r
+
+
 def test_panel_caption_and_view_follow_the_controls():
     pytest.importorskip("ipywidgets")
     panel = dv.decode_panel(kv_len=4096)
