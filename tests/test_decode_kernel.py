@@ -259,6 +259,8 @@ def test_registry_launch_takes_the_plans_names():
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2, wgmma=0, warps=8,
              match="merge")
     assert decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=4, stages=2).wgmma == 1  # no merge
+    assert decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=4).arch() == decode.WGMMA_ARCH
+    assert decode.configure(1, 32, 8, 128, kv_lens=[100], q_len=4).arch() is None     # CuPy's
     w4 = decode.configure(1, 32, 1, 128, kv_lens=[100], q_len=1, wgmma=1, warps=4)
     assert (w4.row_warps, w4.block_rows, w4.chunks, w4.launches()[0].threads) == (4, 64, 1, 128)
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[100], q_len=4, wgmma=True, match="wgmma")

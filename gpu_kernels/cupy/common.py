@@ -184,9 +184,14 @@ class CupyLaunch(Launch):
             out.append(a)
         return out
 
+    def arch(self) -> str | None:
+        """The target this launch's kernels compile for (``get_kernel``'s ``arch``); None:
+        CuPy's for the device."""
+        return None
+
     def launch_kernel(self, kl: KernelLaunch, args: tuple) -> None:
         """Launch ``kl`` (one of ``launches()``) of this file with these constants."""
-        kernel = get_kernel(self.CU_FILE, kl.kernel, self.defines(), kl.dynamic_smem)
+        kernel = get_kernel(self.CU_FILE, kl.kernel, self.defines(), kl.dynamic_smem, self.arch())
         kernel(kl.grid, (kl.threads,), args, shared_mem=kl.dynamic_smem)
 
 

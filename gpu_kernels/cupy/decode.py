@@ -142,10 +142,6 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma}
 
 
-def arch(wgmma: int) -> str | None:
-    """The target a variant compiles for: sm_90a for v5 (wgmma), else CuPy's for the device."""
-    return WGMMA_ARCH if wgmma else None
-
 
 def default_warps(rows: int) -> int:
     """8 warps where a KV head has 32 packed rows or more, else 4 (v1's, measured at 0.9-1.0
@@ -239,8 +235,12 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma)
 
+    def arch(self) -> str | None:
+        """sm_90a for v5 (wgmma), else CuPy's target for the device."""
+        return WGMMA_ARCH if self.wgmma else None
+
     def launch_kernel(self, kl: KernelLaunch, args: tuple) -> None:
-        """As CupyLaunch's, v5 compiled for sm_90a (refused on other GPUs, before launching)."""
+        """As CupyLaunch's; v5 is refused on GPUs other than Hopper, before launching."""
         if self.wgmma:
             import cupy
 
@@ -248,8 +248,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
             if cc != "90":
                 raise KernelInputError(f"v5 (wgmma) runs on compute capability 9.0 (Hopper), this "
                                        f"GPU has {cc[:-1]}.{cc[-1]}: configure with wgmma=0")
-        kernel = get_kernel(self.CU_FILE, kl.kernel, self.defines(), kl.dynamic_smem, arch(self.wgmma))
-        kernel(kl.grid, (kl.threads,), args, shared_mem=kl.dynamic_smem)
+        super().launch_kernel(kl, args)
 
     def launches(self) -> list[KernelLaunch]:
         out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
@@ -544,9 +543,10 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     Bc = (WGMMA_TILES[0] if wgmma else BLOCK_C) if block_cols is None else _int(block_cols, "block_cols")
     stages = ((WGMMA_TILES[1] if wgmma else STAGES[head_dim]) if stages is None
               else _int(stages, "stages"))
+    kv_buffers = 2 * stages * Bc * head_dim * 2        # the K/V stages, which the merge reuses
     if warps is None:                      # 8 where the key warps' merge fits the K/V buffers
         warps = 8 if wgmma else default_warps(rows)
-        if not wgmma and warps == 8 and merge_bytes(rows, 8, Bc, head_dim) > 2 * stages * Bc * head_dim * 2:
+        if not wgmma and warps == 8 and merge_bytes(rows, 8, Bc, head_dim) > kv_buffers:
             warps = 4
     else:
         warps = _int(warps, "warps")
@@ -565,7 +565,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if wgmma and Bc not in (64, 128):
         raise KernelInputError(f"block_cols = {Bc}: v5 (wgmma) takes 64 or 128")
     merge = merge_bytes(rows, warps, Bc, head_dim)
-    if not wgmma and merge > 2 * stages * Bc * head_dim * 2:
+    if not wgmma and merge > kv_buffers:
         raise KernelInputError(f"stages = {stages}, block_cols = {Bc}: the merge of {kw_} key warps x "
                                f"{16 * rw} rows ({merge} bytes) does not fit the K/V buffers; use "
                                "more stages or fewer warps")
@@ -630,7 +630,7 @@ def compile_variants():
 
 def kernel(launch: DecodeLaunch, name: str = "decode_split"):
     """The compiled RawKernel of a launch (registers etc. through kernel_resources)."""
-    return get_kernel(CU_FILE, name, launch.defines(), launch.dynamic_smem)
+    return get_kernel(CU_FILE, name, launch.defines(), launch.dynamic_smem, launch.arch())
 
 
 # ---------------------------------------------------------------------- the correctness rule (host)
