@@ -532,7 +532,9 @@ def _logical_cache(p: DecodePlan, K, V, block_table):
                 pages = a[t[b, :-(-n // p.page_size)]]                # (np, kvh, P, d)
                 seqs.append(pages.transpose(1, 0, 2, 3).reshape(kvh, -1, a.shape[-1])[:, :n])
             out.append(seqs)
-        return out[0], (out[0] if p.shared_kv else out[1])
+        if p.shared_kv:                     # V is the latent part of the one cache
+            return out[0], [k[..., :p.v_dim] for k in out[0]]
+        return out[0], out[1]
     if block_table is not None:
         raise FlashsimError("block_table is for a paged plan (page_size)")
     arrays = [_array(K, "K", 4)] + ([] if p.shared_kv else [_array(V, "V", 4)])

@@ -84,6 +84,8 @@ VALUE_CASES = [
     dict(algorithm="paged", q_len=1, kv_len=100, heads=4, kv_heads=4, batch=2, splits=2,
          page_size=32),
     dict(algorithm="mla", q_len=2, kv_len=120, heads=8, latent_dim=32, rope_dim=8, splits=3),
+    dict(algorithm="mla", q_len=1, kv_lens=[1, 70], heads=4, latent_dim=32, rope_dim=8,
+         splits=2, page_size=16),               # paged latent cache: V is its first 32 columns
     dict(algorithm="flashdecoding", q_len=5, kv_lens=[9, 40], heads=6, kv_heads=3, splits=2,
          causal=False),
 ]
