@@ -309,3 +309,34 @@ def test_committed_notebooks_have_no_outputs(path):
         if cell["cell_type"] == "code":
             assert cell["outputs"] == [] and cell["execution_count"] is None, path.name
     assert "widgets" not in nb.get("metadata", {}), "saved widget state is an output too"
+
+
+def test_kept_text_draws_what_agg_draws():
+    """The panels' canvas keeps rasterized lines of text: a figure drawn from the kept lines
+    equals the stock Agg drawing (overlapping glyphs may round one level apart), and drawn
+    again it is served from them (no new line kept) with the same pixels."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from flashsim.views import pictures
+
+    def pixels(fig):
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba()).astype(int)
+
+    fig = pictures.figure((4.0, 2.5))
+    ax = fig.add_subplot()
+    ax.plot([0, 3], [0, 7])
+    ax.set_title("step 3: block 4 of 8 (x[24:32])", fontsize=9)
+    ax.text(0.3, 2.0, "m_old = 1.25\nalpha = e^(m_old - m_new)\nfi ff VA Wo", family="monospace")
+    cache = getattr(type(fig.canvas), "text_cache", None)
+    if cache is None:
+        pytest.skip("this matplotlib draws text in one bitmap a line: nothing is kept")
+    first = pixels(fig)
+    kept = len(cache)
+    again = pixels(fig)
+    assert kept > 0 and len(cache) == kept and np.array_equal(first, again)
+    stock = pixels(FigureCanvasAgg(fig).figure)
+    differ = np.abs(first - stock).max(axis=-1)
+    assert differ.max() <= 1 and (differ > 0).sum() <= 20, (differ.max(), (differ > 0).sum())
+    assert (np.abs(first - 255).max(axis=-1) > 0).sum() > 1000     # something was drawn

@@ -13,6 +13,8 @@ change, so a slider's redraw stays fast (a fresh Axes costs tens of milliseconds
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..units import format_bytes
@@ -23,12 +25,110 @@ LABELS = {"standard": "standard attention", "flash1": "FlashAttention (Alg. 1)",
 
 
 def figure(figsize=(9.0, 4.0), dpi: int = 80):
-    """A Figure on the Agg canvas, independent of pyplot (no global state, no display)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    """A Figure on the Agg canvas, independent of pyplot (no global state, no display); its
+    renderer keeps the text it rasterized (:func:`_text_cache_canvas`)."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=figsize, dpi=dpi)
-    FigureCanvasAgg(fig)
+    _text_cache_canvas()(fig)
     return fig
+
+
+TEXT_CACHE_LINES = 4096      # about 2 KB a line: a few MB at most
+
+
+@functools.cache
+def _text_cache_canvas():
+    """FigureCanvasAgg whose renderer keeps each line of text it rasterized.
+
+    matplotlib 3.11's Agg lays out and rasterizes every glyph of every label on every draw
+    (some 60 us a glyph): half of a panel's redraw, though most labels (tick labels, the
+    unchanged lines of a readout) are drawn again with the same text at the same place. A
+    line is kept as one coverage bitmap under (text, font, sub-pixel offset, hinting), and
+    drawn again from it at any whole-pixel shift: the bitmap FreeType renders depends only on
+    the offset's fraction. Overlapping glyphs' coverage is combined as two draws of one
+    colour combine (1 - (1 - a)(1 - b)), equal to drawing them one by one up to rounding.
+    Where matplotlib draws lines otherwise (before 3.11), or for mathtext and rotated text,
+    the stock renderer draws."""
+    import collections
+    import math
+
+    from matplotlib.backends import backend_agg as agg
+    from matplotlib.ft2font import RenderMode
+
+    stock = agg.FigureCanvasAgg
+    if not hasattr(agg.RendererAgg, "_draw_text_glyphs_and_boxes"):
+        return stock
+    cache: collections.OrderedDict = collections.OrderedDict()
+    identity = np.array([[0x10000, 0], [0, 0x10000]])
+
+    class Renderer(agg.RendererAgg):
+        def draw_text(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
+            if ismath or angle % 360:
+                return super().draw_text(gc, x, y, s, prop, angle, ismath, mtext)
+            X, Y = x, self.height - y                    # FreeType's y is upwards
+            ix, iy = math.floor(X), math.floor(Y)
+            flags = agg.get_hinting_flag()
+            features, language = ((None, None) if mtext is None else    # a multi-line text
+                                  (mtext.get_fontfeatures(), mtext.get_language()))
+            key = (s, hash(prop), self.dpi, flags, gc.get_antialiased(), X - ix, Y - iy,
+                   None if features is None else tuple(features), language)
+            line = cache.get(key)
+            if line is None:
+                line = self._rasterize(s, prop, X, Y, ix, iy, flags, features, language,
+                                       gc.get_antialiased())
+                cache[key] = line
+                if len(cache) > TEXT_CACHE_LINES:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(key)
+            if line is not None:
+                image, left, top = line
+                # draw_text_image's y is downwards and the bitmap's bottom side
+                self._renderer.draw_text_image(image, left + ix,
+                                               int(self.height) - (top + iy) + image.shape[0], 0, gc)
+
+        def _rasterize(self, s, prop, X, Y, ix, iy, flags, features, language, aa):
+            """(coverage, left, top) of line ``s`` at (X, Y), offsets from (ix, iy); as
+            RendererAgg.draw_text and _draw_text_glyphs_and_boxes do it at angle 0."""
+            font = self._prepare_font(prop)
+            size = prop.get_size_in_points()
+            glyphs = []
+            for item in font._layout(s, flags=flags, features=features, language=language):
+                f = item.ft_object
+                f.set_size(size, self.dpi)
+                f._set_transform(identity, [round(0x40 * (X + item.x)), round(0x40 * (Y + item.y))])
+                bitmap = f._render_glyph(item.glyph_index, flags,
+                                         RenderMode.NORMAL if aa else RenderMode.MONO)
+                buffer = np.array(bitmap.buffer, dtype=np.uint8)
+                if not aa:
+                    buffer *= 0xff
+                if buffer.size:
+                    glyphs.append((buffer, bitmap.left - ix, bitmap.top - iy))
+            if not glyphs:
+                return None
+            left = min(g[1] for g in glyphs)
+            top = max(g[2] for g in glyphs)
+            width = max(g[1] + g[0].shape[1] for g in glyphs) - left
+            height = top - min(g[2] - g[0].shape[0] for g in glyphs)
+            image = np.zeros((height, width), dtype=np.uint16)
+            for buffer, gl, gt in glyphs:
+                r, c = top - gt, gl - left
+                part = image[r:r + buffer.shape[0], c:c + buffer.shape[1]]
+                part[...] = 255 - ((255 - part) * (255 - buffer.astype(np.uint16)) + 127) // 255
+            return image.astype(np.uint8), left, top
+
+    class Canvas(stock):
+        text_cache = cache
+
+        def get_renderer(self):
+            w, h = self.get_width_height(physical=True)
+            key = w, h, self.figure.dpi
+            if self._lastKey != key:
+                self.renderer = Renderer(w, h, self.figure.dpi)
+                self._lastKey = key
+            return self.renderer
+
+    return Canvas
 
 
 def draw(picture, view: dict, figsize=(9.0, 4.0), dpi: int = 80):
@@ -86,6 +186,7 @@ class LayeredRenderer:
         canvas = self.fig.canvas
         w, h = canvas.get_width_height(physical=True)
         img = Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+        img = img.convert("RGB")         # the figure is opaque: a quarter less to compress
         buf = io.BytesIO()
         img.save(buf, format="png", compress_level=1)
         return buf.getvalue()
