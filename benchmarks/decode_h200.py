@@ -24,7 +24,7 @@ skipped). Implementations per point, all on the same K/V values:
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
-                     (the default, decode.default_variant: v4 or v5, block-table entries
+                     (the default, decode.default_variant: v4, v5_w4 or v5, block-table entries
                      prefetched a tile ahead; v1 too at pages of 16, q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
                      kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
@@ -514,7 +514,7 @@ def tiny_cases():
     """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits, configure keywords): every variant
     in a few small blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4,
     16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the three combines, row chunks, bf16,
-    d = 64, and v5 (wgmma; the default above 64 rows)."""
+    d = 64, and v5 (wgmma; the default from 32 rows: one warpgroup up to 64)."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
@@ -523,7 +523,7 @@ def tiny_cases():
                                                                    "v5", "v5_w4"))
     tuned += [(32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(v5, block_cols=Bc, stages=st))
               for Bc, st in decode.TUNING_V5[1:]]                  # and v5's
-    return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, {}),   # 32 rows: 2 row warps
+    return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, dict(wgmma=0)),  # 32 rows: 2 row warps
                             (32, 1, 128, [100], 4, 0, "fp16", 2, v1),      # 128 rows: 2 chunks
                             (4, 2, 128, [37, 300], 4, 16, "fp16", 3, v1),  # v1's paged loads
                             (32, 1, 128, [100], 4, 0, "fp16", 2, {}),      # 128 rows: 8 warps
@@ -549,7 +549,10 @@ def tiny_cases():
                             (64, 2, 128, [200], 4, 16, "bf16", 1, v5),
                             # v5_w4: one warpgroup, 64-row blocks (32 rows: half padding)
                             (32, 1, 128, [70, 300], 1, 16, "fp16", 3, v5w4),
-                            (32, 1, 64, [5, 129], 2, 0, "bf16", 2, v5w4)]
+                            (32, 1, 64, [5, 129], 2, 0, "bf16", 2, v5w4),
+                            # the default at 32 rows (v5_w4) over pages of 1 and 64
+                            (32, 1, 128, [70, 130], 1, 1, "fp16", 3, {}),
+                            (32, 1, 128, [70, 130], 1, 64, "fp16", None, {})]
 
 
 def sanitize() -> int:

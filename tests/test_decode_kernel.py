@@ -156,14 +156,16 @@ def test_split_rules_at_one_kv_head_group_per_sm():
 def test_launch_covers_every_row_once(q_len, kv_heads):
     """Row chunks x 16 ROW_WARPS rows cover q_len x group packed rows, with less than one
     chunk to spare; the grid is (chunks, splits, B kv_heads); the combine runs iff splits > 1;
-    above 64 rows v5 (wgmma: 8 warps, 128-row blocks, 1 KiB more shared memory)."""
+    from 32 rows v5 (wgmma: 1 KiB more shared memory), one warpgroup's 64-row blocks up to 64
+    rows, 8 warps' 128-row blocks above."""
     launch = decode.configure(3, 32, kv_heads, 128, kv_lens=[100, 5000, 70000], q_len=q_len)
     rows = q_len * 32 // kv_heads
     assert launch.rows == rows and launch.block_rows == 16 * launch.row_warps
     assert launch.chunks * launch.block_rows >= rows > (launch.chunks - 1) * launch.block_rows
-    assert launch.wgmma == (rows > 64) and decode.default_variant(rows) == ("v5" if rows > 64 else "v4")
-    assert launch.warps == (8 if rows >= 32 else 4)
-    assert launch.row_warps == (1 if rows <= 16 else 2 if rows <= 32 else 4 if rows <= 64 else 8)
+    assert launch.wgmma == (rows >= 32)
+    assert decode.default_variant(rows) == ("v5" if rows > 64 else "v5_w4" if rows >= 32 else "v4")
+    assert launch.warps == (8 if rows > 64 else 4)
+    assert launch.row_warps == (1 if rows <= 16 else 2 if rows < 32 else 4 if rows <= 64 else 8)
     split, *combine = launch.launches()
     assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads)
     assert split.threads == 32 * launch.warps

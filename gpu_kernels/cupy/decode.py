@@ -34,11 +34,12 @@ to 128 packed rows in one block; ``combine=2``: the combine's loads 32 and 8 spl
 time), v3 (``combine=3``: one combine block per output row, its 4 warps sharing the splits),
 all with the fa2 rule, v4 (v3's kernels, the wave rule) and v5 (``wgmma=1``: decode_split
 on Hopper's warpgroup MMA, 128 packed rows a block, compiled for sm_90a; v4 otherwise).
-``configure``'s defaults are v4's, 8 warps where a KV head has 32 rows or more
-(``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row chunks that
-read K/V once each), and v5 where it has more than 64 (``default_wgmma``: there the step is
-bound by arithmetic on mma.sync), at its own tiles (``WGMMA_TILES``); ``wgmma=1, warps=4``
-makes one warpgroup's 64-row blocks (v5_w4). ``VARIANTS`` lists what the benchmark times side
+``configure``'s defaults are v4's up to 16 rows a KV head, and v5 from 32 rows
+(``default_wgmma``; above 64 rows the mma.sync loop is bound by arithmetic) at its own tiles
+(``WGMMA_TILES``): one warpgroup's 64-row blocks up to 64 rows (``wgmma=1, warps=4``: v5_w4),
+two warpgroups above (``wgmma_warps``). Where v4 runs with 32 rows or more (``wgmma=0``),
+8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
+chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
 by side.
 ``reference_rows`` / ``check_rows`` are the correctness rule: float64 reference,
 flash-attention's 2x bound.
@@ -162,17 +163,24 @@ def merge_bytes(rows: int, warps: int, block_cols: int, d: int) -> int:
 
 
 def default_wgmma(rows: int) -> int:
-    """v5 where a KV head has more than 64 packed rows (MQA or a big group at q_len 4: 128 rows
-    x 4 d FLOPs per key byte pair, where v2's mma.sync loop is bound by arithmetic). At 32
-    rows (MQA at q_len 1) v5_w4, one warpgroup, is timed beside the others (docs/decode.md's
-    measured lines say how it did); it is not the default there yet because the benchmark's
-    paged rows at those points ran v4, the default when they were measured."""
-    return int(rows > 64)
+    """v5 where a KV head has 32 packed rows or more. Above 64 rows (MQA or a big group at
+    q_len 4: 128 rows x 4 d FLOPs per key byte pair) v2's mma.sync loop is bound by
+    arithmetic; at 32 (MQA at q_len 1) one warpgroup's 64-row block (v5_w4) was the fastest
+    version at 7 of 9 points of decode_h200.json of 2026-12-02 (as committed at 72b13cf), at
+    worst 0.987 of the fastest, and 0.99-1.09x of v4 where both ran."""
+    return int(rows >= 32)
+
+
+def wgmma_warps(rows: int) -> int:
+    """v5's warps: two warpgroups (128-row blocks) above 64 rows, else one (64-row blocks)."""
+    return 8 if rows > 64 else 4
 
 
 def default_variant(rows: int) -> str:
     """The name in VARIANTS of configure's defaults for a KV head of ``rows`` packed rows."""
-    return "v5" if default_wgmma(rows) else "v4"
+    if not default_wgmma(rows):
+        return "v4"
+    return "v5" if wgmma_warps(rows) == 8 else "v5_w4"
 
 
 # The configurations the benchmark times at every point of ours (name -> configure keywords):
@@ -187,7 +195,7 @@ VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wg
             "v3": dict(combine=3, split_rule="fa2", wgmma=0),
             "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0),
             "v4": dict(combine=3, wgmma=0), "v4_w8": dict(warps=8, combine=3, wgmma=0),
-            "v5": dict(combine=3, wgmma=1), "v5_w4": dict(warps=4, combine=3, wgmma=1)}
+            "v5": dict(warps=8, combine=3, wgmma=1), "v5_w4": dict(warps=4, combine=3, wgmma=1)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -513,7 +521,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     STAGES[d]; v5: WGMMA_TILES). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
     ``combine``: decode_combine's version, 1, 2 or 3 (the .cu file's header); ``page_prefetch``
     1 (paged): block-table entries read one tile ahead, 0: as v1; ``wgmma``: 1 for v5 (sm_90a;
-    8 warps, 128 rows a block, or with ``warps=4`` 64), 0 not, None: ``default_wgmma``."""
+    8 warps, 128 rows a block, or with ``warps=4`` 64; None warps: ``wgmma_warps``), 0 not,
+    None: ``default_wgmma``."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -536,8 +545,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                f"of {GRID_Z_LIMIT}")
     lens, bt = check_layout(batch, kv_lens, q_len, causal, page_size or 0, block_table, num_pages)
     rows = q_len * (heads // kv_heads)
-    if wgmma is None:                      # v5 has 8 warps: other warps given mean mma.sync
-        wgmma = default_wgmma(rows) if warps in (None, 8) else 0
+    if wgmma is None:                      # other warps than v5's given: mma.sync
+        wgmma = default_wgmma(rows) if warps in (None, wgmma_warps(rows)) else 0
     if isinstance(wgmma, bool) or wgmma not in (0, 1):
         raise KernelInputError(f"wgmma = {wgmma!r}: 0 or 1")
     Bc = (WGMMA_TILES[0] if wgmma else BLOCK_C) if block_cols is None else _int(block_cols, "block_cols")
@@ -545,7 +554,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               else _int(stages, "stages"))
     kv_buffers = 2 * stages * Bc * head_dim * 2        # the K/V stages, which the merge reuses
     if warps is None:                      # 8 where the key warps' merge fits the K/V buffers
-        warps = 8 if wgmma else default_warps(rows)
+        warps = wgmma_warps(rows) if wgmma else default_warps(rows)
         if not wgmma and warps == 8 and merge_bytes(rows, 8, Bc, head_dim) > kv_buffers:
             warps = 4
     else:
@@ -622,9 +631,9 @@ def compile_variants():
                 for Bc, st in tiles:
                     out.append((CU_FILE, defines(d, dtype, page, 8, Bc, st, warps=8, wgmma=1),
                                 smem_bytes(d, 8, Bc, st, wgmma=1), HOT))
-                if page in (0, 16):          # v5_w4, one warpgroup, as the benchmark runs it
-                    out.append((CU_FILE, defines(d, dtype, page, 4, *WGMMA_TILES, warps=4, wgmma=1),
-                                smem_bytes(d, 4, *WGMMA_TILES, wgmma=1), HOT))
+                # v5_w4, one warpgroup: the default at 32-64 rows
+                out.append((CU_FILE, defines(d, dtype, page, 4, *WGMMA_TILES, warps=4, wgmma=1),
+                            smem_bytes(d, 4, *WGMMA_TILES, wgmma=1), HOT))
     return out
 
 
