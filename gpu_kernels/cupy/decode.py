@@ -66,6 +66,7 @@ VERSIONS = (1, 2, 3, 4, 5)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3)                # COMBINE: decode_combine's version
+COMBINE = 3                         # the default: v3's, one block per output row
 COMBINE_THREADS = 128               # decode_combine: 4 warps, one output row each (v3: one row
                                     # per block, the warps sharing its splits)
 BLOCK_C = 64                        # B_c: keys per K/V tile
@@ -135,7 +136,7 @@ SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic}
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
-            stages: int | None = None, warps: int = 4, combine: int = 3,
+            stages: int | None = None, warps: int = 4, combine: int = COMBINE,
             page_prefetch: int = 1, wgmma: int = 0) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
             "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
@@ -219,7 +220,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     row_warps: int = 1
     stages: int = 3                  # K/V tiles in flight
     warps: int = 4                   # NUM_WARPS of decode_split
-    combine: int = 3                 # COMBINE: decode_combine's version
+    combine: int = COMBINE           # decode_combine's version
     page_prefetch: int = 1           # PAGE_PREFETCH: block-table entries one tile ahead
     split_rule: str = "wave"         # how ``splits`` was chosen: SPLIT_RULES, or "given"
     wgmma: int = 0                   # WGMMA: v5's decode_split (sm_90a)
@@ -511,7 +512,7 @@ def check_layout(batch: int, kv_lens, q_len: int, causal: bool, page_size: int,
 def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, q_len: int = 1,
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
-              stages=None, warps=None, combine=3, page_prefetch=1,
+              stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule="wave", wgmma=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
