@@ -340,3 +340,32 @@ def test_kept_text_draws_what_agg_draws():
     differ = np.abs(first - stock).max(axis=-1)
     assert differ.max() <= 1 and (differ > 0).sum() <= 20, (differ.max(), (differ > 0).sum())
     assert (np.abs(first - 255).max(axis=-1) > 0).sum() > 1000     # something was drawn
+
+
+def test_kept_text_follows_the_font_rcparams_name():
+    """A kept line is kept under the font files its properties resolve to: the same
+    FontProperties ("sans-serif") under other rcParams draws in the other font, as stock Agg
+    does, and back under the first it draws as it did."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from flashsim.views import pictures
+
+    def pixels(fig):
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba()).astype(int)
+
+    fig = pictures.figure((3.0, 1.0))
+    fig.text(0.1, 0.4, "Kept text, 0.125", family="sans-serif", fontsize=12)
+    cached = type(fig.canvas)
+    drawn = []
+    for font in ("DejaVu Sans", "DejaVu Serif", "DejaVu Sans"):
+        with matplotlib.rc_context({"font.sans-serif": [font]}):
+            drawn.append(pixels(fig))
+            if font == "DejaVu Serif":
+                serif_stock = pixels(FigureCanvasAgg(fig).figure)
+                cached(fig)                               # back on the panels' canvas
+    assert np.array_equal(drawn[0], drawn[2])
+    assert (np.abs(drawn[0] - drawn[1]).max(axis=-1) > 0).sum() > 50
+    assert np.abs(drawn[1] - serif_stock).max() <= 1

@@ -53,6 +53,7 @@ def _text_cache_canvas():
     import math
 
     from matplotlib.backends import backend_agg as agg
+    from matplotlib.font_manager import fontManager
     from matplotlib.ft2font import RenderMode
 
     stock = agg.FigureCanvasAgg
@@ -63,14 +64,16 @@ def _text_cache_canvas():
 
     class Renderer(agg.RendererAgg):
         def draw_text(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
-            if ismath or angle % 360:
+            features, language = ((None, None) if mtext is None else    # a multi-line text
+                                  (mtext.get_fontfeatures(), mtext.get_language()))
+            if ismath or angle % 360 or not isinstance(language, (str, type(None))):
                 return super().draw_text(gc, x, y, s, prop, angle, ismath, mtext)
             X, Y = x, self.height - y                    # FreeType's y is upwards
             ix, iy = math.floor(X), math.floor(Y)
             flags = agg.get_hinting_flag()
-            features, language = ((None, None) if mtext is None else    # a multi-line text
-                                  (mtext.get_fontfeatures(), mtext.get_language()))
-            key = (s, hash(prop), self.dpi, flags, gc.get_antialiased(), X - ix, Y - iy,
+            # the font files too: which ones a FontProperties means follows rcParams
+            key = (s, hash(prop), tuple(fontManager._find_fonts_by_props(prop)), self.dpi, flags,
+                   gc.get_antialiased(), X - ix, Y - iy,
                    None if features is None else tuple(features), language)
             line = cache.get(key)
             if line is None:
