@@ -7,10 +7,13 @@
         compute-sanitizer --tool memcheck python -m benchmarks.decode_h200 --sanitize
         compute-sanitizer --tool racecheck python -m benchmarks.decode_h200 --sanitize
     python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,0   # B,kv_heads,kv_len,q_len,page
-        ncu --clock-control none -k regex:decode_ --metrics dram__bytes_read.sum,gpu__time_duration.sum \\
+        ncu --clock-control none --nvtx --nvtx-include decode/ -k regex:decode_ \\
+            --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum --csv \\
+            --page raw --log-file DIR/decode_ncu_h200.csv \\
             python -m benchmarks.decode_h200 --profile-point 8,8,32768,1,16 --out DIR
       (several points in one process; with --out, DIR/decode_ncu_h200.json holds flashsim's
-      predicted HBM bytes of each launch, launch.plan(), beside which ncu's DRAM bytes are read)
+      predicted HBM bytes of each launch, launch.plan(), beside which ncu's DRAM bytes are read:
+      with --nvtx-include, the CSV holds the measured launches only, in the points' order)
 
 Points: batch in {1, 8, 64}, kv_len in {4k, 32k, 128k}, H = 32 query heads with kv_heads in
 {32, 8, 1}, d = 128, q_len in {1, 4}, fp16 (a combination whose K/V cache exceeds 40 GB is
@@ -594,7 +597,9 @@ def profile_points(specs: list, torch, out=None) -> int:
                                             "profiled point, in order; each point launches twice "
                                             "(a warm-up, then the one in NVTX range 'decode'), and "
                                             "ncu's DRAM bytes of those launches are in the run's "
-                                            "ncu CSV (decode_ncu_h200.csv)",
+                                            "ncu CSV (decode_ncu_h200.csv; under ncu as this "
+                                            "file's docstring says, the measured launches only)",
+                                    "provenance": harness.provenance(),
                                     "points": rows}, indent=1))
         print(f"wrote {path}")
     return 0

@@ -196,6 +196,42 @@ def decode_v5_w4(d: dict) -> list[str]:
     return [line + (f"; over v4 (8 mma.sync warps) {min(w8):.2f}-{max(w8):.2f}x." if w8 else ".")]
 
 
+NCU_DECODE = ["dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum"]
+
+
+def decode_ncu(d: dict) -> list[str]:
+    """Nsight Compute's DRAM bytes of the default launch at each profiled point beside
+    flashsim's prediction of that launch (``benchmarks/decode_h200.py --profile-point`` under
+    ncu: decode_ncu_h200.json and the CSV of the same run, the measured launches in order)."""
+    from gpu_kernels import ncu
+
+    csv_path = measured.path("decode_ncu_h200.csv")
+    if "provenance" not in d or not csv_path.exists():
+        return []                      # the first profile's files (warm-ups in the CSV too)
+    rows = ncu.parse_csv(csv_path.read_text(), NCU_DECODE)
+    parts, i = [], 0
+    for p in d["points"]:
+        mine, i = rows[i:i + len(p["launches"])], i + len(p["launches"])
+        names = [r["kernel_name"] for r in mine]
+        if names != [k for k, _ in p["launches"]]:
+            raise ValueError(f"decode_ncu_h200.csv: launches {names} where the JSON has "
+                             f"{p['launches']}")
+        pt, launch, pred = p["point"], p["launch"], p["flashsim"]
+        read = sum(r["dram__bytes_read.sum"] for r in mine) / pred["hbm_read_bytes"]
+        write = sum(r["dram__bytes_write.sum"] for r in mine) / pred["hbm_write_bytes"]
+        parts.append(f"B {pt['batch']}, kv_heads {pt['kv_heads']}, {pt['kv_len'] // 1024}k, "
+                     f"q_len {pt['q_len']}{', pages of %d' % pt['page_size'] if pt['page_size'] else ''}"
+                     f" ({launch['warps']} warps{', wgmma' if launch.get('wgmma') else ''}, "
+                     f"{launch['splits']} splits): read {read:.3f}, written {write:.2f}")
+    if i != len(rows):
+        raise ValueError(f"decode_ncu_h200.csv has {len(rows)} launches, the JSON's points {i}")
+    return [f"* Nsight Compute beside flashsim (`decode_ncu_h200.json`, {d['provenance']['date'][:10]}; "
+            "the default launch at each point; DRAM bytes read and written over flashsim's "
+            "count of the launch's bytes below shared memory, `launch.plan().count()`, which "
+            "has no L2: the split partials the combine reads back, and the small outputs, may "
+            "stay in the L2 and never reach DRAM): " + "; ".join(parts) + "."]
+
+
 def decode_splits(sw: dict) -> list[str]:
     """What the splits sweep (decode_splits_h200.json) says of the two split rules."""
     rows = [r for r in sw["summary"] if r["wave_over_best"] and r["fa2_over_best"]]
@@ -258,6 +294,8 @@ def decode_md_text() -> str:
     block += (decode_done_when(d) + decode_v5_w4(d)) if d else ["Not measured yet."]
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []
+    nc = _load("decode_ncu_h200.json")
+    block += decode_ncu(nc) if nc else []
     return _with_block(DECODE_MD, block)
 
 
