@@ -94,26 +94,6 @@ def pytest_configure(config):
         os.environ[CUBIN_ENV] = config._flashsim_cubins
 
 
-@pytest.hookimpl(hookwrapper=True)   # after the terminal reporter starts the session's clock
-def pytest_sessionstart(session):
-    yield
-    # Write out what is still pending from before the session: the install just before it
-    # (the README's command) leaves about a gigabyte of dirty pages. Measured on a fresh
-    # 2-core machine, their writeback slowed every test by a fifth (a clean clone's suite:
-    # 189-214 s, against 156 s with a sync first) and the browser test's timed redraws as
-    # much; the sync itself is counted in the session's time.
-    if not hasattr(session.config, "workerinput"):
-        t0 = time.perf_counter()
-        os.sync()
-        session.config._flashsim_sync_s = time.perf_counter() - t0
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    sync_s = getattr(config, "_flashsim_sync_s", 0.0)
-    if sync_s >= 1:
-        terminalreporter.write_line(f"writing out pending data before the tests: {sync_s:.1f} s")
-
-
 def pytest_unconfigure(config):
     folder = getattr(config, "_flashsim_cubins", None)
     if folder:
