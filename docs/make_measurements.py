@@ -222,7 +222,8 @@ def decode_ncu(d: dict) -> list[str]:
         parts.append(f"B {pt['batch']}, kv_heads {pt['kv_heads']}, {pt['kv_len'] // 1024}k, "
                      f"q_len {pt['q_len']}{', pages of %d' % pt['page_size'] if pt['page_size'] else ''}"
                      f" ({launch['warps']} warps{', wgmma' if launch.get('wgmma') else ''}, "
-                     f"{launch['splits']} splits): read {read:.3f}, written {write:.2f}")
+                     f"{launch['splits']} split{'s' if launch['splits'] != 1 else ''}): read {read:.3f}, "
+                     f"written {write:.2f}")
     if i != len(rows):
         raise ValueError(f"decode_ncu_h200.csv has {len(rows)} launches, the JSON's points {i}")
     return [f"* Nsight Compute beside flashsim (`decode_ncu_h200.json`, {d['provenance']['date'][:10]}; "
