@@ -54,11 +54,14 @@ def _text_cache_canvas():
 
     from matplotlib.backends import backend_agg as agg
     from matplotlib.font_manager import fontManager
-    from matplotlib.ft2font import RenderMode
+    from matplotlib import ft2font
 
     stock = agg.FigureCanvasAgg
-    if not hasattr(agg.RendererAgg, "_draw_text_glyphs_and_boxes"):
+    if not (hasattr(agg.RendererAgg, "_draw_text_glyphs_and_boxes")       # what 3.11 has
+            and all(hasattr(ft2font.FT2Font, a) for a in ("_layout", "_set_transform",
+                                                          "_render_glyph"))):
         return stock
+    RenderMode = ft2font.RenderMode
     cache: collections.OrderedDict = collections.OrderedDict()
     identity = np.array([[0x10000, 0], [0, 0x10000]])
 
