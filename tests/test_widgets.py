@@ -311,6 +311,12 @@ def test_committed_notebooks_have_no_outputs(path):
     assert "widgets" not in nb.get("metadata", {}), "saved widget state is an output too"
 
 
+def _canvas_pixels(fig) -> np.ndarray:
+    """``fig`` drawn on its canvas, as (height, width, 4) ints."""
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba()).astype(int)
+
+
 def test_kept_text_draws_what_agg_draws():
     """The panels' canvas keeps rasterized lines of text: a figure drawn from the kept lines
     equals the stock Agg drawing (overlapping glyphs may round one level apart), and drawn
@@ -320,10 +326,6 @@ def test_kept_text_draws_what_agg_draws():
 
     from flashsim.views import pictures
 
-    def pixels(fig):
-        fig.canvas.draw()
-        return np.asarray(fig.canvas.buffer_rgba()).astype(int)
-
     fig = pictures.figure((4.0, 2.5))
     ax = fig.add_subplot()
     ax.plot([0, 3], [0, 7])
@@ -332,11 +334,11 @@ def test_kept_text_draws_what_agg_draws():
     cache = getattr(type(fig.canvas), "text_cache", None)
     if cache is None:
         pytest.skip("this matplotlib draws text in one bitmap a line: nothing is kept")
-    first = pixels(fig)
+    first = _canvas_pixels(fig)
     kept = len(cache)
-    again = pixels(fig)
+    again = _canvas_pixels(fig)
     assert kept > 0 and len(cache) == kept and np.array_equal(first, again)
-    stock = pixels(FigureCanvasAgg(fig).figure)
+    stock = _canvas_pixels(FigureCanvasAgg(fig).figure)
     differ = np.abs(first - stock).max(axis=-1)
     assert differ.max() <= 1 and (differ > 0).sum() <= 20, (differ.max(), (differ > 0).sum())
     assert (np.abs(first - 255).max(axis=-1) > 0).sum() > 1000     # something was drawn
@@ -352,19 +354,15 @@ def test_kept_text_follows_the_font_rcparams_name():
 
     from flashsim.views import pictures
 
-    def pixels(fig):
-        fig.canvas.draw()
-        return np.asarray(fig.canvas.buffer_rgba()).astype(int)
-
     fig = pictures.figure((3.0, 1.0))
     fig.text(0.1, 0.4, "Kept text, 0.125", family="sans-serif", fontsize=12)
     cached = type(fig.canvas)
     drawn = []
     for font in ("DejaVu Sans", "DejaVu Serif", "DejaVu Sans"):
         with matplotlib.rc_context({"font.sans-serif": [font]}):
-            drawn.append(pixels(fig))
+            drawn.append(_canvas_pixels(fig))
             if font == "DejaVu Serif":
-                serif_stock = pixels(FigureCanvasAgg(fig).figure)
+                serif_stock = _canvas_pixels(FigureCanvasAgg(fig).figure)
                 cached(fig)                               # back on the panels' canvas
     assert np.array_equal(drawn[0], drawn[2])
     assert (np.abs(drawn[0] - drawn[1]).max(axis=-1) > 0).sum() > 50
