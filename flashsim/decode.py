@@ -525,32 +525,28 @@ def _logical_cache(p: DecodePlan, K, V, block_table):
             if not np.isfinite(a).all():
                 raise FlashsimError(f"{name} cache contains NaN or Inf")
         t = check_block_table(block_table, p.kv_lens, p.page_size, pools[0].shape[0])
-        out = []
+        seqs = []                                   # per array, per sequence
         for a in pools:
-            seqs = []
+            seqs.append([])
             for b, n in enumerate(p.kv_lens):
                 pages = a[t[b, :-(-n // p.page_size)]]                # (np, kvh, P, d)
-                seqs.append(pages.transpose(1, 0, 2, 3).reshape(kvh, -1, a.shape[-1])[:, :n])
-            out.append(seqs)
-        if p.shared_kv:                     # V is the latent part of the one cache
-            return out[0], [k[..., :p.v_dim] for k in out[0]]
-        return out[0], out[1]
-    if block_table is not None:
-        raise FlashsimError("block_table is for a paged plan (page_size)")
-    arrays = [_array(K, "K", 4)] + ([] if p.shared_kv else [_array(V, "V", 4)])
-    for name, a in zip("KV", arrays):
-        width = p.head_dim if name == "K" else p.v_dim
-        if a.shape[0] != B or a.shape[1] != kvh or a.shape[3] != width or a.shape[2] < p.kv_len:
-            raise FlashsimError(f"{name} has shape {a.shape}; expected ({B}, {kvh}, "
-                                f"capacity >= {p.kv_len}, {width})")
-        for b, n in enumerate(p.kv_lens):
-            if not np.isfinite(a[b, :, :n]).all():
-                raise FlashsimError(f"{name} cache contains NaN or Inf (sequence {b})")
-    Kl = [arrays[0][b, :, :n] for b, n in enumerate(p.kv_lens)]
-    Vl = Kl if p.shared_kv else [arrays[1][b, :, :n] for b, n in enumerate(p.kv_lens)]
-    if p.shared_kv:
-        Vl = [k[..., :p.v_dim] for k in Kl]
-    return Kl, Vl
+                seqs[-1].append(pages.transpose(1, 0, 2, 3).reshape(kvh, -1, a.shape[-1])[:, :n])
+    else:
+        if block_table is not None:
+            raise FlashsimError("block_table is for a paged plan (page_size)")
+        arrays = [_array(K, "K", 4)] + ([] if p.shared_kv else [_array(V, "V", 4)])
+        for name, a in zip("KV", arrays):
+            width = p.head_dim if name == "K" else p.v_dim
+            if a.shape[0] != B or a.shape[1] != kvh or a.shape[3] != width or a.shape[2] < p.kv_len:
+                raise FlashsimError(f"{name} has shape {a.shape}; expected ({B}, {kvh}, "
+                                    f"capacity >= {p.kv_len}, {width})")
+            for b, n in enumerate(p.kv_lens):
+                if not np.isfinite(a[b, :, :n]).all():
+                    raise FlashsimError(f"{name} cache contains NaN or Inf (sequence {b})")
+        seqs = [[a[b, :, :n] for b, n in enumerate(p.kv_lens)] for a in arrays]
+    if p.shared_kv:                                 # V is the latent part of the one cache
+        return seqs[0], [k[..., :p.v_dim] for k in seqs[0]]
+    return seqs[0], seqs[1]
 
 
 def _hbm_inputs(p: DecodePlan, Q, K, V, block_table):
