@@ -97,7 +97,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, ca
                      num_splits=None, check_finite: bool = True, out=None, lse=None) -> Result:
     """One decode step (flash-attention's ``flash_attn_with_kvcache``): q (B, q_len, H, d)
     fp16/bf16 against k_cache / v_cache, contiguous (B, capacity, kv_heads, d) or paged
-    (num_pages, page_size, kv_heads, d) with ``block_table`` (B, max_pages) int32;
+    (num_pages, page_size, kv_heads, d) with ``block_table`` (B, max_pages) int32, at any
+    strides with d contiguous (a head-major cache as its transposed view, no copy);
     ``cache_seqlens`` (B,): the keys of each sequence, the q_len new ones included (causal:
     bottom-right aligned). The batch layout (cache_seqlens, block_table) is read on the host
     (a device array is copied) and checked; ``check_finite``: the used cache rows and q are

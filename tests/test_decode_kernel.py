@@ -385,6 +385,17 @@ def _values(x, bf16):
     return decode.to_float32(x.view(np.int16) if bf16 else x).reshape(-1)
 
 
+def _memory(x):
+    """The memory an array's pointer points at, flat from its first element, as the kernel
+    sees it (a view's strides are the kernel's to apply)."""
+    base = x
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    assert base.flags.c_contiguous
+    start = (x.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // x.itemsize
+    return base.reshape(-1)[start:]
+
+
 def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
     """decode.cu's decode_split, statement for statement at block and warp level in NumPy
     (the mma fragments aside): the same grid, indices, tile split, masks, online softmax per
@@ -392,9 +403,9 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
     the flat arrays the kernel gets. Its output must pass the same reference check."""
     d, bf16, P, rw, B_c = (D[k] for k in ("HEAD_DIM", "IS_BF16", "PAGE_SIZE", "ROW_WARPS", "BLOCK_C"))
     (Q, K, V, O, L, O_part, L_part, bt, kv_lens, batch, q_len, group, kv_heads, max_pages,
-     kv_batch_stride, num_splits, causal, scale_log2) = args
+     kv_batch_stride, kv_row_stride, kv_head_stride, num_splits, causal, scale_log2) = args
     dt = "bf16" if bf16 else "fp16"
-    Qf, Kf, Vf = (_values(x, bf16) for x in (Q, K, V))
+    Qf, Kf, Vf = (_values(x, bf16) for x in (Q, _memory(K), _memory(V)))
     Of, Lf, Opf, Lpf, btf = (x.reshape(-1) for x in (O, L, O_part, L_part, bt))
     KEY_WARPS, B_r = D["NUM_WARPS"] // rw, 16 * rw
     KW = B_c // KEY_WARPS
@@ -427,10 +438,11 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
                             p = key0 + c
                             if p < kv_len:
                                 if P == 0:
-                                    off = b * kv_batch_stride + p * kv_heads * d + kvh * d
+                                    off = b * kv_batch_stride + p * kv_row_stride + kvh * kv_head_stride
                                 else:
                                     page = int(btf[b * max_pages + p // P])
-                                    off = (page * P + p % P) * kv_heads * d + kvh * d
+                                    off = (page * kv_batch_stride + p % P * kv_row_stride
+                                           + kvh * kv_head_stride)
                                 Kt[c], Vt[c] = Kf[off:off + d], Vf[off:off + d]
                         S = Qs @ Kt.T
                         if key0 + KW - 1 > shift:
@@ -518,14 +530,53 @@ def test_emulated_kernels_match_float64_reference(H, kvh, d, lens, q_len, page, 
     _emulate_and_check(launch, case)
 
 
+@pytest.mark.parametrize("H,kvh,d,lens,q_len,page,dtype,splits,variant", [
+    (8, 2, 64, [37, 130], 4, 0, "fp16", 3, "v3"),
+    (8, 2, 64, [65, 200], 1, 16, "bf16", None, "v2"),
+    (32, 4, 64, [70, 9], 1, 48, "fp16", 2, "v1"),
+], ids=str)
+def test_emulated_head_major_cache_gives_the_token_major_answer(H, kvh, d, lens, q_len, page, dtype,
+                                                                 splits, variant):
+    """A cache stored head-major, (B, kv_heads, capacity, d) or pages (num_pages, kv_heads, P,
+    d), passed as its transposed view: the kernel's strides read the same values, so the
+    emulated output equals the token-major cache's bit for bit (and the reference)."""
+    outs = []
+    for head_major in (False, True):
+        case = decode.random_case(np.random.default_rng(7), len(lens), H, kvh, d, lens, q_len, page,
+                                  dtype, head_major=head_major)
+        assert case["k_cache"].flags.c_contiguous != head_major
+        launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"],
+                                  **decode.VARIANTS[variant])
+        outs.append(_emulate_and_check(launch, case))
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(*outs))
+
+
+def test_cache_strides_are_checked():
+    """Any strides with d contiguous run; what the kernel cannot read is refused by name."""
+    x = np.zeros((2, 4, 16, 3, 64), np.float16)                # (B, kv_heads, n, 3, d) storage
+    assert decode.cache_strides(x[:, :, :, 0].transpose(0, 2, 1, 3), "k_cache") == \
+        (4 * 16 * 3 * 64, 3 * 64, 16 * 3 * 64)
+    assert decode.cache_strides(np.zeros((2, 16, 4, 64), np.float16), "k_cache") == (4096, 256, 64)
+    with pytest.raises(KernelInputError, match="k_cache's last dimension"):
+        decode.cache_strides(np.zeros((2, 4, 64, 16), np.float16).transpose(0, 1, 3, 2), "k_cache")
+    with pytest.raises(KernelInputError, match="multiple of 8"):
+        decode.cache_strides(np.zeros((2, 16, 4, 68), np.float16)[..., :64], "v_cache")
+    with pytest.raises(KernelInputError, match="non-negative"):
+        decode.cache_strides(np.zeros((2, 16, 4, 64), np.float16)[:, ::-1], "k_cache")
+    with pytest.raises(KernelInputError, match="16-byte"):
+        decode.cache_strides(np.zeros((2 * 16 * 4 * 64 + 8,), np.float16)[1:2 * 16 * 4 * 64 + 1]
+                             .reshape(2, 16, 4, 64), "k_cache")
+
+
 def test_sanitizer_cases_pass_under_emulation():
     """Every tiny launch the GPU run's compute-sanitizer step makes (every variant), emulated
     here first: each matches the float64 reference."""
-    from benchmarks.decode_h200 import tiny_cases
+    from benchmarks.decode_h200 import case_options, tiny_cases
 
     for i, (H, kvh, d, lens, q_len, page, dtype, splits, tiles) in enumerate(tiny_cases()):
+        layout, tiles = case_options(tiles)
         case = decode.random_case(np.random.default_rng(i), len(lens), H, kvh, d, lens, q_len, page,
-                                  dtype)
+                                  dtype, **layout)
         _emulate_and_check(decode.configure(len(lens), H, kvh, d, splits=splits,
                                             **case["configure"], **tiles), case)
 
@@ -551,6 +602,7 @@ def _emulate_and_check(launch, case):
     refs = decode.reference_rows(launch, case["q_values"], case["rows_k"], case["rows_v"])
     verdict = decode.check_rows(launch, refs, Of, L)
     assert verdict["ok"], (launch.plan_record(), verdict)
+    return Of, L
 
 
 # ------------------------------------------------------------------ on the GPU
@@ -625,6 +677,31 @@ def test_tuning_tiles(tiles):
         case = decode.random_case(np.random.default_rng(q_len), 2, 32, 8, 128, lens, q_len, page, "fp16")
         _, verdict = decode.run_case(case, 32, 8, 3, block_cols=tiles[0], stages=tiles[1])
         assert verdict["ok"], (lens, q_len, page, verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["v4", "v5_w4", "v5"])
+def test_head_major_cache_gives_the_token_major_output(variant):
+    """PyTorch's (B, kv_heads, n, d) cache and FlashInfer's "HND" pages, passed as transposed
+    views: the same bits out as the token-major cache (the kernel only reads at other
+    offsets), and the reference's answer."""
+    cupy = _cupy_or_skip()
+    H, kvh = (32, 4) if variant == "v4" else (64, 2)
+    for lens, q_len, page in (([37, 3000], 1, 0), ([1000, 64], 4, 16), ([129, 700], 1, 1)):
+        outs = []
+        for head_major in (False, True):
+            case = decode.random_case(np.random.default_rng(q_len), 2, H, kvh, 128, lens, q_len, page,
+                                      "fp16", head_major=head_major)
+            launch = decode.configure(2, H, kvh, 128, **case["configure"], **decode.VARIANTS[variant])
+            q, k, v = (cupy.asarray(case[n]) if case[n].flags.c_contiguous else
+                       cupy.asarray(case[n].transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+                       for n in ("q", "k_cache", "v_cache"))
+            assert k.flags.c_contiguous != head_major or page == 1    # pages of 1: the same either way
+            res = launch.run(q, k, v)
+            outs.append((res.O.get(), res.L.get()))
+            _, verdict = decode.run_case(case, H, kvh, None, **decode.VARIANTS[variant])
+            assert verdict["ok"], (lens, q_len, page, head_major, verdict)
+        assert all(np.array_equal(a, b) for a, b in zip(*outs)), (lens, q_len, page)
 
 
 @pytest.mark.gpu

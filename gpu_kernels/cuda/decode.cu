@@ -61,7 +61,11 @@
 // Compile-time constants (defaults let the file compile alone):
 //   HEAD_DIM   d, 64 or 128             IS_BF16    0: fp16, 1: bf16
 //   PAGE_SIZE  0: contiguous cache (B, capacity, kv_heads, d); P > 0: pages (num_pages, P,
-//              kv_heads, d) (vLLM "NHD") addressed through block_table (B, max_pages) int32
+//              kv_heads, d) (vLLM "NHD") addressed through block_table (B, max_pages) int32;
+//              either at any strides (kv_batch_stride, kv_row_stride, kv_head_stride, in
+//              elements, multiples of 8; d contiguous): a head-major cache (B, kv_heads,
+//              capacity, d) or pages (num_pages, kv_heads, P, d) (FlashInfer's "HND") run
+//              through a transposed view, with no copy
 //   NUM_WARPS  4 or 8 warps per decode_split block (32 NUM_WARPS threads)
 //   ROW_WARPS  1, 2, 4 (or 8 with 8 warps) (B_r = 16 ROW_WARPS)   BLOCK_C  B_c, keys per tile
 //              (a multiple of 16 KEY_WARPS, KEY_WARPS = NUM_WARPS / ROW_WARPS)
@@ -172,20 +176,26 @@ __device__ __forceinline__ void fetch_pages(Pages& P, const int* bt_row, int key
 #endif
 }
 
-// Element offset of key p's row (KV head at head_off) in the cache: contiguous, or through
-// the block table (PAGE_PREFETCH: ``pages`` holds the entries of load iteration it's rows).
-__device__ __forceinline__ size_t kv_row_off(const int* bt_row, size_t seq_base, int p, int row_stride,
-                                             int head_off, const Pages& pages, int it) {
-    (void)bt_row; (void)seq_base; (void)pages; (void)it;
+// Where one block's rows of the cache are (elements): ``base`` is sequence b's first row
+// (contiguous) or the stride between pages (paged); ``row_stride`` the stride between keys;
+// ``head_off`` KV head kvh's offset in a row. Any strides: (B, capacity, kv_heads, d) and a
+// head-major (B, kv_heads, capacity, d) cache seen through a transposed view both run.
+struct CacheRows { size_t base; int row_stride; size_t head_off; };
+
+// Element offset of key p's row in the cache: contiguous, or through the block table
+// (PAGE_PREFETCH: ``pages`` holds the entries of load iteration it's rows).
+__device__ __forceinline__ size_t kv_row_off(const int* bt_row, const CacheRows& cr, int p,
+                                             const Pages& pages, int it) {
+    (void)bt_row; (void)pages; (void)it;
 #if PAGE_SIZE == 0
-    return seq_base + (size_t)p * row_stride + head_off;
+    return cr.base + (size_t)p * cr.row_stride + cr.head_off;
 #else
 #if PAGE_PREFETCH
     const int page = pages.pg[NPG == 1 ? 0 : it];
 #else
     const int page = bt_row[p / PAGE_SIZE];
 #endif
-    return ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * row_stride + head_off;
+    return (size_t)page * cr.base + (size_t)(p % PAGE_SIZE) * cr.row_stride + cr.head_off;
 #endif
 }
 
@@ -193,15 +203,15 @@ __device__ __forceinline__ size_t kv_row_off(const int* bt_row, size_t seq_base,
 // Keys >= kv_len are zero-filled (no bytes read; P is 0 there and 0 * 0 stays 0).
 // PAGE_PREFETCH: ``pages`` holds this tile's fetch_pages.
 __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, const u16* V,
-                                        const int* bt_row, size_t seq_base, int key0, int kv_len,
-                                        int row_stride, int head_off, const Pages& pages) {
+                                        const int* bt_row, const CacheRows& cr, int key0, int kv_len,
+                                        const Pages& pages) {
 #pragma unroll
     for (int it = 0; it < LOAD_ITERS; ++it) {
         const int c = it * NUM_THREADS + threadIdx.x;
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const int p = key0 + r;            // key position in the sequence
         const bool valid = p < kv_len;
-        const size_t off = valid ? kv_row_off(bt_row, seq_base, p, row_stride, head_off, pages, it) : 0;
+        const size_t off = valid ? kv_row_off(bt_row, cr, p, pages, it) : 0;
         cp_async_16(smem_addr(K_st + tile_off(r, col)), K + off + col, valid);
         cp_async_16(smem_addr(V_st + tile_off(r, col)), V + off + col, valid);
     }
@@ -211,15 +221,15 @@ __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, cons
 #if WGMMA
 // v5: as load_kv, into flash3's swizzled 64-column panels (wgmma.cuh's tile_off, bytes).
 __device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, const u16* V,
-                                           const int* bt_row, size_t seq_base, int key0, int kv_len,
-                                           int row_stride, int head_off, const Pages& pages) {
+                                           const int* bt_row, const CacheRows& cr, int key0, int kv_len,
+                                           const Pages& pages) {
 #pragma unroll
     for (int it = 0; it < LOAD_ITERS; ++it) {
         const int c = it * NUM_THREADS + threadIdx.x;
         const int r = c / CHUNKS, ch = c % CHUNKS;
         const int p = key0 + r;
         const bool valid = p < kv_len;
-        const size_t off = valid ? kv_row_off(bt_row, seq_base, p, row_stride, head_off, pages, it) : 0;
+        const size_t off = valid ? kv_row_off(bt_row, cr, p, pages, it) : 0;
         cp_async_16(K_st + tile_off(BLOCK_C, r, ch), K + off + ch * 8, valid);
         cp_async_16(V_st + tile_off(BLOCK_C, r, ch), V + off + ch * 8, valid);
     }
@@ -232,7 +242,8 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              u16* __restrict__ O, float* __restrict__ L, float* __restrict__ O_part,
              float* __restrict__ L_part, const int* __restrict__ block_table,
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
-             int max_pages, long long kv_batch_stride, int num_splits, int causal,
+             int max_pages, long long kv_batch_stride, int kv_row_stride,
+             long long kv_head_stride, int num_splits, int causal,
              float scale_log2) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     const float NEG_INF = neg_inf();
@@ -251,9 +262,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     const int R = q_len * group;
     const int row0 = chunk * BLOCK_R;
     const int kv_len = kv_lens[b];
-    const int row_stride = kv_heads * D;
-    const int head_off = kvh * D;
-    const size_t seq_base = (size_t)b * (size_t)kv_batch_stride;
+    // kv_batch_stride: between sequences (contiguous) or pages (paged)
+    const CacheRows cr = {PAGE_SIZE ? (size_t)kv_batch_stride : (size_t)b * (size_t)kv_batch_stride,
+                          kv_row_stride, (size_t)kvh * (size_t)kv_head_stride};
     const int* bt_row = block_table + (size_t)b * max_pages;
     const int shift = causal ? kv_len - q_len : kv_len - 1;
     const int T_c = cdiv(kv_len, B_c);
@@ -266,8 +277,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     for (int st = 0; st < STAGES - 1; ++st) {
         if (t_begin + st < t_end) {
             fetch_pages(pages, bt_row, (t_begin + st) * B_c, kv_len);
-            load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, seq_base, (t_begin + st) * B_c, kv_len,
-                       row_stride, head_off, pages);
+            load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, cr, (t_begin + st) * B_c, kv_len, pages);
         }
         cp_async_commit();
     }
@@ -307,8 +317,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         {
             const int jn = j + STAGES - 1, st = (jn - t_begin) % STAGES;
             if (jn < t_end)
-                load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, seq_base, jn * B_c, kv_len,
-                           row_stride, head_off, pages);
+                load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, cr, jn * B_c, kv_len, pages);
             cp_async_commit();
             if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);
         }
@@ -369,7 +378,8 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              u16* __restrict__ O, float* __restrict__ L, float* __restrict__ O_part,
              float* __restrict__ L_part, const int* __restrict__ block_table,
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
-             int max_pages, long long kv_batch_stride, int num_splits, int causal,
+             int max_pages, long long kv_batch_stride, int kv_row_stride,
+             long long kv_head_stride, int num_splits, int causal,
              float scale_log2) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     constexpr int NT = KW / 8;     // 8-key n-tiles of S per warp
@@ -391,9 +401,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     const int R = q_len * group;                  // packed rows of this KV head
     const int row0 = chunk * BLOCK_R;             // first packed row of this block
     const int kv_len = kv_lens[b];
-    const int row_stride = kv_heads * D;          // elements between consecutive keys
-    const int head_off = kvh * D;
-    const size_t seq_base = (size_t)b * (size_t)kv_batch_stride;
+    // kv_batch_stride: between sequences (contiguous) or pages (paged)
+    const CacheRows cr = {PAGE_SIZE ? (size_t)kv_batch_stride : (size_t)b * (size_t)kv_batch_stride,
+                          kv_row_stride, (size_t)kvh * (size_t)kv_head_stride};
     const int* bt_row = block_table + (size_t)b * max_pages;
 
     // Key k is visible to query position qi when k <= limit(qi) (and k < kv_len).
@@ -412,7 +422,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         if (t_begin + st < t_end) {
             fetch_pages(pages, bt_row, (t_begin + st) * B_c, kv_len);
             load_kv(KV_s + 2 * st * KV_TILE_ELEMS, KV_s + (2 * st + 1) * KV_TILE_ELEMS, K, V, bt_row,
-                    seq_base, (t_begin + st) * B_c, kv_len, row_stride, head_off, pages);
+                    cr, (t_begin + st) * B_c, kv_len, pages);
         }
         cp_async_commit();
     }
@@ -453,7 +463,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             const int jn = j + STAGES - 1, st = (jn - t_begin) % STAGES;
             if (jn < t_end)
                 load_kv(KV_s + 2 * st * KV_TILE_ELEMS, KV_s + (2 * st + 1) * KV_TILE_ELEMS, K, V,
-                        bt_row, seq_base, jn * B_c, kv_len, row_stride, head_off, pages);
+                        bt_row, cr, jn * B_c, kv_len, pages);
             cp_async_commit();
             if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);   // next one
         }

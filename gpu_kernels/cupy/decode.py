@@ -11,7 +11,10 @@ Shapes (flash-attention's ``flash_attn_with_kvcache`` and vLLM's "NHD" cache):
                 positions of each sequence (their keys are already in the cache)
     k/v_cache   contiguous: (batch, capacity, kv_heads, d); paged: (num_pages, page_size,
                 kv_heads, d) with block_table (batch, max_pages) int32: page i of sequence b
-                holds its tokens i P .. i P + P - 1
+                holds its tokens i P .. i P + P - 1. At any strides with d contiguous
+                (``cache_strides``): a head-major cache, PyTorch SDPA's (batch, kv_heads,
+                capacity, d) or FlashInfer's "HND" pages (num_pages, kv_heads, P, d), runs as
+                ``cache.transpose(1, 2)``, without a copy
     kv_lens     (batch,) the keys of each sequence (ragged); vLLM's cache_seqlens
     L           (batch, heads, q_len) fp32, natural-log logsumexp of each row of tau Q K^T
 Causal (default): query position qi sees keys <= kv_len - q_len + qi (bottom-right aligned).
@@ -341,11 +344,15 @@ class DecodeLaunch(CupyLaunch, GroupShape):
             why = (None if shape == want else f"expected {want}") if want else self.cache_shape_ok(shape)
             if why:
                 raise KernelInputError(f"{name} has shape {shape}: {why}")
-            if not a.flags.c_contiguous:
+            if want and not a.flags.c_contiguous:
                 raise KernelInputError(f"{name} is not C-contiguous; pass a contiguous copy")
             views.append(a)
         if views[1].shape != views[2].shape:
             raise KernelInputError(f"k_cache and v_cache shapes differ: {views[1].shape}, {views[2].shape}")
+        strides = [cache_strides(a, name) for a, name in zip(views[1:], ("k_cache", "v_cache"))]
+        if strides[0] != strides[1]:
+            raise KernelInputError(f"k_cache and v_cache strides differ (elements): {strides[0]}, "
+                                   f"{strides[1]}; the kernel reads both at one offset")
         return views
 
     def used_rows(self, cache, seqs=None):
@@ -433,17 +440,39 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     def kernel_args(self, xp, q, k, v, O, L, O_part, L_part, block_table, kv_lens) -> list:
         """The argument tuples of ``launches()`` in order (decode_split's, then
         decode_combine's), the scalars as ``xp``'s (CuPy, or NumPy for an emulation) types."""
-        stride = 0 if self.page_size else k.shape[1] * self.kv_heads * self.d
+        outer, row, head = cache_strides(k, "k_cache")
         i32 = xp.int32
         split = (q, k, v, O, L, O_part, L_part, block_table, kv_lens, i32(self.batch),
                  i32(self.q_len), i32(self.group), i32(self.kv_heads), i32(block_table.shape[1]),
-                 xp.int64(stride), i32(self.splits), i32(self.causal), xp.float32(self.tau * LOG2E))
+                 xp.int64(outer), i32(row), xp.int64(head), i32(self.splits), i32(self.causal),
+                 xp.float32(self.tau * LOG2E))
         combine = (O_part, L_part, O, L, i32(self.batch * self.q_len * self.heads),
                    i32(self.splits), i32(self.heads), i32(self.q_len))
         return [split, combine][:len(self.launches())]
 
 
 # ---------------------------------------------------------------------- configure (FlashInfer's plan)
+
+def cache_strides(a, name: str) -> tuple[int, int, int]:
+    """The strides in elements of a K/V cache (4 dimensions, d last): (between sequences or
+    pages, between keys, between KV heads). Any layout whose d is contiguous runs (a
+    head-major cache through a transposed view: no copy); each stride a multiple of 8
+    elements and the start 16-byte aligned (the kernel's 16-byte cp.async), none negative."""
+    item = a.dtype.itemsize
+    es = [st // item for st in a.strides]
+    if a.strides[3] != item and a.shape[3] > 1:
+        raise KernelInputError(f"{name}'s last dimension (d) is not contiguous (strides {tuple(a.strides)} "
+                               "bytes); pass a view whose d is, or a contiguous copy")
+    if any(st % item or e < 0 or e % 8 for st, e in zip(a.strides[:3], es)):
+        raise KernelInputError(f"{name} has strides {tuple(es[:3])} elements before d; each must be a "
+                               "non-negative multiple of 8 (16-byte loads)")
+    if es[1] >= 2**31:                      # the kernel's kv_row_stride is an int
+        raise KernelInputError(f"{name}'s stride between keys, {es[1]} elements, is 2**31 or more")
+    ptr = a.data.ptr if hasattr(a, "data") and hasattr(a.data, "ptr") else a.ctypes.data
+    if ptr % 16:
+        raise KernelInputError(f"{name} does not start on a 16-byte boundary")
+    return es[0], es[1], es[2]
+
 
 def _int(value, name: str, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -785,12 +814,15 @@ def device_check(launch: DecodeLaunch, q, k_cache, v_cache):
 
 
 def random_case(rng, batch: int, heads: int, kv_heads: int, d: int, kv_lens, q_len: int,
-                page_size: int, dtype: str = "fp16", spike: bool = True) -> dict:
+                page_size: int, dtype: str = "fp16", spike: bool = True,
+                head_major: bool = False) -> dict:
     """Host inputs of one decode step for tests and the sanitizer: standard normal q, K, V
     rounded to ``dtype``; the cache contiguous (page_size 0) or in pages shuffled in memory,
     three pages nobody uses, and NaN in every slot past a sequence's kv_len (the kernel must
     never read them). With ``spike`` a few keys per sequence align with the last query rows
-    (large logits), so the running maximum changes between tiles and splits.
+    (large logits), so the running maximum changes between tiles and splits. ``head_major``:
+    the cache is stored (B, kv_heads, capacity, d) (pages: (num_pages, kv_heads, P, d)) and
+    k_cache, v_cache are its transposed views (``cache_strides``; ``run_case`` keeps them so).
 
     Returns q (B, q_len, H, d), k_cache, v_cache (storage: fp16 or bf16 bits), rows_k, rows_v
     (per sequence its (kv_len, kv_heads, d) float32 values) and ``configure`` keywords."""
@@ -823,8 +855,11 @@ def random_case(rng, batch: int, heads: int, kv_heads: int, d: int, kv_lens, q_l
         for b, n in enumerate(kv_lens):
             k[b, n:] = np.nan
             v[b, n:] = np.nan
-    return dict(q=storage(q, dtype), k_cache=storage(k, dtype), v_cache=storage(v, dtype),
-                q_values=q, rows_k=rows_k, rows_v=rows_v, configure=kw)
+    k, v = storage(k, dtype), storage(v, dtype)
+    if head_major:
+        k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in (k, v))
+    return dict(q=storage(q, dtype), k_cache=k, v_cache=v, q_values=q, rows_k=rows_k, rows_v=rows_v,
+                configure=kw)
 
 
 def run_case(case: dict, heads: int, kv_heads: int, splits=None, **tiles) -> tuple[DecodeLaunch, dict]:
@@ -836,7 +871,10 @@ def run_case(case: dict, heads: int, kv_heads: int, splits=None, **tiles) -> tup
 
     B, q_len, _, d = case["q"].shape
     launch = configure(B, heads, kv_heads, d, splits=splits, **case["configure"], **tiles)
-    dq, dk, dv = (cupy.asarray(case[n]) for n in ("q", "k_cache", "v_cache"))
+    # the cache's storage copied as it is, then seen as the case sees it (a head-major view)
+    dq, dk, dv = (cupy.asarray(case[n]) if case[n].flags.c_contiguous else
+                  cupy.asarray(case[n].transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+                  for n in ("q", "k_cache", "v_cache"))
     out = cupy.full(dq.shape, np.nan if launch.dtype == "fp16" else 0x7FC0, dq.dtype)
     lse = cupy.full((B, heads, q_len), np.nan, cupy.float32)
     O, L = launch.run(dq, dk, dv, out=out, lse=lse)
