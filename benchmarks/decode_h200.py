@@ -18,7 +18,9 @@
 Points: batch in {1, 8, 64}, kv_len in {4k, 32k, 128k}, H = 32 query heads with kv_heads in
 {32, 8, 1}, d = 128, q_len in {1, 4}, fp16 (a combination whose K/V cache exceeds 40 GB is
 skipped). Implementations per point, all on the same K/V values:
-  cupy_decode        ours, contiguous cache (B, kv_len, kv_heads, d), each configuration of
+  cupy_decode        ours, contiguous cache (B, kv_len, kv_heads, d) ("layout" token_major),
+                     and again on PyTorch's own K and V tensors (B, kv_heads, kv_len, d) through
+                     transposed views (head_major: no copy, the same bytes), each configuration of
                      decode.VARIANTS (v1: the first run's, 4 warps; v2: the new combine,
                      decode.default_warps; v2_w8: 8 warps, where a KV head has >= 32 rows; v3:
                      v3's combine; v4: v3 with the one-wave splits, the others FlashAttention-2's;
@@ -26,7 +28,10 @@ skipped). Implementations per point, all on the same K/V values:
                      warpgroup, where it has 32 to 64)
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
-  cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order
+                     and "ours_layout"; "ours_head_major_over_best_torch": ours on the very
+                     tensors PyTorch gets
+  cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order,
+                     "NHD" (num_pages, P, kv_heads, d) and "HND" (num_pages, kv_heads, P, d)
                      (the default, decode.default_variant: v4, v5_w4 or v5, block-table entries
                      prefetched a tile ahead; v1 too at pages of 16, q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
@@ -71,6 +76,9 @@ TUNING_POINTS_V5 = [(8, 1, 32768, 4)]   # v5's tiles (decode.TUNING_V5) are chos
 PAGED_V1 = 16                 # the page size at which v1 (no block-table prefetch) is timed too
 W8_MIN_ROWS = 32              # _w8 and v5 where a KV head has this many packed rows (MQA); fewer
                               # rows would pad 8 warps' 32-row tiles (the time budget)
+# The cache as ours reads it: token_major, (B, kv_len, kv_heads, d) itself (pages "NHD");
+# head_major, PyTorch's (B, kv_heads, kv_len, d) tensors through transposed views (pages "HND")
+LAYOUTS = ("token_major", "head_major")
 MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: small points only
 
 METHOD = ("Every implementation is checked on the very inputs it is timed on before it is timed: "
@@ -114,10 +122,11 @@ def grid_points(quick: bool) -> list[tuple]:
     return [p for p in dict.fromkeys(pts) if cache_bytes(*p[:3]) <= MAX_CACHE_BYTES]
 
 
-def paged_copy(torch, k, v, page_size: int, seed: int):
-    """The rows of contiguous k, v (B, n, kvh, d) in pages of ``page_size`` tokens, the pages
-    in a random order: (k_pages, v_pages (num_pages, P, kvh, d), block_table (B, pages) int32
-    on the host)."""
+def paged_copy(torch, k, v, page_size: int, seed: int, head_major: bool = False):
+    """The rows of k, v (B, n, kvh, d) in pages of ``page_size`` tokens, the pages in a
+    random order: (k_pages, v_pages (num_pages, P, kvh, d), block_table (B, pages) int32 on
+    the host). ``head_major``: the pages stored (num_pages, kvh, P, d) (FlashInfer's "HND"),
+    returned as their transposed views."""
     B, n, kvh, d = k.shape
     per = math.ceil(n / page_size)
     perm = np.random.default_rng(seed).permutation(B * per).astype(np.int32)
@@ -130,8 +139,10 @@ def paged_copy(torch, k, v, page_size: int, seed: int):
             if per * page_size != n else x
         if src is not x:
             src[:, :n] = x
-        pages[idx] = src.view(B * per, page_size, kvh, d)
+        pages[idx] = src.reshape(B * per, page_size, kvh, d)
         del src
+        if head_major:
+            pages = pages.transpose(1, 2).contiguous().transpose(1, 2)
         out.append(pages)
     return out[0], out[1], bt
 
@@ -263,50 +274,8 @@ class Bench(Recorder):
                 "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
         q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
 
-        seen = set()
-        for name, kw in decode.VARIANTS.items():
-            if (name.endswith("_w8") or name == "v5") and ql * H // kvh < W8_MIN_ROWS:
-                continue
-            if name == "v5_w4" and not W8_MIN_ROWS <= ql * H // kvh <= 64:   # one 64-row block
-                continue
-            try:
-                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tiles(kw["wgmma"]),
-                                      **kw)
-            except KernelInputError as exc:   # e.g. 8 warps' merge with the tuned 2 stages
-                self.skip({"impl": "cupy_decode", **base, "page_size": 0, "variant": name}, str(exc))
-                continue
-            defs = lv.defines()
-            if lv.splits == 1:                  # no combine launch: its version is moot
-                defs.pop("COMBINE")
-            key = (tuple(sorted(defs.items())), lv.splits)
-            if key in seen:                     # the same kernels and grid as one timed above
-                continue
-            seen.add(key)
-            self.record({"impl": "cupy_decode", **base, "page_size": 0, "splits": lv.splits,
-                         "variant": name, "warps": lv.warps, "combine": lv.combine,
-                         "block_cols": lv.block_cols, "stages": lv.stages},
-                        run_ours(lv, k, v), ours_check)
-        for P in PAGES:
-            kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
-            default = decode.default_variant(ql * H // kvh)
-            for name in (default, "v1") if P == PAGED_V1 and ql == 1 else (default,):
-                try:
-                    lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
-                                          block_table=bt, num_pages=kp.shape[0],
-                                          **self.tiles(decode.VARIANTS[name]["wgmma"]),
-                                          **decode.VARIANTS[name])
-                except KernelInputError as exc:
-                    self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
-                               "variant": name}, str(exc))
-                    continue
-                self.record({"impl": "cupy_decode_paged", **base, "page_size": P,
-                             "splits": lp.splits, "variant": name, "warps": lp.warps,
-                             "combine": lp.combine, "page_prefetch": lp.page_prefetch,
-                             "block_cols": lp.block_cols, "stages": lp.stages},
-                            run_ours(lp, kp, vp), ours_check)
-            del kp, vp
-            torch.cuda.empty_cache()
-
+        self.ours(base, k, v, run_ours, ours_check, "token_major")
+        self.paged(base, k, v, run_ours, ours_check, "token_major")
         self.plain_read(base, k, v)
 
         # PyTorch's layouts: (B, H, q_len, d) and (B, kv_heads, kv_len, d)
@@ -316,7 +285,7 @@ class Bench(Recorder):
         torch.cuda.empty_cache()
         for name, backend in (("torch_flash", "FLASH_ATTENTION"), ("torch_cudnn", "CUDNN_ATTENTION"),
                               ("torch_efficient", "EFFICIENT_ATTENTION"), ("torch_math", "MATH")):
-            what = {"impl": name, **base, "page_size": 0}
+            what = {"impl": name, **base, "page_size": 0, "layout": "head_major"}
             if name == "torch_math" and base["kv_bytes"] * (H // kvh) > MATH_MAX_BYTES:
                 self.skip(what, f"math backend run only up to {MATH_MAX_BYTES / 1e9:.0f} GB of K/V "
                                 "repeated per query head (it materialises them)")
@@ -330,9 +299,72 @@ class Bench(Recorder):
             self.record(what, fn, lambda o, c=causal: decode.check_rows(
                 launch, refs[c or ql == 1], o.transpose(1, 2).float().cpu().numpy()),
                 repeats=3 if name == "torch_math" else None)
-        del qt, kt, vt
+        del qt
+        # ours on PyTorch's very K and V: the head-major cache through its transposed view
+        kh, vh = kt.transpose(1, 2), vt.transpose(1, 2)
+        self.ours(base, kh, vh, run_ours, ours_check, "head_major")
+        self.paged(base, kh, vh, run_ours, ours_check, "head_major")
+        del kt, vt, kh, vh
         torch.cuda.empty_cache()
         self.save()
+
+    def ours(self, base, k, v, run_ours, ours_check, layout: str):
+        """Ours on the cache k, v (B, n, kvh, d) as laid out (``layout``: token_major, the
+        arrays themselves; head_major, transposed views of (B, kvh, n, d) storage), each
+        configuration of decode.VARIANTS that differs from those timed before it."""
+        B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
+        seen = set()
+        for name, kw in decode.VARIANTS.items():
+            if (name.endswith("_w8") or name == "v5") and ql * H // kvh < W8_MIN_ROWS:
+                continue
+            if name == "v5_w4" and not W8_MIN_ROWS <= ql * H // kvh <= 64:   # one 64-row block
+                continue
+            try:
+                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tiles(kw["wgmma"]),
+                                      **kw)
+            except KernelInputError as exc:   # e.g. 8 warps' merge with the tuned 2 stages
+                self.skip({"impl": "cupy_decode", **base, "page_size": 0, "variant": name,
+                           "layout": layout}, str(exc))
+                continue
+            defs = lv.defines()
+            if lv.splits == 1:                  # no combine launch: its version is moot
+                defs.pop("COMBINE")
+            key = (tuple(sorted(defs.items())), lv.splits)
+            if key in seen:                     # the same kernels and grid as one timed above
+                continue
+            seen.add(key)
+            self.record({"impl": "cupy_decode", **base, "page_size": 0, "layout": layout,
+                         "splits": lv.splits, "variant": name, "warps": lv.warps,
+                         "combine": lv.combine, "block_cols": lv.block_cols, "stages": lv.stages},
+                        run_ours(lv, k, v), ours_check)
+
+    def paged(self, base, k, v, run_ours, ours_check, layout: str):
+        """Ours on the same rows in pages of each of PAGES, in random order: "NHD" pages
+        (num_pages, P, kvh, d) (``layout`` token_major) or "HND" (num_pages, kvh, P, d) seen
+        through transposed views (head_major); v1 too at PAGED_V1, q_len 1, token_major."""
+        torch = self.torch
+        B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
+        for P in PAGES:
+            kp, vp, bt = paged_copy(torch, k, v, P, seed=P, head_major=layout == "head_major")
+            default = decode.default_variant(ql * H // kvh)
+            extra = P == PAGED_V1 and ql == 1 and layout == "token_major"
+            for name in (default, "v1") if extra else (default,):
+                try:
+                    lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
+                                          block_table=bt, num_pages=kp.shape[0],
+                                          **self.tiles(decode.VARIANTS[name]["wgmma"]),
+                                          **decode.VARIANTS[name])
+                except KernelInputError as exc:
+                    self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
+                               "variant": name, "layout": layout}, str(exc))
+                    continue
+                self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "layout": layout,
+                             "splits": lp.splits, "variant": name, "warps": lp.warps,
+                             "combine": lp.combine, "page_prefetch": lp.page_prefetch,
+                             "block_cols": lp.block_cols, "stages": lp.stages},
+                            run_ours(lp, kp, vp), ours_check)
+            del kp, vp
+            torch.cuda.empty_cache()
 
     def plain_read(self, base, k, v):
         """The plain read of the same K and V bytes (the physical limit)."""
@@ -458,12 +490,19 @@ class Bench(Recorder):
             ours = best(lambda p: p["impl"] == "cupy_decode")
             fastest = [p for p in here if p["impl"] == "cupy_decode" and p["check_ok"]
                        and p["tbps"] == ours]
+            by_layout = {lay: best(lambda p, lay=lay: p["impl"] == "cupy_decode"
+                                   and p.get("layout", "token_major") == lay)
+                         for lay in LAYOUTS}
             paged = best(lambda p: p["impl"] == "cupy_decode_paged")
             peer = best(lambda p: p["impl"].startswith("torch"))
             read = best(lambda p: p["impl"] == "plain_read")
             rows.append({"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
                          "ours_tbps": ours,
                          "ours_variant": fastest[0].get("variant", "v1") if fastest else None,
+                         "ours_layout": fastest[0].get("layout", "token_major") if fastest else None,
+                         **{f"ours_{lay}_tbps": t for lay, t in by_layout.items()},
+                         "ours_head_major_over_best_torch": (by_layout["head_major"] / peer
+                                                             if by_layout["head_major"] and peer else None),
                          "ours_paged_best_tbps": paged, "best_torch_tbps": peer,
                          "plain_read_tbps": read,
                          "ours_over_best_torch": ours / peer if ours and peer else None,
@@ -477,13 +516,15 @@ class Bench(Recorder):
         if not show:
             return
         f = lambda x: "   -" if x is None else f"{x:4.2f}"  # noqa: E731
-        print(f"\n{'B':>3} {'kvh':>3} {'kv_len':>6} {'q':>2} | {'ours':>4} {'paged':>5} {'torch':>5} "
-              f"{'read':>4} | ours/torch ours/read ours/q1 variant (TB/s)")
+        print(f"\n{'B':>3} {'kvh':>3} {'kv_len':>6} {'q':>2} | {'ours':>4} {'tokM':>4} {'hedM':>4} "
+              f"{'paged':>5} {'torch':>5} {'read':>4} | ours/torch ours/read ours/q1 variant layout (TB/s)")
         for r in rows:
             print(f"{r['batch']:>3} {r['kv_heads']:>3} {r['kv_len']:>6} {r['q_len']:>2} | "
-                  f"{f(r['ours_tbps'])} {f(r['ours_paged_best_tbps']):>5} {f(r['best_torch_tbps']):>5} "
+                  f"{f(r['ours_tbps'])} {f(r['ours_token_major_tbps'])} {f(r['ours_head_major_tbps'])} "
+                  f"{f(r['ours_paged_best_tbps']):>5} {f(r['best_torch_tbps']):>5} "
                   f"{f(r['plain_read_tbps'])} | {f(r['ours_over_best_torch']):>10} "
-                  f"{f(r['ours_over_plain_read']):>9} {f(r['ours_over_q1']):>7} {r['ours_variant']}")
+                  f"{f(r['ours_over_plain_read']):>9} {f(r['ours_over_q1']):>7} {r['ours_variant']} "
+                  f"{r['ours_layout']}")
 
 
 # ---------------------------------------------------------------------- the splits sweep
@@ -517,7 +558,8 @@ def tiny_cases():
     """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits, configure keywords): every variant
     in a few small blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4,
     16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the three combines, row chunks, bf16,
-    d = 64, and v5 (wgmma; the default from 32 rows: one warpgroup up to 64)."""
+    d = 64, v5 (wgmma; the default from 32 rows: one warpgroup up to 64), and head-major
+    caches (the keyword ``head_major``, which goes to ``random_case``: ``case_options``)."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
@@ -555,7 +597,18 @@ def tiny_cases():
                             (32, 1, 64, [5, 129], 2, 0, "bf16", 2, v5w4),
                             # the default at 32 rows (v5_w4) over pages of 1 and 64
                             (32, 1, 128, [70, 130], 1, 1, "fp16", 3, {}),
-                            (32, 1, 128, [70, 130], 1, 64, "fp16", None, {})]
+                            (32, 1, 128, [70, 130], 1, 64, "fp16", None, {}),
+                            # a head-major cache (and "HND" pages) through transposed views
+                            (8, 2, 128, [37, 300], 1, 0, "fp16", 3, dict(head_major=True)),
+                            (8, 2, 128, [37, 300], 4, 16, "bf16", None, dict(head_major=True)),
+                            (32, 2, 128, [70, 9], 1, 1, "fp16", 2, dict(head_major=True)),
+                            (32, 4, 64, [65, 130], 4, 0, "fp16", 2, dict(v5, head_major=True))]
+
+
+def case_options(tiles: dict) -> tuple[dict, dict]:
+    """A tiny case's keywords split into ``random_case``'s (head_major) and ``configure``'s."""
+    tiles = dict(tiles)
+    return {"head_major": tiles.pop("head_major", False)}, tiles
 
 
 def sanitize() -> int:
@@ -570,7 +623,9 @@ def sanitize() -> int:
         label = (f"H={Hh} kv_heads={kvh} d={d} kv_lens={lens} q_len={ql} page={P} {dtype} "
                  f"splits={splits} {tiles or ''}")
         try:
-            case = decode.random_case(np.random.default_rng(i), len(lens), Hh, kvh, d, lens, ql, P, dtype)
+            layout, tiles = case_options(tiles)
+            case = decode.random_case(np.random.default_rng(i), len(lens), Hh, kvh, d, lens, ql, P, dtype,
+                                      **layout)
             launch, verdict = decode.run_case(case, Hh, kvh, splits, **tiles)
             ok = verdict["ok"]
             label += f" -> {launch.splits} splits, error {verdict['max_abs_error']:.2e} <= {verdict['bound']:.2e}"

@@ -184,7 +184,8 @@ def decode_v5_w4(d: dict) -> list[str]:
     by = {}
     for p in d["points"]:
         if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1:
-            by.setdefault((p["batch"], p["kv_len"]), {})[p.get("variant", "v1")] = p["tbps"]
+            mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
+            mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
     if not here:
         return []
@@ -194,6 +195,27 @@ def decode_v5_w4(d: dict) -> list[str]:
     line = (f"* v5_w4 (wgmma, one warpgroup), MQA at q_len = 1: the fastest version at {fastest} "
             f"of {len(here)} points, at worst {worst:.3f} of the fastest")
     return [line + (f"; over v4 (8 mma.sync warps) {min(w8):.2f}-{max(w8):.2f}x." if w8 else ".")]
+
+
+def decode_layouts(d: dict) -> list[str]:
+    """Ours on PyTorch's own (B, kv_heads, kv_len, d) tensors (head-major, transposed views)
+    against ours on the token-major cache, and against PyTorch on those same tensors."""
+    rows = [r for r in d["summary"] if r.get("ours_head_major_tbps") and r.get("ours_token_major_tbps")]
+    if not rows:
+        return []
+    ratio = {(r["batch"], r["kv_heads"], r["kv_len"], r["q_len"]):
+             r["ours_head_major_tbps"] / r["ours_token_major_tbps"] for r in rows}
+    near = [x for x in ratio.values() if abs(x - 1) <= 0.02]
+    far = "; ".join(f"B {b}, kv_heads {h}, kv_len {n}, q_len {q}: {x:.2f}"
+                    for (b, h, n, q), x in ratio.items() if abs(x - 1) > 0.02)
+    same = [r for r in rows if r["q_len"] == 1 and r.get("ours_head_major_over_best_torch")]
+    met = sum(r["ours_head_major_over_best_torch"] >= 1 for r in same)
+    return [f"* The cache's layout: ours on PyTorch's own K and V tensors (B, kv_heads, kv_len, d), "
+            f"read through transposed views, over ours on the token-major cache (B, kv_len, "
+            f"kv_heads, d): median {statistics.median(ratio.values()):.3f}; within 2 % at "
+            f"{len(near)} of {len(ratio)} points" + (f" (the others: {far})" if far else "")
+            + f". On the very tensors PyTorch gets, ours at least matches its best backend at "
+            f"{met} of {len(same)} points with q_len = 1."]
 
 
 NCU_DECODE = ["dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum"]
@@ -253,10 +275,14 @@ def decode_table(d: dict) -> list[str]:
     """Per point: our kernel (its fastest correct configuration), paged, PyTorch, the read."""
     rows = d["summary"]
     return _table(["B", "kv_heads", "kv_len", "q_len", "ours TB/s", "configuration",
+                   "token-major TB/s", "head-major TB/s",
                    "paged best TB/s", "best PyTorch TB/s", "plain read TB/s", "ours / PyTorch",
                    "ours / read", "ours / q_len 1"],
                   [[r["batch"], r["kv_heads"], r["kv_len"], r["q_len"], _f(r["ours_tbps"]),
-                    r.get("ours_variant") or "v1", _f(r["ours_paged_best_tbps"]),
+                    " ".join(x for x in (r.get("ours_variant") or "v1",
+                                         (r.get("ours_layout") or "").replace("_", "-")) if x),
+                    _f(r.get("ours_token_major_tbps")), _f(r.get("ours_head_major_tbps")),
+                    _f(r["ours_paged_best_tbps"]),
                     _f(r["best_torch_tbps"]), _f(r["plain_read_tbps"]),
                     _f(r["ours_over_best_torch"]), _f(r["ours_over_plain_read"]),
                     _f(r["ours_over_q1"])]
@@ -271,11 +297,13 @@ def decode(lines):
     lines += ["## Decode step (H200)", "", f"Provenance: {_prov(d['provenance'])}.", "",
               "One decode step, H = 32 query heads, d = 128, fp16; bandwidth = the K/V bytes a "
               "step must read over its time. Ours is `cupy_decode` (the fastest correct of the "
-              "configurations timed in the run; v1 where the file names none), paged "
-              "`cupy_decode_paged` (pages of 1, 16, 64), PyTorch SDPA's flash, cuDNN and math "
+              "configurations timed in the run, versions and cache layouts; v1 where the file "
+              "names none): token-major, the cache (B, kv_len, kv_heads, d) itself; head-major, "
+              "PyTorch's own (B, kv_heads, kv_len, d) tensors through transposed views. Paged: "
+              "`cupy_decode_paged` (pages of 1, 16, 64, \"NHD\" and \"HND\"), PyTorch SDPA's flash, cuDNN and math "
               "backends and flex_attention where they ran; every implementation checked against "
               f"a float64 reference first ({d.get('failed_checks', 0)} failed checks).", ""]
-    lines += decode_done_when(d) + [""]
+    lines += decode_done_when(d) + decode_layouts(d) + [""]
     lines += decode_table(d)
     lines.append("")
 
@@ -292,7 +320,7 @@ def decode_md_text() -> str:
     d = _load("decode_h200.json")
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
-    block += (decode_done_when(d) + decode_v5_w4(d)) if d else ["Not measured yet."]
+    block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d)) if d else ["Not measured yet."]
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []
     nc = _load("decode_ncu_h200.json")
