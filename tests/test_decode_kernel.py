@@ -557,6 +557,8 @@ def test_cache_strides_are_checked():
     assert decode.cache_strides(x[:, :, :, 0].transpose(0, 2, 1, 3), "k_cache") == \
         (4 * 16 * 3 * 64, 3 * 64, 16 * 3 * 64)
     assert decode.cache_strides(np.zeros((2, 16, 4, 64), np.float16), "k_cache") == (4096, 256, 64)
+    one = np.lib.stride_tricks.as_strided(np.zeros(16 * 64, np.float16), (1, 16, 1, 64), (2, 128, 6, 2))
+    assert decode.cache_strides(one, "k_cache") == (0, 64, 0)   # size-1 dimensions: never stepped
     with pytest.raises(KernelInputError, match="k_cache's last dimension"):
         decode.cache_strides(np.zeros((2, 4, 64, 16), np.float16).transpose(0, 1, 3, 2), "k_cache")
     with pytest.raises(KernelInputError, match="multiple of 8"):

@@ -459,11 +459,14 @@ def cache_strides(a, name: str) -> tuple[int, int, int]:
     head-major cache through a transposed view: no copy); each stride a multiple of 8
     elements and the start 16-byte aligned (the kernel's 16-byte cp.async), none negative."""
     item = a.dtype.itemsize
-    es = [st // item for st in a.strides]
-    if a.strides[3] != item and a.shape[3] > 1:
+    # a dimension of size 1 is only ever indexed at 0: its stride, whatever a framework
+    # reports for it, is never used
+    strides = [0 if n == 1 else st for n, st in zip(a.shape, a.strides)]
+    es = [st // item for st in strides]
+    if a.shape[3] > 1 and a.strides[3] != item:
         raise KernelInputError(f"{name}'s last dimension (d) is not contiguous (strides {tuple(a.strides)} "
                                "bytes); pass a view whose d is, or a contiguous copy")
-    if any(st % item or e < 0 or e % 8 for st, e in zip(a.strides[:3], es)):
+    if any(st % item or e < 0 or e % 8 for st, e in zip(strides[:3], es)):
         raise KernelInputError(f"{name} has strides {tuple(es[:3])} elements before d; each must be a "
                                "non-negative multiple of 8 (16-byte loads)")
     if es[1] >= 2**31:                      # the kernel's kv_row_stride is an int
