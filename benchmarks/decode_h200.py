@@ -24,7 +24,9 @@ skipped). Implementations per point, all on the same K/V values:
                      decode.VARIANTS (v1: the first run's, 4 warps; v2: the new combine,
                      decode.default_warps; v2_w8: 8 warps, where a KV head has >= 32 rows; v3:
                      v3's combine; v4: v3 with the one-wave splits, the others FlashAttention-2's;
-                     v5: v4 on wgmma, where a KV head has >= 32 rows; v5_w4: v5 with one
+                     v5: v4 on wgmma, where a KV head has >= 32 rows; v6: the defaults,
+                     v4's or v5's kernels with the combine by programmatic dependent launch;
+                     v5_w4: v5 with one
                      warpgroup, where it has 32 to 64)
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
@@ -32,8 +34,9 @@ skipped). Implementations per point, all on the same K/V values:
                      tensors PyTorch gets
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order,
                      "NHD" (num_pages, P, kv_heads, d) and "HND" (num_pages, kv_heads, P, d)
-                     (the default, decode.default_variant: v4, v5_w4 or v5, block-table entries
-                     prefetched a tile ahead; v1 too at pages of 16, q_len 1)
+                     (v6, the defaults: decode.default_variant's kernels, v4, v5_w4 or v5,
+                     block-table entries prefetched a tile ahead, the combine by programmatic
+                     dependent launch; v1 too at pages of 16, q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
                      kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
                      reference; the q_len - 1 hidden keys change no bandwidth)
@@ -319,8 +322,9 @@ class Bench(Recorder):
                 continue
             if name == "v5_w4" and not W8_MIN_ROWS <= ql * H // kvh <= 64:   # one 64-row block
                 continue
+            wgmma = kw.get("wgmma", decode.default_wgmma(ql * H // kvh))   # v6: the default's
             try:
-                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tiles(kw["wgmma"]),
+                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tiles(wgmma),
                                       **kw)
             except KernelInputError as exc:   # e.g. 8 warps' merge with the tuned 2 stages
                 self.skip({"impl": "cupy_decode", **base, "page_size": 0, "variant": name,
@@ -346,14 +350,13 @@ class Bench(Recorder):
         B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P, head_major=layout == "head_major")
-            default = decode.default_variant(ql * H // kvh)
             extra = P == PAGED_V1 and ql == 1 and layout == "token_major"
-            for name in (default, "v1") if extra else (default,):
+            for name in ("v6", "v1") if extra else ("v6",):
+                wgmma = decode.VARIANTS[name].get("wgmma", decode.default_wgmma(ql * H // kvh))
                 try:
                     lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
                                           block_table=bt, num_pages=kp.shape[0],
-                                          **self.tiles(decode.VARIANTS[name]["wgmma"]),
-                                          **decode.VARIANTS[name])
+                                          **self.tiles(wgmma), **decode.VARIANTS[name])
                 except KernelInputError as exc:
                     self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
                                "variant": name, "layout": layout}, str(exc))
@@ -602,7 +605,10 @@ def tiny_cases():
                             (8, 2, 128, [37, 300], 1, 0, "fp16", 3, dict(head_major=True)),
                             (8, 2, 128, [37, 300], 4, 16, "bf16", None, dict(head_major=True)),
                             (32, 2, 128, [70, 9], 1, 1, "fp16", 2, dict(head_major=True)),
-                            (32, 4, 64, [65, 130], 4, 0, "fp16", 2, dict(v5, head_major=True))]
+                            (32, 4, 64, [65, 130], 4, 0, "fp16", 2, dict(v5, head_major=True)),
+                            # v6 (the defaults) named: the combine by programmatic dependent launch
+                            (32, 8, 128, [37, 3000], 1, 0, "fp16", None, decode.VARIANTS["v6"]),
+                            (32, 1, 128, [37, 3000], 4, 16, "bf16", 40, decode.VARIANTS["v6"])]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:

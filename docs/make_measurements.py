@@ -218,6 +218,33 @@ def decode_layouts(d: dict) -> list[str]:
             f"{met} of {len(same)} points with q_len = 1."]
 
 
+def decode_v6(d: dict) -> list[str]:
+    """v6 (the defaults: the combine by programmatic dependent launch) over the same kernels
+    launched one after the other (v4, v5_w4 or v5, whichever the defaults run), same layout."""
+    from gpu_kernels.cupy import decode as dk
+
+    t = {}
+    for p in d["points"]:
+        if p["impl"] == "cupy_decode" and p["check_ok"]:
+            t[(p["batch"], p["heads"], p["kv_heads"], p["kv_len"], p["q_len"],
+               p.get("layout", "token_major"), p.get("variant"))] = (p["time_s"], p["splits"])
+    ratios = []
+    for (B, H, kvh, n, ql, lay, var), (time_s, splits) in t.items():
+        before = t.get((B, H, kvh, n, ql, lay, dk.default_variant(ql * H // kvh)))
+        if var == "v6" and splits > 1 and before and before[1] == splits:
+            ratios.append((time_s / before[0], B, kvh, n, ql, before[0]))
+    if not ratios:
+        return []
+    ratios.sort()
+    best = ratios[0]
+    return [f"* v6 (the defaults: decode_combine by programmatic dependent launch) over the same "
+            f"kernels launched one after the other, same splits and layout, at the {len(ratios)} "
+            f"timings with splits: median {statistics.median(r[0] for r in ratios):.3f}, "
+            f"{ratios[0][0]:.3f} to {ratios[-1][0]:.3f}; the largest gain at B = {best[1]}, "
+            f"kv_heads = {best[2]}, kv_len = {best[3]}, q_len = {best[4]}, a step of "
+            f"{best[5] * 1e6:.1f} us."]
+
+
 NCU_DECODE = ["dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum"]
 
 
@@ -320,7 +347,8 @@ def decode_md_text() -> str:
     d = _load("decode_h200.json")
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
-    block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d)) if d else ["Not measured yet."]
+    block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)) if d \
+        else ["Not measured yet."]
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []
     nc = _load("decode_ncu_h200.json")

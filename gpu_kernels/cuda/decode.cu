@@ -54,6 +54,9 @@
 //       cp.async STAGES deep) into flash3's swizzled 64-column panels. No key warps, so no
 //       merge: each thread writes its own rows of O (or of the split's partial O) directly.
 //       With NUM_WARPS 4 (ROW_WARPS 4): one warpgroup, 64-row blocks (MQA at q_len 1: 32 rows).
+//   (v6) PDL 1: v4's or v5's kernels, decode_combine by programmatic dependent launch (its
+//       launch and block start overlap decode_split's tail: about 2 us of a 14-18 us step at
+//       B = 1, kv_len 4k on the H200; benchmarks/decode_h200.json times v6 beside them).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -73,6 +76,7 @@
 //   COMBINE    1, 2 or 3: decode_combine's version (above)
 //   PAGE_PREFETCH  0 as in v1, or 1 (v2, paged): block-table entries read one tile ahead
 //   WGMMA      0, or 1: v5 (ROW_WARPS = NUM_WARPS, 8 or 4; compile for sm_90a)
+//   PDL        0, or 1: programmatic dependent launch of decode_combine (sm_90; below)
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3: one row per block).
@@ -109,6 +113,9 @@
 #endif
 #ifndef WGMMA
 #define WGMMA 0
+#endif
+#ifndef PDL
+#define PDL 0
 #endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
@@ -217,6 +224,24 @@ __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, cons
     }
 }
 
+// PDL 1 (programmatic dependent launch, sm_90): decode_split lets the next grid in the
+// stream (decode_combine, launched with programmatic stream serialization) start once every
+// split block runs; decode_combine's blocks wait in griddepcontrol.wait until the split grid
+// has finished and its writes are visible. The combine's launch and block scheduling then
+// overlap the split's tail instead of following it. Launched without the attribute, both
+// instructions do nothing.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- kernel 1: one split
 #if WGMMA
 // v5: as load_kv, into flash3's swizzled 64-column panels (wgmma.cuh's tile_off, bytes).
@@ -247,6 +272,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              float scale_log2) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     const float NEG_INF = neg_inf();
+    pdl_launch_dependents();
 
     extern __shared__ __align__(128) unsigned char smem_raw[];   // aligned to 1 KiB below
     const u32 q_tile = (smem_addr(smem_raw) + 1023) & ~1023u;   // the swizzle repeats every 1 KiB
@@ -387,6 +413,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     constexpr int KQ = D / 16;     // k-steps of Q K^T
     constexpr int KP = KW / 16;    // k-steps of P V
     const float NEG_INF = neg_inf();
+    pdl_launch_dependents();
 
     extern __shared__ __align__(128) u16 smem[];
     u16* Q_s = smem;                              // B_r x d
@@ -626,6 +653,7 @@ decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_par
                u16* __restrict__ O, float* __restrict__ L, int NR, int num_splits, int H,
                int q_len) {
     constexpr int D = HEAD_DIM, CPL = D / 32;
+    pdl_wait();                           // decode_split's partials are all written
 #if COMBINE == 3
     // v3: few output rows (small batch x heads) and many splits left v2 with a few warps each
     // walking S splits in rounds of 8 dependent-latency loads; here every row has 4 warps,

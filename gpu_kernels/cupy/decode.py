@@ -40,7 +40,9 @@ on Hopper's warpgroup MMA, 128 packed rows a block, compiled for sm_90a; v4 othe
 ``configure``'s defaults are v4's up to 16 rows a KV head, and v5 from 32 rows
 (``default_wgmma``; above 64 rows the mma.sync loop is bound by arithmetic) at its own tiles
 (``WGMMA_TILES``): one warpgroup's 64-row blocks up to 64 rows (``wgmma=1, warps=4``: v5_w4),
-two warpgroups above (``wgmma_warps``). Where v4 runs with 32 rows or more (``wgmma=0``),
+two warpgroups above (``wgmma_warps``), and with splits, v6: decode_combine launched by
+programmatic dependent launch (``pdl=1``, ``launch_dependent``; sm_90), so its launch
+overlaps decode_split's tail. Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
 by side.
@@ -65,7 +67,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5)
+VERSIONS = (1, 2, 3, 4, 5, 6)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3)                # COMBINE: decode_combine's version
@@ -140,11 +142,11 @@ SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic}
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
             stages: int | None = None, warps: int = 4, combine: int = COMBINE,
-            page_prefetch: int = 1, wgmma: int = 0) -> dict[str, int]:
+            page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
             "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
             "NUM_WARPS": warps, "COMBINE": combine,
-            "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma}
+            "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma, "PDL": pdl}
 
 
 
@@ -181,7 +183,8 @@ def wgmma_warps(rows: int) -> int:
 
 
 def default_variant(rows: int) -> str:
-    """The name in VARIANTS of configure's defaults for a KV head of ``rows`` packed rows."""
+    """The name in VARIANTS of the split kernel configure's defaults run for a KV head of
+    ``rows`` packed rows (v6, the defaults, adds programmatic dependent launch to it)."""
     if not default_wgmma(rows):
         return "v4"
     return "v5" if wgmma_warps(rows) == 8 else "v5_w4"
@@ -191,15 +194,18 @@ def default_variant(rows: int) -> str:
 # v1 as measured in the first run (4 warps), v2 (its combine, the block-table prefetch;
 # default_warps), v3 (v2 with v3's combine), all three with FlashAttention-2's splits, v4
 # (v3 with the one-wave splits) and v5 (v4 on wgmma); _w8: 8 warps whatever the rows; v5_w4:
-# v5 with one warpgroup, 64-row blocks.
-# v1-v4 take wgmma=0; configure's defaults are default_variant's.
-VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0),
-            "v2": dict(combine=2, split_rule="fa2", wgmma=0),
-            "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0),
-            "v3": dict(combine=3, split_rule="fa2", wgmma=0),
-            "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0),
-            "v4": dict(combine=3, wgmma=0), "v4_w8": dict(warps=8, combine=3, wgmma=0),
-            "v5": dict(warps=8, combine=3, wgmma=1), "v5_w4": dict(warps=4, combine=3, wgmma=1)}
+# v5 with one warpgroup, 64-row blocks; v6: configure's defaults, default_variant's kernels
+# with decode_combine by programmatic dependent launch.
+# v1-v4 take wgmma=0, v1-v5 pdl=0.
+VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0),
+            "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0),
+            "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0),
+            "v3": dict(combine=3, split_rule="fa2", wgmma=0, pdl=0),
+            "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0, pdl=0),
+            "v4": dict(combine=3, wgmma=0, pdl=0), "v4_w8": dict(warps=8, combine=3, wgmma=0, pdl=0),
+            "v5": dict(warps=8, combine=3, wgmma=1, pdl=0),
+            "v5_w4": dict(warps=4, combine=3, wgmma=1, pdl=0),
+            "v6": dict(combine=3, pdl=None)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -227,6 +233,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     page_prefetch: int = 1           # PAGE_PREFETCH: block-table entries one tile ahead
     split_rule: str = "wave"         # how ``splits`` was chosen: SPLIT_RULES, or "given"
     wgmma: int = 0                   # WGMMA: v5's decode_split (sm_90a)
+    pdl: int = 0                     # PDL: decode_combine by programmatic dependent launch
 
     @property
     def rows(self) -> int:
@@ -245,7 +252,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
 
     def defines(self) -> dict[str, int]:
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
-                       self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma)
+                       self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
+                       self.pdl)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -260,6 +268,18 @@ class DecodeLaunch(CupyLaunch, GroupShape):
             if cc != "90":
                 raise KernelInputError(f"v5 (wgmma) runs on compute capability 9.0 (Hopper), this "
                                        f"GPU has {cc[:-1]}.{cc[-1]}: configure with wgmma=0")
+        if self.pdl and kl.kernel == "decode_split":
+            import cupy
+
+            cc = cupy.cuda.Device().compute_capability
+            if int(cc) < 90:
+                raise KernelInputError(f"v6 (programmatic dependent launch) needs compute capability "
+                                       f"9.0 or newer, this GPU has {cc[:-1]}.{cc[-1]}: configure "
+                                       "with pdl=0")
+        if self.pdl and kl.kernel == "decode_combine":
+            kernel = get_kernel(self.CU_FILE, kl.kernel, self.defines(), kl.dynamic_smem, self.arch())
+            launch_dependent(kernel, kl, args)
+            return
         super().launch_kernel(kl, args)
 
     def launches(self) -> list[KernelLaunch]:
@@ -453,6 +473,32 @@ class DecodeLaunch(CupyLaunch, GroupShape):
 
 # ---------------------------------------------------------------------- configure (FlashInfer's plan)
 
+def launch_dependent(kernel, kl: KernelLaunch, args: tuple) -> None:
+    """Launch ``kernel`` (a CuPy RawKernel) on CuPy's current stream with programmatic stream
+    serialization (cuLaunchKernelEx): it may start before the grid ahead of it in the stream
+    ends, and waits for it in ``griddepcontrol.wait`` (PDL in decode.cu)."""
+    import ctypes
+
+    import cupy
+    from cuda.bindings import driver as cu
+
+    types = {np.int32: ctypes.c_int, np.int64: ctypes.c_longlong, np.float32: ctypes.c_float}
+    vals = [a.data.ptr if isinstance(a, cupy.ndarray) else a.item() for a in args]
+    kinds = [ctypes.c_void_p if isinstance(a, cupy.ndarray) else types[type(a)] for a in args]
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(kl.grid) + (1, 1))[:3]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = kl.threads, 1, 1
+    cfg.sharedMemBytes = kl.dynamic_smem
+    cfg.hStream = cu.CUstream(cupy.cuda.get_current_stream().ptr)
+    cfg.attrs, cfg.numAttrs = [attr], 1
+    err, = cu.cuLaunchKernelEx(cfg, cu.CUfunction(kernel.kernel.ptr), (tuple(vals), tuple(kinds)), 0)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx({kl.kernel}): {err}")
+
+
 def cache_strides(a, name: str) -> tuple[int, int, int]:
     """The strides in elements of a K/V cache (4 dimensions, d last): (between sequences or
     pages, between keys, between KV heads). Any layout whose d is contiguous runs (a
@@ -545,7 +591,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
-              split_rule="wave", wgmma=None) -> DecodeLaunch:
+              split_rule="wave", wgmma=None, pdl=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave",
@@ -555,7 +601,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     ``combine``: decode_combine's version, 1, 2 or 3 (the .cu file's header); ``page_prefetch``
     1 (paged): block-table entries read one tile ahead, 0: as v1; ``wgmma``: 1 for v5 (sm_90a;
     8 warps, 128 rows a block, or with ``warps=4`` 64; None warps: ``wgmma_warps``), 0 not,
-    None: ``default_wgmma``."""
+    None: ``default_wgmma``; ``pdl``: 1 launches decode_combine by programmatic dependent
+    launch (sm_90, v6: PDL in the .cu file), 0 not, None: 1 where there are splits."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -606,6 +653,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                f"warp, {kw_} key warps) and stages = {stages} in 2..4")
     if wgmma and Bc not in (64, 128):
         raise KernelInputError(f"block_cols = {Bc}: v5 (wgmma) takes 64 or 128")
+    if pdl is not None and (isinstance(pdl, bool) or pdl not in (0, 1)):
+        raise KernelInputError(f"pdl = {pdl!r}: 0 or 1 (None: 1 where there are splits)")
     merge = merge_bytes(rows, warps, Bc, head_dim)
     if not wgmma and merge > kv_buffers:
         raise KernelInputError(f"stages = {stages}, block_cols = {Bc}: the merge of {kw_} key warps x "
@@ -623,6 +672,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         splits, split_rule = _int(splits, "splits"), "given"
         if splits > MAX_SPLITS:
             raise KernelInputError(f"splits = {splits}: at most {MAX_SPLITS}")
+    if pdl is None:                        # v6: the combine launch overlaps the split's tail
+        pdl = int(splits > 1)
     name, algorithm = ("cupy_decode_paged", "paged") if page_size else ("cupy_decode", "flashdecoding")
     return DecodeLaunch(name, algorithm, batch, heads, max(lens), head_dim, dtype, causal,
                         16 * rw, Bc, 32 * warps, 0, smem, None, kv_heads=kv_heads,
@@ -630,7 +681,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         num_pages=None if not page_size else int(num_pages), splits=splits,
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
-                        wgmma=wgmma)
+                        wgmma=wgmma, pdl=pdl)
 
 
 def compile_variants():
@@ -667,6 +718,14 @@ def compile_variants():
                 # v5_w4, one warpgroup: the default at 32-64 rows
                 out.append((CU_FILE, defines(d, dtype, page, 4, *WGMMA_TILES, warps=4, wgmma=1),
                             smem_bytes(d, 4, *WGMMA_TILES, wgmma=1), HOT))
+    for d in HEAD_DIMS:                      # v6, the defaults: v4's and v5's kernels with PDL
+        for dtype in ("fp16", "bf16"):
+            for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
+                for rw in (1, 2):
+                    out.append((CU_FILE, defines(d, dtype, page, rw, pdl=1), smem_bytes(d, rw), HOT))
+                for w in (4, 8):
+                    out.append((CU_FILE, defines(d, dtype, page, w, *WGMMA_TILES, warps=w, wgmma=1, pdl=1),
+                                smem_bytes(d, w, *WGMMA_TILES, wgmma=1), HOT))
     return out
 
 
