@@ -55,8 +55,8 @@
 //       merge: each thread writes its own rows of O (or of the split's partial O) directly.
 //       With NUM_WARPS 4 (ROW_WARPS 4): one warpgroup, 64-row blocks (MQA at q_len 1: 32 rows).
 //   (v6) PDL 1: v4's or v5's kernels, decode_combine by programmatic dependent launch (its
-//       launch and block start overlap decode_split's tail: about 2 us of a 14-18 us step at
-//       B = 1, kv_len 4k on the H200; benchmarks/decode_h200.json times v6 beside them).
+//       launch and block start overlap decode_split's tail: what counts in a step of a few
+//       tens of us at B = 1; benchmarks/decode_h200.json times v6 beside them).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
