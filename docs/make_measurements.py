@@ -236,13 +236,14 @@ def decode_v6(d: dict) -> list[str]:
     if not ratios:
         return []
     ratios.sort()
-    best = ratios[0]
+
+    def at(r):
+        return f"B = {r[1]}, kv_heads = {r[2]}, kv_len = {r[3]}, q_len = {r[4]} (a step of {r[5] * 1e6:.1f} us)"
     return [f"* v6 (the defaults: decode_combine by programmatic dependent launch) over the same "
             f"kernels launched one after the other, same splits and layout, at the {len(ratios)} "
             f"timings with splits: median {statistics.median(r[0] for r in ratios):.3f}, "
-            f"{ratios[0][0]:.3f} to {ratios[-1][0]:.3f}; the largest gain at B = {best[1]}, "
-            f"kv_heads = {best[2]}, kv_len = {best[3]}, q_len = {best[4]}, a step of "
-            f"{best[5] * 1e6:.1f} us."]
+            f"{ratios[0][0]:.3f} to {ratios[-1][0]:.3f}; faster at {sum(r[0] < 1 for r in ratios)}; "
+            f"the largest gain at {at(ratios[0])}, the largest loss at {at(ratios[-1])}."]
 
 
 NCU_DECODE = ["dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum"]
