@@ -236,6 +236,11 @@ class Bench(Recorder):
         """The tuned tiles of v5 (wgmma) or of the mma.sync versions."""
         return self.tile_v5 if wgmma else self.tile
 
+    def variant_tiles(self, kw: dict, rows: int) -> dict:
+        """The tuned tiles of a VARIANTS entry for ``rows`` packed rows a KV head (one that
+        names no wgmma, v6, runs the default's)."""
+        return self.tiles(kw.get("wgmma", decode.default_wgmma(rows)))
+
     def tune(self):
         """Time every (B_c, STAGES) of decode.TUNING on the contiguous cache at TUNING_POINTS
         (and of decode.TUNING_V5, v5, at TUNING_POINTS_V5); the fastest correct one (geometric
@@ -322,10 +327,9 @@ class Bench(Recorder):
                 continue
             if name == "v5_w4" and not W8_MIN_ROWS <= ql * H // kvh <= 64:   # one 64-row block
                 continue
-            wgmma = kw.get("wgmma", decode.default_wgmma(ql * H // kvh))   # v6: the default's
             try:
-                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **self.tiles(wgmma),
-                                      **kw)
+                lv = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql,
+                                      **self.variant_tiles(kw, ql * H // kvh), **kw)
             except KernelInputError as exc:   # e.g. 8 warps' merge with the tuned 2 stages
                 self.skip({"impl": "cupy_decode", **base, "page_size": 0, "variant": name,
                            "layout": layout}, str(exc))
@@ -352,11 +356,11 @@ class Bench(Recorder):
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P, head_major=layout == "head_major")
             extra = P == PAGED_V1 and ql == 1 and layout == "token_major"
             for name in ("v6", "v1") if extra else ("v6",):
-                wgmma = decode.VARIANTS[name].get("wgmma", decode.default_wgmma(ql * H // kvh))
+                kw = decode.VARIANTS[name]
                 try:
                     lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
                                           block_table=bt, num_pages=kp.shape[0],
-                                          **self.tiles(wgmma), **decode.VARIANTS[name])
+                                          **self.variant_tiles(kw, ql * H // kvh), **kw)
                 except KernelInputError as exc:
                     self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
                                "variant": name, "layout": layout}, str(exc))

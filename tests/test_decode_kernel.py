@@ -695,9 +695,7 @@ def test_head_major_cache_gives_the_token_major_output(variant):
             case = decode.random_case(np.random.default_rng(q_len), 2, H, kvh, 128, lens, q_len, page,
                                       "fp16", head_major=head_major)
             launch = decode.configure(2, H, kvh, 128, **case["configure"], **decode.VARIANTS[variant])
-            q, k, v = (cupy.asarray(case[n]) if case[n].flags.c_contiguous else
-                       cupy.asarray(case[n].transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-                       for n in ("q", "k_cache", "v_cache"))
+            q, k, v = decode.device_case(case)
             assert k.flags.c_contiguous != head_major or page == 1    # pages of 1: the same either way
             res = launch.run(q, k, v)
             outs.append((res.O.get(), res.L.get()))

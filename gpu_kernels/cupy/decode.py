@@ -260,19 +260,16 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         return WGMMA_ARCH if self.wgmma else None
 
     def launch_kernel(self, kl: KernelLaunch, args: tuple) -> None:
-        """As CupyLaunch's; v5 is refused on GPUs other than Hopper, before launching."""
-        if self.wgmma:
+        """As CupyLaunch's; v5 is refused on GPUs other than Hopper and v6 on GPUs before it,
+        before launching; v6's combine goes through ``launch_dependent``."""
+        if self.wgmma or self.pdl:
             import cupy
 
             cc = cupy.cuda.Device().compute_capability
-            if cc != "90":
+            if self.wgmma and cc != "90":
                 raise KernelInputError(f"v5 (wgmma) runs on compute capability 9.0 (Hopper), this "
                                        f"GPU has {cc[:-1]}.{cc[-1]}: configure with wgmma=0")
-        if self.pdl and kl.kernel == "decode_split":
-            import cupy
-
-            cc = cupy.cuda.Device().compute_capability
-            if int(cc) < 90:
+            if self.pdl and int(cc) < 90:
                 raise KernelInputError(f"v6 (programmatic dependent launch) needs compute capability "
                                        f"9.0 or newer, this GPU has {cc[:-1]}.{cc[-1]}: configure "
                                        "with pdl=0")
@@ -924,6 +921,16 @@ def random_case(rng, batch: int, heads: int, kv_heads: int, d: int, kv_lens, q_l
                 configure=kw)
 
 
+def device_case(case: dict) -> tuple:
+    """``random_case``'s q, k_cache, v_cache on the GPU (CuPy): each array's storage copied as
+    it is, then seen as the case sees it (a head-major cache: the transposed view again)."""
+    import cupy
+
+    return tuple(cupy.asarray(case[n]) if case[n].flags.c_contiguous else
+                 cupy.asarray(case[n].transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+                 for n in ("q", "k_cache", "v_cache"))
+
+
 def run_case(case: dict, heads: int, kv_heads: int, splits=None, **tiles) -> tuple[DecodeLaunch, dict]:
     """Configure (``tiles``: block_cols, stages) and run ``random_case`` on the GPU (CuPy),
     outputs poisoned with NaN first;
@@ -933,10 +940,7 @@ def run_case(case: dict, heads: int, kv_heads: int, splits=None, **tiles) -> tup
 
     B, q_len, _, d = case["q"].shape
     launch = configure(B, heads, kv_heads, d, splits=splits, **case["configure"], **tiles)
-    # the cache's storage copied as it is, then seen as the case sees it (a head-major view)
-    dq, dk, dv = (cupy.asarray(case[n]) if case[n].flags.c_contiguous else
-                  cupy.asarray(case[n].transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-                  for n in ("q", "k_cache", "v_cache"))
+    dq, dk, dv = device_case(case)
     out = cupy.full(dq.shape, np.nan if launch.dtype == "fp16" else 0x7FC0, dq.dtype)
     lse = cupy.full((B, heads, q_len), np.nan, cupy.float32)
     O, L = launch.run(dq, dk, dv, out=out, lse=lse)
