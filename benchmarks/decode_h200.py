@@ -24,9 +24,10 @@ skipped). Implementations per point, all on the same K/V values:
                      decode.VARIANTS (v1: the first run's, 4 warps; v2: the new combine,
                      decode.default_warps; v2_w8: 8 warps, where a KV head has >= 32 rows; v3:
                      v3's combine; v4: v3 with the one-wave splits, the others FlashAttention-2's;
-                     v5: v4 on wgmma, where a KV head has >= 32 rows; v6: the defaults,
-                     v4's or v5's kernels with the combine by programmatic dependent launch;
-                     v5_w4: v5 with one
+                     v5: v4 on wgmma, where a KV head has >= 32 rows; v6: v4's or v5's
+                     kernels with the combine by programmatic dependent launch; v7: the same
+                     kernels merging the splits themselves (no combine launch); the defaults
+                     are v7 above 32 splits, v6 up to 32; v5_w4: v5 with one
                      warpgroup, where it has 32 to 64)
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
@@ -34,9 +35,10 @@ skipped). Implementations per point, all on the same K/V values:
                      tensors PyTorch gets
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order,
                      "NHD" (num_pages, P, kv_heads, d) and "HND" (num_pages, kv_heads, P, d)
-                     (v6, the defaults: decode.default_variant's kernels, v4, v5_w4 or v5,
-                     block-table entries prefetched a tile ahead, the combine by programmatic
-                     dependent launch; v1 too at pages of 16, q_len 1)
+                     (the defaults, v6 or v7: decode.default_variant's kernels, v4, v5_w4 or
+                     v5, block-table entries prefetched a tile ahead, the combine by
+                     programmatic dependent launch or in decode_split; v1 too at pages of 16,
+                     q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
                      kv_len, d) K/V, without a mask (q_len > 1: checked against the unmasked
                      reference; the q_len - 1 hidden keys change no bandwidth)
@@ -349,14 +351,15 @@ class Bench(Recorder):
     def paged(self, base, k, v, run_ours, ours_check, layout: str):
         """Ours on the same rows in pages of each of PAGES, in random order: "NHD" pages
         (num_pages, P, kvh, d) (``layout`` token_major) or "HND" (num_pages, kvh, P, d) seen
-        through transposed views (head_major); v1 too at PAGED_V1, q_len 1, token_major."""
+        through transposed views (head_major); the defaults (recorded as v6 or v7), and v1
+        too at PAGED_V1, q_len 1, token_major."""
         torch = self.torch
         B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P, head_major=layout == "head_major")
             extra = P == PAGED_V1 and ql == 1 and layout == "token_major"
-            for name in ("v6", "v1") if extra else ("v6",):
-                kw = decode.VARIANTS[name]
+            for name in ("defaults", "v1") if extra else ("defaults",):
+                kw = {} if name == "defaults" else decode.VARIANTS[name]
                 try:
                     lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
                                           block_table=bt, num_pages=kp.shape[0],
@@ -365,6 +368,8 @@ class Bench(Recorder):
                     self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
                                "variant": name, "layout": layout}, str(exc))
                     continue
+                if name == "defaults":          # what they ran: v7 with the merge in decode_split
+                    name = "v7" if lp.fused else "v6"
                 self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "layout": layout,
                              "splits": lp.splits, "variant": name, "warps": lp.warps,
                              "combine": lp.combine, "page_prefetch": lp.page_prefetch,
@@ -612,7 +617,12 @@ def tiny_cases():
                             (32, 4, 64, [65, 130], 4, 0, "fp16", 2, dict(v5, head_major=True)),
                             # v6 (the defaults) named: the combine by programmatic dependent launch
                             (32, 8, 128, [37, 3000], 1, 0, "fp16", None, decode.VARIANTS["v6"]),
-                            (32, 1, 128, [37, 3000], 4, 16, "bf16", 40, decode.VARIANTS["v6"])]
+                            (32, 1, 128, [37, 3000], 4, 16, "bf16", 40, decode.VARIANTS["v6"]),
+                            # v7: the merge in decode_split (mma.sync and wgmma, empty splits, d = 64)
+                            (32, 8, 128, [37, 3000], 1, 0, "fp16", None, decode.VARIANTS["v7"]),
+                            (32, 1, 128, [37, 3000], 4, 16, "bf16", 40, decode.VARIANTS["v7"]),
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, decode.VARIANTS["v7"]),
+                            (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 7, decode.VARIANTS["v7"])]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:

@@ -84,6 +84,7 @@ class DecodePlan(GroupShape):
     pass_: str = "fwd"
     extra_passes: tuple = ()
     softmax_rows: int = 0
+    fused_combine: bool = False   # the combine run by the split launch's blocks (flashdecoding.py)
 
     # --- shapes -------------------------------------------------------------------------
     @property
@@ -163,7 +164,10 @@ class DecodePlan(GroupShape):
     def _predict(self, efficiency, l2) -> list:
         g = self.gpu or _gpu(DEFAULT_GPU)
         eff = efficiency or timing.Efficiency.for_dtype(self.dtype)
-        return timing.predict_memory_bound(self.nest(), self.copies, g, self.dtype, eff, l2)
+        out = timing.predict_memory_bound(self.nest(), self.copies, g, self.dtype, eff, l2)
+        if self.fused_combine and len(out) == 2:      # the combine: no launch of its own
+            out[1] = replace(out[1], label=out[1].label + ", in the split launch", launched=False)
+        return out
 
     def predict_seconds(self, **kw) -> float:
         return sum(x.seconds for x in self.predict(**kw))
@@ -291,7 +295,7 @@ def format_decode(rep: DecodeReport) -> str:
         for x in p.predict(l2=rep.l2):
             extra.append(f"  {x.label}: {x.blocks} blocks, {x.seconds * 1e6:.2f} us "
                          f"(memory {x.dram_s * 1e6:.2f}, compute {x.compute_s * 1e6:.2f}, "
-                         f"+ launch {timing.LAUNCH_LATENCY_S * 1e6:.0f})")
+                         f"+ launch {timing.LAUNCH_LATENCY_S * x.launched * 1e6:.0f})")
         extra.append(f"{'predicted time':<22}{rep.predicted_time_s * 1e3:>22.4f} ms")
     return "\n".join(lines + extra)
 
@@ -301,7 +305,8 @@ def format_decode(rep: DecodeReport) -> str:
 def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, heads=1,
          kv_heads=None, batch=None, dtype="fp16", splits=None, page_size=None,
          block_rows=None, block_cols=None, causal=True, gpu=None, gqa_pack=True,
-         latent_dim=mla.LATENT_DIM, rope_dim=mla.ROPE_DIM, warps=None) -> DecodePlan:
+         latent_dim=mla.LATENT_DIM, rope_dim=mla.ROPE_DIM, warps=None,
+         fused_combine=False) -> DecodePlan:
     """Validate a decode configuration (every argument, before anything is built).
 
     ``kv_len`` (every sequence) or ``kv_lens`` (one per sequence); ``batch`` defaults to
@@ -317,7 +322,9 @@ def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, h
     mla: kv_heads 1, QK over ``latent_dim + rope_dim``, PV over ``latent_dim``;
     ``head_dim`` is then the query-key head dimension before absorption (default 128, it
     sets the softmax scale). ``warps``: warps per block (register budget; mla default 8,
-    as FlashMLA's two warpgroups).
+    as FlashMLA's two warpgroups). ``fused_combine`` (flashdecoding, paged): the split
+    launch's blocks run the combine themselves once a sequence's splits have all written
+    (the decode kernel's v7): the same bytes, one launch less in the time model.
     """
     algorithm = validate.choice(algorithm, list(ALGORITHMS), "algorithm")
     q_len = validate.whole(q_len, "q_len", hi=MAX_Q_LEN)
@@ -340,6 +347,10 @@ def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, h
     dtype = validate.choice(dtype, list(DTYPE_BYTES), "dtype")
     causal = validate.flag(causal, "causal")
     gqa_pack = validate.flag(gqa_pack, "gqa_pack")
+    fused_combine = validate.flag(fused_combine, "fused_combine")
+    if fused_combine and algorithm not in ("flashdecoding", "paged"):
+        raise FlashsimError(f"fused_combine: {algorithm} has no combine launch to fuse; "
+                            "flashdecoding and paged have")
     is_mla = algorithm == "mla"
     if is_mla:
         if kv_heads not in (None, 1):
@@ -424,7 +435,7 @@ def plan(algorithm: str, *, q_len=1, kv_len=None, kv_lens=None, head_dim=None, h
             "or fewer splits")
     p = DecodePlan(algorithm, q_len, lens, B, d, dv, heads, kvh, dtype, Br, Bc, S, splits,
                    page_size, causal, preset, gqa_pack,
-                   is_mla, scale, preset.sram_per_block)
+                   is_mla, scale, preset.sram_per_block, fused_combine=fused_combine)
     _check_fits(p)
     return p
 

@@ -17,7 +17,9 @@ pack a KV head's query rows into one block, B_c, the page size and a block table
 flashsim's plan of exactly that launch (``launch.plan(gpu)``: the same kv_lens, splits,
 B_r, B_c, pages and warps). What comes out:
 
-* each kernel launch (``decode_split``; ``decode_combine`` when there are splits): grid,
+* each kernel launch (``decode_split``; ``decode_combine`` when there are splits, or with
+  the merge in decode_split (v7, ``fused``), decode_split beside both phases of flashsim's
+  plan, the combine phase without a launch of its own): grid,
   blocks, threads, shared memory and the blocks resident per SM that the L2 model runs with
   (``decode_split``: the loader's ``blocks_per_sm``, its shared memory and registers, the
   number its split heuristic counts; ``decode_combine``: ``flashsim.predict.occupancy`` of
@@ -89,6 +91,8 @@ def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None
     rep = p.count()
     labels = [x.label for x in _nest_launches(p.nest())]
     kernel_launches = launch.launches()
+    if p.fused_combine:               # v7: decode_split runs both phases of flashsim's plan
+        kernel_launches = kernel_launches * len(labels)
     if len(labels) != len(kernel_launches):
         raise PredictError(f"{kernel}: {len(kernel_launches)} kernel launches but flashsim's "
                            f"plan has {len(labels)} ({labels})")
@@ -109,7 +113,7 @@ def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None
     rep.l2 = _l2.simulate(p.engine_view(), blocks_per_sm=bps, work_limit=work_limit)
     times = p.predict(l2=rep.l2)
     for row, t in zip(rows, times):
-        row.update(seconds=t.seconds, memory_s=t.dram_s, compute_s=t.compute_s)
+        row.update(seconds=t.seconds, memory_s=t.dram_s, compute_s=t.compute_s, launched=t.launched)
     by_tensor: dict = {}
     for name, t in rep.per_tensor.items():
         b = by_tensor.setdefault(name.split("[")[0], {"read_bytes": 0, "write_bytes": 0})

@@ -147,6 +147,27 @@ def test_waves_and_launch_latency_in_the_time_model():
     assert sum(n > 0 for n in small.occupancy()[0][1]) == 8
 
 
+@pytest.mark.parametrize("algorithm", ["flashdecoding", "paged"])
+def test_fused_combine_saves_one_launch_latency_and_no_byte(algorithm):
+    """The combine run by the split launch's blocks (the decode kernel's v7): the same nest,
+    so the same counts, and the same launch times but the combine's latency; refused where
+    there is no combine to fuse."""
+    from flashsim.hardware import timing
+    shape = dict(q_len=1, kv_lens=[32768, 700], head_dim=128, heads=32, kv_heads=1, dtype="fp16",
+                 gpu="h200", splits=16)
+    two, one = (flashsim.plan(algorithm, fused_combine=f, **shape) for f in (False, True))
+    c1, c2 = one.count(), two.count()
+    assert (c1.per_tensor, c1.hbm_bytes, c1.flops) == (c2.per_tensor, c2.hbm_bytes, c2.flops)
+    a, b = two.predict(), one.predict()
+    assert [x.launched for x in a] == [True, True] and [x.launched for x in b] == [True, False]
+    assert b[0].seconds == a[0].seconds and b[1].dram_s == a[1].dram_s
+    assert two.predict_seconds() - one.predict_seconds() == pytest.approx(timing.LAUNCH_LATENCY_S)
+    with pytest.raises(flashsim.FlashsimError, match="no combine"):
+        flashsim.plan("flash2", q_len=1, kv_len=100, head_dim=64, fused_combine=True)
+    with pytest.raises(flashsim.FlashsimError, match="fused_combine"):
+        flashsim.plan(algorithm, q_len=1, kv_len=100, head_dim=64, fused_combine=1)
+
+
 def test_splits_heuristic_is_flashattentions():
     assert flashdecoding.num_splits_heuristic(240, 264, 256) == 1        # >= 0.8 of slots
     s = flashdecoding.num_splits_heuristic(8, 264, 256)

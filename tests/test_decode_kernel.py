@@ -155,9 +155,10 @@ def test_split_rules_at_one_kv_head_group_per_sm():
 @pytest.mark.parametrize("kv_heads", [32, 8, 4, 1])
 def test_launch_covers_every_row_once(q_len, kv_heads):
     """Row chunks x 16 ROW_WARPS rows cover q_len x group packed rows, with less than one
-    chunk to spare; the grid is (chunks, splits, B kv_heads); the combine runs iff splits > 1;
-    from 32 rows v5 (wgmma: 1 KiB more shared memory), one warpgroup's 64-row blocks up to 64
-    rows, 8 warps' 128-row blocks above."""
+    chunk to spare; the grid is (chunks, splits, B kv_heads); the combine launch runs iff
+    1 < splits <= 32 (above 32, in one wave, the splits merge in decode_split, v7); from 32 rows v5
+    (wgmma: 1 KiB more shared memory), one warpgroup's 64-row blocks up to 64 rows, 8 warps'
+    128-row blocks above."""
     launch = decode.configure(3, 32, kv_heads, 128, kv_lens=[100, 5000, 70000], q_len=q_len)
     rows = q_len * 32 // kv_heads
     assert launch.rows == rows and launch.block_rows == 16 * launch.row_warps
@@ -172,10 +173,13 @@ def test_launch_covers_every_row_once(q_len, kv_heads):
     assert (launch.block_cols, launch.stages) == (decode.WGMMA_TILES if launch.wgmma else (64, 3))
     assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps, launch.block_cols,
                                                    launch.stages, launch.wgmma)
-    assert len(combine) == (launch.splits > 1)
-    for s in (1, 5):
+    assert len(combine) == (1 < launch.splits <= 32) and launch.fused == (launch.splits > 32)
+    for s in (1, 5, 40):
         one = decode.configure(3, 32, kv_heads, 128, kv_lens=[100, 5000, 70000], q_len=q_len, splits=s)
-        assert one.splits == s and len(one.launches()) == (2 if s > 1 else 1)
+        fits = 3 * kv_heads * one.chunks * s <= 132 * decode.blocks_per_sm(
+            one.dynamic_smem, 128, one.warps, one.wgmma)
+        assert one.splits == s and one.fused == (s > 32 and fits)
+        assert len(one.launches()) == (2 if s > 1 and not one.fused else 1)
 
 
 def test_kernel_split_ranges_cover_every_tile_once():
@@ -275,6 +279,28 @@ def test_registry_launch_takes_the_plans_names():
         assert (two.warps, decode.configure(1, 32, 1, 128, **kw).warps) == (4, 8)
     _refused(decode.configure(1, 8, 1, 128, kv_lens=[100], page_size=48, block_table=[[0, 1, 2]],
                               num_pages=3).plan, match="page_size")
+
+
+def test_fused_merge_only_where_the_grid_is_one_wave():
+    """v7 waits for other blocks, so it runs only where the whole grid is resident: fused=None
+    takes it there (and drops the combine launch), keeps v6's launch elsewhere, and fused=1
+    beyond one wave is refused before any launch."""
+    v7 = decode.VARIANTS["v7"]
+    one = decode.configure(1, 32, 8, 128, kv_lens=[32768], **v7)
+    assert (one.fused, one.pdl, [k.kernel for k in one.launches()]) == (1, 0, ["decode_split"])
+    assert one.defines()["FUSED"] == 1 and one.splits * 8 <= 132 * 2
+    assert one.plan().fused_combine and not decode.configure(1, 32, 8, 128, kv_lens=[32768]).fused
+    assert decode.configure(64, 32, 8, 128, kv_lens=[4096] * 64, **v7).fused == 0   # no splits
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[32768], splits=128, fused=1, match="one wave")
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[32768], fused=True, match="fused")
+    for kvh, ql, n in ((1, 1, 32768), (1, 1, 4096), (1, 4, 32768), (8, 4, 32768), (8, 1, 131072),
+                       (32, 1, 32768)):                  # the defaults: v7 above 32 splits
+        d = decode.configure(1, 32, kvh, 128, kv_lens=[n], q_len=ql)
+        assert d.fused == (d.splits > 32) == bool(decode.default_fused(d.splits)), (kvh, ql, n)
+        assert d.pdl == (not d.fused) and d.splits > 1
+    many = decode.configure(1, 32, 1, 128, kv_lens=[32768], splits=128, block_cols=64, stages=4,
+                            wgmma=1, warps=4, sm_count=64)          # 128 blocks > 64 SMs x 1
+    assert (many.fused, many.pdl, len(many.launches())) == (0, 1, 2)
 
 
 # ------------------------------------------------------------------ bad input (no GPU)
@@ -403,7 +429,7 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
     the flat arrays the kernel gets. Its output must pass the same reference check."""
     d, bf16, P, rw, B_c = (D[k] for k in ("HEAD_DIM", "IS_BF16", "PAGE_SIZE", "ROW_WARPS", "BLOCK_C"))
     (Q, K, V, O, L, O_part, L_part, bt, kv_lens, batch, q_len, group, kv_heads, max_pages,
-     kv_batch_stride, kv_row_stride, kv_head_stride, num_splits, causal, scale_log2) = args
+     kv_batch_stride, kv_row_stride, kv_head_stride, num_splits, causal, scale_log2, _) = args
     dt = "bf16" if bf16 else "fp16"
     Qf, Kf, Vf = (_values(x, bf16) for x in (Q, _memory(K), _memory(V)))
     Of, Lf, Opf, Lpf, btf = (x.reshape(-1) for x in (O, L, O_part, L_part, bt))
@@ -474,29 +500,47 @@ def emulate_decode_split(D: dict, grid: tuple, args: tuple) -> None:
                     else:
                         Opf[(split * NR + orow) * d:(split * NR + orow + 1) * d] = osum[r] * inv
                         Lpf[split * NR + orow] = lse
+    if D["FUSED"] and num_splits > 1:      # v7: every block has arrived; each merges its units
+        for z in range(grid[2]):
+            b, kvh = divmod(z, int(kv_heads))
+            for chunk in range(grid[0]):
+                row0 = chunk * B_r
+                for split in range(grid[1]):
+                    for u in range(split, min(B_r, R - row0) * (d // 32), num_splits):
+                        pr, col = row0 + u // (d // 32), (u % (d // 32)) * 32
+                        qi, h = pr // group, kvh * group + pr % group
+                        _merge_row(D, Opf, Lpf, Of, Lf, (b * q_len + qi) * H + h, NR, num_splits, H,
+                                   q_len, slice(col, col + 32))
+
+
+def _merge_row(D, Opf, Lpf, Of, Lf, orow, NR, num_splits, H, q_len, cols=slice(None)):
+    """The (m, l) merge of output row ``orow``'s splits, columns ``cols`` (and L with the first
+    columns): decode_combine's, and v7's for its work units. COMBINE 1 skips an empty split's
+    O_s; the others read it (written as zeros) with weight 0."""
+    d, bf16, skip = D["HEAD_DIM"], D["IS_BF16"], D["COMBINE"] == 1 and not D["FUSED"]
+    ls = np.array([Lpf[s * NR + orow] for s in range(num_splits)])
+    lmax = np.fmax.reduce(ls)
+    acc, total = np.zeros(d, np.float32)[cols], np.float32(0)
+    for s in range(num_splits):
+        if ls[s] == -np.inf and skip:
+            continue
+        w = np.float32(0) if ls[s] == -np.inf else np.exp(ls[s] - lmax)
+        total += w
+        acc += w * Opf[(s * NR + orow) * d:(s * NR + orow + 1) * d][cols]
+    inv = 1 / total if total > 0 else 0.0
+    Of[orow * d:(orow + 1) * d][cols] = decode.storage(acc * inv, "bf16" if bf16 else "fp16").view(Of.dtype)
+    if cols.start in (None, 0):
+        h, qi, b = orow % H, (orow // H) % q_len, orow // (H * q_len)
+        Lf[(b * H + h) * q_len + qi] = lmax + np.log(total) if total > 0 else -np.inf
 
 
 def emulate_decode_combine(D: dict, grid: tuple, args: tuple) -> None:
     """decode.cu's decode_combine in NumPy: one output row at a time (COMBINE 1, 2: four rows
-    per block; 3: one). COMBINE 1 skips an empty split's O_s; 2 and 3 read it (written as
-    zeros) with weight 0."""
-    d, bf16, v2 = D["HEAD_DIM"], D["IS_BF16"], D["COMBINE"] >= 2
+    per block; 3: one), ``_merge_row``."""
     O_part, L_part, O, L, NR, num_splits, H, q_len = args
     Opf, Lpf, Of, Lf = (x.reshape(-1) for x in (O_part, L_part, O, L))
     for orow in range(min(grid[0] * (1 if D["COMBINE"] == 3 else 4), NR)):
-        ls = np.array([Lpf[s * NR + orow] for s in range(num_splits)])
-        lmax = np.fmax.reduce(ls)
-        acc, total = np.zeros(d, np.float32), np.float32(0)
-        for s in range(num_splits):
-            if ls[s] == -np.inf and not v2:
-                continue
-            w = np.float32(0) if ls[s] == -np.inf else np.exp(ls[s] - lmax)
-            total += w
-            acc += w * Opf[(s * NR + orow) * d:(s * NR + orow + 1) * d]
-        inv = 1 / total if total > 0 else 0.0
-        Of[orow * d:(orow + 1) * d] = decode.storage(acc * inv, "bf16" if bf16 else "fp16").view(Of.dtype)
-        h, qi, b = orow % H, (orow // H) % q_len, orow // (H * q_len)
-        Lf[(b * H + h) * q_len + qi] = lmax + np.log(total) if total > 0 else -np.inf
+        _merge_row(D, Opf, Lpf, Of, Lf, orow, NR, num_splits, H, q_len)
 
 
 EMULATED = [
@@ -514,6 +558,9 @@ EMULATED = [
     (16, 1, 64, [90], 16, 0, "fp16", 2, "v2_w8"),             # 256 rows: 2 chunks of 128
     (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7, "v3"),         # v3's combine, empty splits
     (32, 1, 64, [70, 300], 1, 0, "fp16", 9, "v3_w8"),         # a row's splits over 4 warps
+    (8, 8, 64, [1, 64, 129], 1, 48, "bf16", 7, "v7"),         # v7: merged in decode_split, empty splits
+    (8, 2, 64, [37, 130], 4, 0, "fp16", 3, "v7"),             # 16 rows x 2 units over 3 splits
+    (32, 1, 64, [70, 300], 4, 0, "fp16", 40, "v7"),           # 128 rows (wgmma, 8 warps)
 ]
 
 
@@ -595,7 +642,7 @@ def _emulate_and_check(launch, case):
     bt = launch.block_table if page else np.zeros((B, 1), np.int32)
     args = launch.kernel_args(np, case["q"], case["k_cache"], case["v_cache"], O, L,
                               *((O_part, L_part) if launch.splits > 1 else (O, L)), bt,
-                              np.asarray(lens, np.int32))
+                              np.asarray(lens, np.int32), None)
     run = {"decode_split": emulate_decode_split, "decode_combine": emulate_decode_combine}
     for kl, a in zip(launch.launches(), args):
         run[kl.kernel](launch.defines(), kl.grid, a)
@@ -702,6 +749,28 @@ def test_head_major_cache_gives_the_token_major_output(variant):
             _, verdict = decode.run_case(case, H, kvh, None, **decode.VARIANTS[variant])
             assert verdict["ok"], (lens, q_len, page, head_major, verdict)
         assert all(np.array_equal(a, b) for a, b in zip(*outs)), (lens, q_len, page)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H,kvh,lens,q_len", [(32, 8, [2500, 300], 1), (32, 1, [32768], 1),
+                                              (32, 1, [9000, 70], 4)], ids=str)
+def test_fused_merge_repeats_bit_for_bit_and_leaves_its_counters_zero(H, kvh, lens, q_len):
+    """v7's blocks meet at counters that each launch must leave zero (or the next would not
+    wait, or wait forever): three runs of one launch, the same bits each time, the counters
+    zero after each, and the reference's answer."""
+    cupy = _cupy_or_skip()
+    case = decode.random_case(np.random.default_rng(3), len(lens), H, kvh, 128, lens, q_len, 0, "fp16")
+    launch = decode.configure(len(lens), H, kvh, 128, **case["configure"], **decode.VARIANTS["v7"])
+    assert launch.fused and launch.splits > 1
+    q, k, v = decode.device_case(case)
+    outs = []
+    for _ in range(3):
+        res = launch.run(q, k, v)
+        outs.append((res.O.get(), res.L.get()))
+        assert int(cupy.count_nonzero(launch.workspace["counters"])) == 0
+    assert all(np.array_equal(outs[0][i], o[i]) for o in outs[1:] for i in (0, 1))
+    _, verdict = decode.run_case(case, H, kvh, None, **decode.VARIANTS["v7"])
+    assert verdict["ok"], verdict
 
 
 @pytest.mark.gpu

@@ -45,6 +45,7 @@ CASES = [
     ("cupy_decode_paged", 3, 32, 8, 4, [100, 3000, 517], 1, None),
     ("cupy_decode_paged", 2, 16, 4, 16, [4000, 129], 128, 3),        # B_c divides P
     ("cupy_decode_paged", 2, 8, 8, 1, [64, 65], 64, 2),
+    ("cupy_decode", 1, 32, 1, 1, [32768], None, None),             # 128 splits merged in the split (v7)
 ]
 
 
@@ -65,11 +66,16 @@ def test_prediction_is_flashsims_plan_of_the_kernels_own_launch(case):
     r = predicted(*case)
     launch = launch_of(*case)
     p = launch.plan("h200")
+    S = launch.splits
     rep = p.count()
     # the launch as the loader configures it
     assert r["splits"] == launch.splits == p.splits
     assert (r["block_rows"], r["block_cols"]) == (launch.plan_block_rows, launch.block_cols)
-    assert [x["grid"] for x in r["launches"]] == [list(x.grid) for x in launch.launches()]
+    phases = len(nest_launches(p.nest()))
+    kernels = launch.launches() * (phases if launch.fused else 1)   # v7: decode_split runs both
+    assert [x["grid"] for x in r["launches"]] == [list(x.grid) for x in kernels]
+    assert [x["launched"] for x in r["launches"]] == [i == 0 or not launch.fused for i in range(phases)]
+    assert p.fused_combine == bool(launch.fused) and launch.fused == (S > 32)
     assert r["launches"][0]["blocks_per_sm"] == decode.blocks_per_sm(
         launch.dynamic_smem, launch.d, launch.warps, launch.wgmma)
     assert r["plan"] == launch.plan_record()

@@ -1,6 +1,10 @@
 """Flash-Decoding (Dao, Haziza, Massa, Sizov, 2023): the KV length split across thread blocks.
 
-Versions: one, two launches.
+Versions: 1. two launches (the split launch, then the combine launch); 2. fused
+(``plan(fused_combine=True)``): the split launch's blocks run the combine themselves once
+the splits of their sequence have all written, as the decode kernel's v7 does (a block waits
+at a counter; gpu_kernels/cuda/decode.cu). The loop nest and the counts are version 1's;
+the time model charges the combine no launch latency of its own.
 
     1. split launch   kvcache.py's nest with S > 1: block (sequence, split s, Q tile i)
                       streams its split's K/V tiles and writes a partial output O_part (fp32,

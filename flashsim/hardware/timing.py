@@ -89,10 +89,12 @@ class LaunchTime:
     l2_s: float
     busiest_sm_flops: int
     latency_s: float = 0.0       # the chain of steps (module doc, term 4)
+    launched: bool = True        # False: a phase run by the previous launch's blocks (no launch)
 
     @property
     def seconds(self) -> float:
-        return max(self.compute_s, self.dram_s, self.l2_s, self.latency_s) + LAUNCH_LATENCY_S
+        return (max(self.compute_s, self.dram_s, self.l2_s, self.latency_s)
+                + (LAUNCH_LATENCY_S if self.launched else 0.0))
 
 
 def block_flops(plan) -> list[tuple[str, list[int]]]:

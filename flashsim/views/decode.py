@@ -390,9 +390,10 @@ def format_fragmentation(rows: list[dict]) -> str:
 
 def measured_table(gpu: str = DEFAULT_GPU) -> list[dict]:
     """Our kernel's committed points (the fastest variant of each shape) beside flashsim's
-    prediction for the same configuration: the point's splits, B_c, warps and rows per block
+    prediction for the same configuration: the point's splits, B_c, warps, rows per block
     (the kernel's: all q_len x group rows of a KV head up to 16 rows a warp, else blocks of 16
-    warps' rows, as ``gpu_kernels.cupy.decode``'s plan_block_rows; empty until the data exist)."""
+    warps' rows, as ``gpu_kernels.cupy.decode``'s plan_block_rows) and where its splits merged
+    (variant v7: in the split launch, ``fused_combine``); empty until the data exist."""
     out = []
     for pt in ours_fastest(measurements()):
         warps = pt.get("warps", 4)
@@ -403,7 +404,8 @@ def measured_table(gpu: str = DEFAULT_GPU) -> list[dict]:
                             heads=pt["heads"], kv_heads=pt["kv_heads"], batch=pt["batch"],
                             dtype=point_dtype(pt), page_size=pt.get("page_size") or None,
                             splits=pt.get("splits") or "auto", block_cols=pt.get("block_cols"),
-                            block_rows=min(rows, 16 * warps), warps=warps, gpu=gpu)
+                            block_rows=min(rows, 16 * warps), warps=warps, gpu=gpu,
+                            fused_combine=pt.get("variant") == "v7" and (pt.get("splits") or 1) > 1)
         except FlashsimError:
             continue
         out.append({**pt, "predicted_s": p.predict_seconds()})

@@ -16,7 +16,8 @@
 //           (the paper's names), rescaled by alpha = exp(m_old - m_new) as each tile arrives
 //   output  splits == 1: O = diag(l_i)^-1 O_i in fp16/bf16 and L = m_i + log l_i, directly;
 //           splits > 1: the normalized partial O_i (fp32) and its L per split to a workspace,
-//           then decode_combine merges the splits (the associative (m, l) merge):
+//           then decode_combine merges the splits (v7: decode_split's blocks do, FUSED)
+//           (the associative (m, l) merge):
 //           L = log sum_s exp(L_s), O = sum_s exp(L_s - L) O_s.
 //
 //   HBM traffic per (b, kvh), rows R = q_len * group, n = kv_len (chunks: K/V once per chunk):
@@ -57,6 +58,10 @@
 //   (v6) PDL 1: v4's or v5's kernels, decode_combine by programmatic dependent launch (its
 //       launch and block start overlap decode_split's tail: what counts in a step of a few
 //       tens of us at B = 1; benchmarks/decode_h200.json times v6 beside them).
+//   (v7) FUSED 1: v4's or v5's decode_split merges the splits itself, no decode_combine: the
+//       splits of a (sequence, KV head, row chunk) meet at a counter once their partials are
+//       written, then share the merge, its loads all in flight at once (fused_combine below).
+//       One wave of resident blocks only, launched cooperatively (decode.py).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -77,6 +82,8 @@
 //   PAGE_PREFETCH  0 as in v1, or 1 (v2, paged): block-table entries read one tile ahead
 //   WGMMA      0, or 1: v5 (ROW_WARPS = NUM_WARPS, 8 or 4; compile for sm_90a)
 //   PDL        0, or 1: programmatic dependent launch of decode_combine (sm_90; below)
+//   FUSED      0, or 1: v7, the merge inside decode_split (needs ``counters``: 2 ints per
+//              group, zero before the launch and left zero by it)
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3: one row per block).
@@ -116,6 +123,9 @@
 #endif
 #ifndef PDL
 #define PDL 0
+#endif
+#ifndef FUSED
+#define FUSED 0
 #endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
@@ -242,6 +252,129 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// FUSED 1 (v7). A launch of decode_combine costs a step at B = 1 (12-50 us) a few us more
+// than its bytes: the split grid drains, the combine's blocks start and wait on L2 latency.
+// Here the num_splits blocks of one group (sequence b, KV head kvh, row chunk) meet at an
+// arrival counter once each has written its partial O and L, and then merge the group's rows
+// together. Waiting on other blocks is safe only when the whole grid is resident at once:
+// decode.py launches v7 cooperatively (the driver refuses a grid larger than one wave).
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Returns once all num_splits blocks of group ``grp`` have arrived; their partials are then
+// visible to every thread of this block. counters[2 grp]: arrivals, [2 grp + 1]: departures;
+// the last block to leave resets both, so the next launch finds them zero.
+__device__ __forceinline__ void group_barrier(int* counters, int grp, int num_splits) {
+    __threadfence();                      // this thread's partial O, L before the arrival
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* arrive = counters + 2 * grp;
+        atomicAdd(arrive, 1);
+        while (ld_acquire_gpu(arrive) < num_splits) __nanosleep(64);
+        if (atomicAdd(arrive + 1, 1) == num_splits - 1) {   // everyone has left the wait
+            arrive[0] = 0;
+            arrive[1] = 0;
+        }
+    }
+    __syncthreads();
+}
+
+// v7's merge of a group's rows (packed rows row0 .. min(row0 + B_r, R) - 1). Unit u is (row
+// u / CH, columns 32 (u % CH) ..); block `split` owns units split, split + num_splits, ...
+// (``mine`` of them) and merges as many at once as its threads hold: a unit takes 8 sl_n
+// threads, thread (split lane sl, column quad c4) loading O_s[row, 4 c4 ..] and L_s of splits
+// sl, sl + sl_n, ... (at most MERGE_LOADS), all in flight together (__ldcg: written by other
+// SMs during this launch, so read from the L2). sl_n is a power of 2, as large as lets all
+// ``mine`` units go in one pass. Weights exp(L_s - max L) as decode_combine's; a unit's split
+// lanes meet by shuffles, and, where a unit spans warps, in shared memory ``red`` (the K/V
+// buffers, free by now). The order of every sum is fixed: the same bits each run.
+constexpr int MERGE_LOADS = 16;          // splits per thread: MAX_SPLITS_COMBINE over 8 lanes of 8 warps x 2
+
+__device__ __forceinline__ void fused_combine(const float* O_part, const float* L_part, u16* O,
+                                              float* L, float* red, int split, int num_splits,
+                                              int NR, int b, int kvh, int row0, int R, int group,
+                                              int H, int q_len) {
+    constexpr int D = HEAD_DIM, CH = D / 32, MAX_SL = NUM_THREADS / 8;
+    static_assert(MAX_SL * MERGE_LOADS >= MAX_SPLITS_COMBINE, "a unit's splits fit its threads' loads");
+    float* red_m = red;                                      // [NUM_WARPS] max, [NUM_WARPS] sum
+    float* red_s = red + NUM_WARPS;
+    float4* red4 = reinterpret_cast<float4*>(red + 16);      // [NUM_WARPS][8]
+    const float NEG_INF = neg_inf();
+    const int units = min(BLOCK_R, R - row0) * CH;
+    const int mine = units > split ? cdiv(units - split, num_splits) : 0;
+    int sl_n = 1, fit = 1;                                   // split lanes per unit
+    while (sl_n * MERGE_LOADS < num_splits) sl_n *= 2;      // the loads fit the registers
+    while (2 * fit * 8 * mine <= NUM_THREADS && fit < MAX_SL) fit *= 2;   // one pass, if it can
+    while (sl_n < fit && sl_n < num_splits) sl_n *= 2;
+    const int span = 8 * sl_n, per_pass = NUM_THREADS / span, wpu = span > 32 ? span / 32 : 1;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int slot = tid / span, sl = (tid / 8) % sl_n, c4 = tid % 8;
+    for (int k0 = 0; k0 < mine; k0 += per_pass) {           // the same trip count in every thread
+        const int k = k0 + slot;
+        const bool active = k < mine;
+        const int u = split + k * num_splits;
+        const int pr = row0 + (active ? u / CH : 0), col = (active ? u % CH : 0) * 32 + c4 * 4;
+        const int qi = pr / group, h = kvh * group + pr % group;
+        const int orow = (b * q_len + qi) * H + h;
+        float4 x[MERGE_LOADS];
+        float ls[MERGE_LOADS];
+        float lmax = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < MERGE_LOADS; ++i) {
+            const int s = sl + i * sl_n;
+            const bool valid = active && s < num_splits;
+            x[i] = valid ? __ldcg(reinterpret_cast<const float4*>(O_part + ((size_t)s * NR + orow) * D + col))
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
+            ls[i] = valid ? __ldcg(L_part + (size_t)s * NR + orow) : NEG_INF;
+            lmax = fmaxf(lmax, ls[i]);
+        }
+        for (int o = 8; o < min(32, span); o <<= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffffu, lmax, o));
+        if (wpu > 1) {                                       // block-uniform: wpu depends on num_splits
+            if (lane == 0) red_m[warp] = lmax;
+            __syncthreads();
+            for (int j = 0; j < wpu; ++j) lmax = fmaxf(lmax, red_m[slot * wpu + j]);
+        }
+        float sum = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int i = 0; i < MERGE_LOADS; ++i) {
+            const float w = ls[i] == NEG_INF ? 0.f : expf(ls[i] - lmax);   // empty split: weight 0
+            sum += w;
+            acc.x += w * x[i].x, acc.y += w * x[i].y, acc.z += w * x[i].z, acc.w += w * x[i].w;
+        }
+        for (int o = 8; o < min(32, span); o <<= 1) {       // the unit's split lanes in this warp
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            acc.x += __shfl_xor_sync(0xffffffffu, acc.x, o);
+            acc.y += __shfl_xor_sync(0xffffffffu, acc.y, o);
+            acc.z += __shfl_xor_sync(0xffffffffu, acc.z, o);
+            acc.w += __shfl_xor_sync(0xffffffffu, acc.w, o);
+        }
+        if (wpu > 1) {                                       // and its other warps
+            if (lane < 8) red4[warp * 8 + lane] = acc;
+            if (lane == 0) red_s[warp] = sum;
+            __syncthreads();
+            if (tid % span < 8) {
+                acc = red4[slot * wpu * 8 + c4];
+                sum = red_s[slot * wpu];
+                for (int j = 1; j < wpu; ++j) {
+                    const float4 y = red4[(slot * wpu + j) * 8 + c4];
+                    acc.x += y.x, acc.y += y.y, acc.z += y.z, acc.w += y.w;
+                    sum += red_s[slot * wpu + j];
+                }
+            }
+        }
+        if (active && tid % span < 8) {                      // split lane 0 of the unit's first warp
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            *reinterpret_cast<uint2*>(O + (size_t)orow * D + col) =
+                make_uint2(pack2<IS_BF16>(acc.x * inv, acc.y * inv), pack2<IS_BF16>(acc.z * inv, acc.w * inv));
+            if (c4 == 0 && u % CH == 0) L[(b * H + h) * q_len + qi] = sum > 0.f ? lmax + logf(sum) : NEG_INF;
+        }
+    }
+}
+
 // ---------------------------------------------------------------- kernel 1: one split
 #if WGMMA
 // v5: as load_kv, into flash3's swizzled 64-column panels (wgmma.cuh's tile_off, bytes).
@@ -269,7 +402,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
              int max_pages, long long kv_batch_stride, int kv_row_stride,
              long long kv_head_stride, int num_splits, int causal,
-             float scale_log2) {
+             float scale_log2, int* __restrict__ counters) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     const float NEG_INF = neg_inf();
     pdl_launch_dependents();
@@ -397,6 +530,15 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             if (t == 0) L_part[(size_t)split * NR + orow] = lse;
         }
     }
+#if FUSED
+    if (num_splits > 1) {
+        group_barrier(counters, blockIdx.z * gridDim.x + chunk, num_splits);
+        fused_combine(O_part, L_part, O, L, reinterpret_cast<float*>(smem_raw + (kv_tiles - smem_addr(smem_raw))),
+                      split, num_splits, NR, b, kvh, row0, R, group, H, q_len);
+    }
+#else
+    (void)counters;
+#endif
 }
 #else
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
@@ -406,7 +548,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
              int max_pages, long long kv_batch_stride, int kv_row_stride,
              long long kv_head_stride, int num_splits, int causal,
-             float scale_log2) {
+             float scale_log2, int* __restrict__ counters) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     constexpr int NT = KW / 8;     // 8-key n-tiles of S per warp
     constexpr int DT = D / 8;      // 8-column n-tiles of O_i
@@ -629,6 +771,15 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             if (col == 0) L_part[(size_t)split * NR + orow] = lse;
         }
     }
+#if FUSED
+    if (num_splits > 1) {
+        group_barrier(counters, blockIdx.z * gridDim.x + chunk, num_splits);
+        fused_combine(O_part, L_part, O, L, reinterpret_cast<float*>(KV_s), split, num_splits, NR,
+                      b, kvh, row0, R, group, H, q_len);
+    }
+#else
+    (void)counters;
+#endif
 }
 
 #endif   // WGMMA

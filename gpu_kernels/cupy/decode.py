@@ -42,7 +42,9 @@ on Hopper's warpgroup MMA, 128 packed rows a block, compiled for sm_90a; v4 othe
 (``WGMMA_TILES``): one warpgroup's 64-row blocks up to 64 rows (``wgmma=1, warps=4``: v5_w4),
 two warpgroups above (``wgmma_warps``), and with splits, v6: decode_combine launched by
 programmatic dependent launch (``pdl=1``, ``launch_dependent``; sm_90), so its launch
-overlaps decode_split's tail. Where v4 runs with 32 rows or more (``wgmma=0``),
+overlaps decode_split's tail; v7 (``fused=1``): no decode_combine, the splits of a KV head
+merge their partials inside decode_split after meeting at a counter (one wave of blocks,
+launched cooperatively: ``launch_ex``). Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
 by side.
@@ -67,7 +69,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3)                # COMBINE: decode_combine's version
@@ -142,11 +144,12 @@ SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic}
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
             stages: int | None = None, warps: int = 4, combine: int = COMBINE,
-            page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0) -> dict[str, int]:
+            page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
             "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
             "NUM_WARPS": warps, "COMBINE": combine,
-            "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma, "PDL": pdl}
+            "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma, "PDL": pdl,
+            "FUSED": fused}
 
 
 
@@ -182,6 +185,16 @@ def wgmma_warps(rows: int) -> int:
     return 8 if rows > 64 else 4
 
 
+def default_fused(splits: int) -> int:
+    """v7 (the merge in decode_split) where there are more than 32 splits (and they fit one
+    wave). Why: v6's combine (v3's: 4 warps a row, 8 loads in flight each) merges 32 splits
+    in one round of loads and takes a dependent round more per 32 beyond; v7 merges in one
+    pass but costs about 1 us more where the combine is one round (same-run timings of
+    2026-12-02: at 32 splits or fewer v7 took 0.45 us less to 1.2 us more than v6, at B = 1
+    MQA, 128 splits, 2.7 us less of 21.6; cooperative and plain launches of v7 alike)."""
+    return int(splits > 32)
+
+
 def default_variant(rows: int) -> str:
     """The name in VARIANTS of the split kernel configure's defaults run for a KV head of
     ``rows`` packed rows (v6, the defaults, adds programmatic dependent launch to it)."""
@@ -196,16 +209,19 @@ def default_variant(rows: int) -> str:
 # (v3 with the one-wave splits) and v5 (v4 on wgmma); _w8: 8 warps whatever the rows; v5_w4:
 # v5 with one warpgroup, 64-row blocks; v6: configure's defaults, default_variant's kernels
 # with decode_combine by programmatic dependent launch.
-# v1-v4 take wgmma=0, v1-v5 pdl=0.
-VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0),
-            "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0),
-            "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0),
-            "v3": dict(combine=3, split_rule="fa2", wgmma=0, pdl=0),
-            "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0, pdl=0),
-            "v4": dict(combine=3, wgmma=0, pdl=0), "v4_w8": dict(warps=8, combine=3, wgmma=0, pdl=0),
-            "v5": dict(warps=8, combine=3, wgmma=1, pdl=0),
-            "v5_w4": dict(warps=4, combine=3, wgmma=1, pdl=0),
-            "v6": dict(combine=3, pdl=None)}
+# v7: v6's kernels merging the splits in decode_split (fused; the defaults above 32 splits).
+# v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0.
+VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
+            "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
+            "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
+            "v3": dict(combine=3, split_rule="fa2", wgmma=0, pdl=0, fused=0),
+            "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0, pdl=0, fused=0),
+            "v4": dict(combine=3, wgmma=0, pdl=0, fused=0),
+            "v4_w8": dict(warps=8, combine=3, wgmma=0, pdl=0, fused=0),
+            "v5": dict(warps=8, combine=3, wgmma=1, pdl=0, fused=0),
+            "v5_w4": dict(warps=4, combine=3, wgmma=1, pdl=0, fused=0),
+            "v6": dict(combine=3, pdl=None, fused=0),
+            "v7": dict(combine=3, pdl=None, fused=1)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -234,6 +250,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     split_rule: str = "wave"         # how ``splits`` was chosen: SPLIT_RULES, or "given"
     wgmma: int = 0                   # WGMMA: v5's decode_split (sm_90a)
     pdl: int = 0                     # PDL: decode_combine by programmatic dependent launch
+    fused: int = 0                   # FUSED: v7, the merge in decode_split (no decode_combine)
 
     @property
     def rows(self) -> int:
@@ -253,7 +270,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     def defines(self) -> dict[str, int]:
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
-                       self.pdl)
+                       self.pdl, self.fused)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -273,16 +290,16 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                 raise KernelInputError(f"v6 (programmatic dependent launch) needs compute capability "
                                        f"9.0 or newer, this GPU has {cc[:-1]}.{cc[-1]}: configure "
                                        "with pdl=0")
-        if self.pdl and kl.kernel == "decode_combine":
+        if (self.pdl and kl.kernel == "decode_combine") or self.fused:
             kernel = get_kernel(self.CU_FILE, kl.kernel, self.defines(), kl.dynamic_smem, self.arch())
-            launch_dependent(kernel, kl, args)
+            launch_ex(kernel, kl, args, "cooperative" if self.fused else "programmatic")
             return
         super().launch_kernel(kl, args)
 
     def launches(self) -> list[KernelLaunch]:
         out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
                             32 * self.warps, self.dynamic_smem)]
-        if self.splits > 1:
+        if self.splits > 1 and not self.fused:
             rows = self.batch * self.q_len * self.heads
             per_block = 1 if self.combine == 3 else COMBINE_THREADS // 32
             out.append(KernelLaunch("decode_combine", (cdiv(rows, per_block),), COMBINE_THREADS))
@@ -324,7 +341,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                                  batch=self.batch, dtype=self.dtype, splits=self.splits,
                                  page_size=self.page_size or None, block_cols=self.block_cols,
                                  block_rows=self.plan_block_rows, causal=self.causal,
-                                 warps=self.warps, gpu=gpu or DEFAULT_GPU)
+                                 warps=self.warps, gpu=gpu or DEFAULT_GPU,
+                                 fused_combine=bool(self.fused and self.splits > 1))
         except KernelInputError:
             raise
         except FlashsimError as exc:
@@ -335,7 +353,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     block_cols=self.block_cols, splits=self.splits, page_size=self.page_size,
                     kv_heads=self.kv_heads, q_len=self.q_len, row_warps=self.row_warps,
                     warps=self.warps, combine=self.combine, stages=self.stages,
-                    page_prefetch=self.page_prefetch, wgmma=self.wgmma)
+                    page_prefetch=self.page_prefetch, wgmma=self.wgmma, fused=self.fused)
 
     # ------------------------------------------------------------------ inputs
     def cache_shape_ok(self, shape: tuple) -> str | None:
@@ -433,6 +451,16 @@ class DecodeLaunch(CupyLaunch, GroupShape):
             self.workspace["L_part"] = cupy.empty((self.splits, rows), cupy.float32)
         return self.workspace["O_part"], self.workspace["L_part"]
 
+    def _counters(self):
+        """v7's arrival counters, 2 per (sequence, KV head, row chunk): zeroed once, and each
+        launch leaves them zero."""
+        import cupy
+
+        if "counters" not in self.workspace:
+            self.workspace["counters"] = cupy.zeros(2 * self.chunks * self.batch * self.kv_heads,
+                                                    cupy.int32)
+        return self.workspace["counters"]
+
     def run(self, q, k_cache, v_cache, out=None, lse=None, check_finite: bool = False) -> Result:
         """q (B, q_len, H, d), k_cache / v_cache as configured (CuPy arrays or torch CUDA
         tensors) -> Result(O like q, L (B, H, q_len) float32). ``out`` / ``lse``: buffers to
@@ -449,20 +477,21 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         L = output(lse, "lse", (self.batch, self.heads, self.q_len), "float32")
         kv_lens, bt = self._device_layout()
         O_part, L_part = self._partials() if self.splits > 1 else (O, L)   # unused when 1 split
-        for kl, args in zip(self.launches(), self.kernel_args(cupy, q, k, v, O, L, O_part, L_part,
-                                                              bt, kv_lens)):
+        args = self.kernel_args(cupy, q, k, v, O, L, O_part, L_part, bt, kv_lens, self._counters())
+        for kl, args in zip(self.launches(), args):
             self.launch_kernel(kl, args)
         return Result(O, L)
 
-    def kernel_args(self, xp, q, k, v, O, L, O_part, L_part, block_table, kv_lens) -> list:
+    def kernel_args(self, xp, q, k, v, O, L, O_part, L_part, block_table, kv_lens, counters) -> list:
         """The argument tuples of ``launches()`` in order (decode_split's, then
-        decode_combine's), the scalars as ``xp``'s (CuPy, or NumPy for an emulation) types."""
+        decode_combine's), the scalars as ``xp``'s (CuPy, or NumPy for an emulation) types;
+        ``counters``: v7's (``_counters``), passed to every version."""
         outer, row, head = cache_strides(k, "k_cache")
         i32 = xp.int32
         split = (q, k, v, O, L, O_part, L_part, block_table, kv_lens, i32(self.batch),
                  i32(self.q_len), i32(self.group), i32(self.kv_heads), i32(block_table.shape[1]),
                  xp.int64(outer), i32(row), xp.int64(head), i32(self.splits), i32(self.causal),
-                 xp.float32(self.tau * LOG2E))
+                 xp.float32(self.tau * LOG2E), counters)
         combine = (O_part, L_part, O, L, i32(self.batch * self.q_len * self.heads),
                    i32(self.splits), i32(self.heads), i32(self.q_len))
         return [split, combine][:len(self.launches())]
@@ -470,10 +499,12 @@ class DecodeLaunch(CupyLaunch, GroupShape):
 
 # ---------------------------------------------------------------------- configure (FlashInfer's plan)
 
-def launch_dependent(kernel, kl: KernelLaunch, args: tuple) -> None:
-    """Launch ``kernel`` (a CuPy RawKernel) on CuPy's current stream with programmatic stream
-    serialization (cuLaunchKernelEx): it may start before the grid ahead of it in the stream
-    ends, and waits for it in ``griddepcontrol.wait`` (PDL in decode.cu)."""
+def launch_ex(kernel, kl: KernelLaunch, args: tuple, how: str) -> None:
+    """Launch ``kernel`` (a CuPy RawKernel) on CuPy's current stream through cuLaunchKernelEx
+    with one attribute. ``how`` "programmatic": programmatic stream serialization, so it may
+    start before the grid ahead of it in the stream ends, and waits for it in
+    ``griddepcontrol.wait`` (v6, PDL in decode.cu); "cooperative": every block resident at
+    once, or the driver refuses the launch (v7, whose blocks wait for each other)."""
     import ctypes
 
     import cupy
@@ -483,8 +514,12 @@ def launch_dependent(kernel, kl: KernelLaunch, args: tuple) -> None:
     vals = [a.data.ptr if isinstance(a, cupy.ndarray) else a.item() for a in args]
     kinds = [ctypes.c_void_p if isinstance(a, cupy.ndarray) else types[type(a)] for a in args]
     attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
+    if how == "cooperative":
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attr.value.cooperative = 1
+    else:
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(kl.grid) + (1, 1))[:3]
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = kl.threads, 1, 1
@@ -493,7 +528,7 @@ def launch_dependent(kernel, kl: KernelLaunch, args: tuple) -> None:
     cfg.attrs, cfg.numAttrs = [attr], 1
     err, = cu.cuLaunchKernelEx(cfg, cu.CUfunction(kernel.kernel.ptr), (tuple(vals), tuple(kinds)), 0)
     if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernelEx({kl.kernel}): {err}")
+        raise RuntimeError(f"cuLaunchKernelEx({kl.kernel}, {how}): {err}")
 
 
 def cache_strides(a, name: str) -> tuple[int, int, int]:
@@ -588,7 +623,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
-              split_rule="wave", wgmma=None, pdl=None) -> DecodeLaunch:
+              split_rule="wave", wgmma=None, pdl=None, fused=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave",
@@ -599,7 +634,10 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     1 (paged): block-table entries read one tile ahead, 0: as v1; ``wgmma``: 1 for v5 (sm_90a;
     8 warps, 128 rows a block, or with ``warps=4`` 64; None warps: ``wgmma_warps``), 0 not,
     None: ``default_wgmma``; ``pdl``: 1 launches decode_combine by programmatic dependent
-    launch (sm_90, v6: PDL in the .cu file), 0 not, None: 1 where there are splits."""
+    launch (sm_90, v6: PDL in the .cu file), 0 not, None: 1 where there are splits;
+    ``fused``: 1 merges the splits in decode_split where there are splits (v7: FUSED in the
+    .cu file; its grid must fit one wave of ``sm_count`` SMs), 0 not, None: ``default_fused``
+    where there are splits and they fit; ``pdl`` None is then 0."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -669,8 +707,19 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         splits, split_rule = _int(splits, "splits"), "given"
         if splits > MAX_SPLITS:
             raise KernelInputError(f"splits = {splits}: at most {MAX_SPLITS}")
+    if fused is not None and (isinstance(fused, bool) or fused not in (0, 1)):
+        raise KernelInputError(f"fused = {fused!r}: 0 or 1 (None: default_fused where the splits "
+                               "fit one wave)")
+    slots = sm_count * blocks_per_sm(smem, head_dim, warps, wgmma)
+    one_wave = splits * chunks * batch * kv_heads <= slots
+    if fused is None:                      # v7: the merge in decode_split, where it can wait
+        fused = int(default_fused(splits) and one_wave)
+    fused = int(fused and splits > 1)      # one split: nothing to merge
+    if fused and not one_wave:
+        raise KernelInputError(f"fused = 1 needs every block resident at once: {splits} splits x "
+                               f"{chunks * batch * kv_heads} blocks exceed one wave of {slots}")
     if pdl is None:                        # v6: the combine launch overlaps the split's tail
-        pdl = int(splits > 1)
+        pdl = int(splits > 1 and not fused)
     name, algorithm = ("cupy_decode_paged", "paged") if page_size else ("cupy_decode", "flashdecoding")
     return DecodeLaunch(name, algorithm, batch, heads, max(lens), head_dim, dtype, causal,
                         16 * rw, Bc, 32 * warps, 0, smem, None, kv_heads=kv_heads,
@@ -678,7 +727,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         num_pages=None if not page_size else int(num_pages), splits=splits,
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
-                        wgmma=wgmma, pdl=pdl)
+                        wgmma=wgmma, pdl=pdl, fused=fused)
 
 
 def compile_variants():
@@ -723,6 +772,15 @@ def compile_variants():
                 for w in (4, 8):
                     out.append((CU_FILE, defines(d, dtype, page, w, *WGMMA_TILES, warps=w, wgmma=1, pdl=1),
                                 smem_bytes(d, w, *WGMMA_TILES, wgmma=1), HOT))
+    for d in HEAD_DIMS:                      # v7: v6's kernels merging in decode_split
+        for dtype in ("fp16", "bf16"):
+            for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
+                for rw in (1, 2):
+                    out.append((CU_FILE, defines(d, dtype, page, rw, fused=1), smem_bytes(d, rw),
+                                ("decode_split",)))
+                for w in (4, 8):
+                    out.append((CU_FILE, defines(d, dtype, page, w, *WGMMA_TILES, warps=w, wgmma=1, fused=1),
+                                smem_bytes(d, w, *WGMMA_TILES, wgmma=1), ("decode_split",)))
     return out
 
 
