@@ -180,10 +180,12 @@ def decode_done_when(d: dict) -> list[str]:
 
 
 def decode_v5_w4(d: dict) -> list[str]:
-    """How v5_w4 (one warpgroup) did where it is timed: MQA at q_len = 1 (32 rows)."""
+    """How v5_w4 (one warpgroup) did where it is timed: MQA at q_len = 1 (32 rows), against
+    the split kernels of v1-v5 (v6 and v7 run v5_w4's kernel there, with another combine)."""
     by = {}
     for p in d["points"]:
-        if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1:
+        if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1 \
+                and p.get("variant") not in ("v6", "v7"):
             mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
             mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
@@ -192,7 +194,7 @@ def decode_v5_w4(d: dict) -> list[str]:
     fastest = sum(max(v, key=v.get) == "v5_w4" for v in here.values())
     worst = min(v["v5_w4"] / max(v.values()) for v in here.values())
     w8 = [v["v5_w4"] / v["v4"] for v in here.values() if "v4" in v]
-    line = (f"* v5_w4 (wgmma, one warpgroup), MQA at q_len = 1: the fastest version at {fastest} "
+    line = (f"* v5_w4 (wgmma, one warpgroup), MQA at q_len = 1: the fastest of v1-v5 at {fastest} "
             f"of {len(here)} points, at worst {worst:.3f} of the fastest")
     return [line + (f"; over v4 (8 mma.sync warps) {min(w8):.2f}-{max(w8):.2f}x." if w8 else ".")]
 
@@ -219,7 +221,7 @@ def decode_layouts(d: dict) -> list[str]:
 
 
 def decode_v6(d: dict) -> list[str]:
-    """v6 (the defaults: the combine by programmatic dependent launch) over the same kernels
+    """v6 (the combine by programmatic dependent launch) over the same kernels
     launched one after the other (v4, v5_w4 or v5, whichever the defaults run), same layout."""
     from gpu_kernels.cupy import decode as dk
 
@@ -239,11 +241,39 @@ def decode_v6(d: dict) -> list[str]:
 
     def at(r):
         return f"B = {r[1]}, kv_heads = {r[2]}, kv_len = {r[3]}, q_len = {r[4]} (a step of {r[5] * 1e6:.1f} us)"
-    return [f"* v6 (the defaults: decode_combine by programmatic dependent launch) over the same "
+    return [f"* v6 (decode_combine by programmatic dependent launch; the defaults at 2 to 32 splits) over the same "
             f"kernels launched one after the other, same splits and layout, at the {len(ratios)} "
             f"timings with splits: median {statistics.median(r[0] for r in ratios):.3f}, "
             f"{ratios[0][0]:.3f} to {ratios[-1][0]:.3f}; faster at {sum(r[0] < 1 for r in ratios)}; "
             f"the largest gain at {at(ratios[0])}, the largest loss at {at(ratios[-1])}."]
+
+
+def decode_v7(d: dict) -> list[str]:
+    """v7 (the splits merged in decode_split) over v6 (the combine launch by PDL), same point,
+    layout and splits: where the defaults take v7 (more than 32 splits) and where not."""
+    from gpu_kernels.cupy import decode as dk
+
+    t = {}
+    for p in d["points"]:
+        if p["impl"] == "cupy_decode" and p["check_ok"] and p.get("variant") in ("v6", "v7"):
+            t[(p["batch"], p["kv_heads"], p["kv_len"], p["q_len"], p.get("layout"), p["variant"])] = \
+                (p["time_s"], p["splits"])
+    groups = {True: [], False: []}
+    for (B, kvh, n, ql, lay, var), (time_s, splits) in t.items():
+        v6 = t.get((B, kvh, n, ql, lay, "v6"))
+        if var == "v7" and splits > 1 and v6 and v6[1] == splits:
+            groups[bool(dk.default_fused(splits))].append((time_s / v6[0], time_s - v6[0], B, kvh, n, ql))
+    out = []
+    for fused, what in ((True, "above 32 splits (the defaults run v7)"),
+                        (False, "at 2 to 32 splits (the defaults run v6)")):
+        r = sorted(groups[fused])
+        if not r:
+            continue
+        out.append(f"* v7 (the splits merged in decode_split, no combine launch) over v6 {what}, "
+                   f"same splits and layout, {len(r)} timings: median {statistics.median(x[0] for x in r):.3f}, "
+                   f"{r[0][0]:.3f} to {r[-1][0]:.3f}, {min(x[1] for x in r) * 1e6:+.1f} to "
+                   f"{max(x[1] for x in r) * 1e6:+.1f} us; v7 faster at {sum(x[0] < 1 for x in r)}.")
+    return out
 
 
 NCU_DECODE = ["dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum"]
@@ -348,7 +378,8 @@ def decode_md_text() -> str:
     d = _load("decode_h200.json")
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
-    block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)) if d \
+    block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
+              + decode_v7(d)) if d \
         else ["Not measured yet."]
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []

@@ -77,7 +77,9 @@ def test_each_measured_points_prediction_is_the_kernel_launchs_own_plan():
     tiles and splits), whose plan reads K/V once per block of rows as the kernel does."""
     decode = pytest.importorskip("gpu_kernels.cupy.decode")
     rows = [r for r in dv.measured_table() if not r.get("page_size")]
-    assert any(r.get("variant") == "v5" for r in rows)           # 128-row blocks among them
+    assert any(r.get("warps") == 8 and r["q_len"] * r["heads"] // r["kv_heads"] > 64
+               for r in rows)                                   # 128-row blocks among them
+    assert any(r.get("variant") == "v7" and r["splits"] > 1 for r in rows)   # merged in the split
     for r in rows:
         launch = decode.configure(r["batch"], r["heads"], r["kv_heads"], r["head_dim"],
                                   kv_lens=[r["kv_len"]] * r["batch"], q_len=r["q_len"],
