@@ -41,7 +41,7 @@ on Hopper's warpgroup MMA, 128 packed rows a block, compiled for sm_90a; v4 othe
 (``default_wgmma``; above 64 rows the mma.sync loop is bound by arithmetic) at its own tiles
 (``WGMMA_TILES``): one warpgroup's 64-row blocks up to 64 rows (``wgmma=1, warps=4``: v5_w4),
 two warpgroups above (``wgmma_warps``), and with splits, v6: decode_combine launched by
-programmatic dependent launch (``pdl=1``, ``launch_dependent``; sm_90), so its launch
+programmatic dependent launch (``pdl=1``, ``launch_ex``; sm_90), so its launch
 overlaps decode_split's tail; v7 (``fused=1``): no decode_combine, the splits of a KV head
 merge their partials inside decode_split after meeting at a counter (one wave of blocks,
 launched cooperatively: ``launch_ex``). Where v4 runs with 32 rows or more (``wgmma=0``),
@@ -188,16 +188,16 @@ def wgmma_warps(rows: int) -> int:
 def default_fused(splits: int) -> int:
     """v7 (the merge in decode_split) where there are more than 32 splits (and they fit one
     wave). Why: v6's combine (v3's: 4 warps a row, 8 loads in flight each) merges 32 splits
-    in one round of loads and takes a dependent round more per 32 beyond; v7 merges in one
-    pass but costs about 1 us more where the combine is one round (same-run timings of
-    2026-12-02: at 32 splits or fewer v7 took 0.45 us less to 1.2 us more than v6, at B = 1
-    MQA, 128 splits, 2.7 us less of 21.6; cooperative and plain launches of v7 alike)."""
+    in one round of loads and takes a dependent round more per 32 beyond, where v7 merges in
+    one pass; at 32 splits or fewer v7 was the slower of the two more often than not
+    (decode_h200.json times both at every point: docs/decode.md's measured lines)."""
     return int(splits > 32)
 
 
 def default_variant(rows: int) -> str:
     """The name in VARIANTS of the split kernel configure's defaults run for a KV head of
-    ``rows`` packed rows (v6, the defaults, adds programmatic dependent launch to it)."""
+    ``rows`` packed rows (v6 launches the combine after it by programmatic dependent launch,
+    v7 merges the splits in it)."""
     if not default_wgmma(rows):
         return "v4"
     return "v5" if wgmma_warps(rows) == 8 else "v5_w4"
@@ -207,8 +207,8 @@ def default_variant(rows: int) -> str:
 # v1 as measured in the first run (4 warps), v2 (its combine, the block-table prefetch;
 # default_warps), v3 (v2 with v3's combine), all three with FlashAttention-2's splits, v4
 # (v3 with the one-wave splits) and v5 (v4 on wgmma); _w8: 8 warps whatever the rows; v5_w4:
-# v5 with one warpgroup, 64-row blocks; v6: configure's defaults, default_variant's kernels
-# with decode_combine by programmatic dependent launch.
+# v5 with one warpgroup, 64-row blocks; v6: default_variant's kernels with decode_combine by
+# programmatic dependent launch (configure's defaults at 2 to 32 splits).
 # v7: v6's kernels merging the splits in decode_split (fused; the defaults above 32 splits).
 # v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0.
 VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -278,7 +278,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
 
     def launch_kernel(self, kl: KernelLaunch, args: tuple) -> None:
         """As CupyLaunch's; v5 is refused on GPUs other than Hopper and v6 on GPUs before it,
-        before launching; v6's combine goes through ``launch_dependent``."""
+        before launching; v6's combine and v7's split kernel go through ``launch_ex``."""
         if self.wgmma or self.pdl:
             import cupy
 
@@ -477,8 +477,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         L = output(lse, "lse", (self.batch, self.heads, self.q_len), "float32")
         kv_lens, bt = self._device_layout()
         O_part, L_part = self._partials() if self.splits > 1 else (O, L)   # unused when 1 split
-        args = self.kernel_args(cupy, q, k, v, O, L, O_part, L_part, bt, kv_lens, self._counters())
-        for kl, args in zip(self.launches(), args):
+        per_launch = self.kernel_args(cupy, q, k, v, O, L, O_part, L_part, bt, kv_lens, self._counters())
+        for kl, args in zip(self.launches(), per_launch):
             self.launch_kernel(kl, args)
         return Result(O, L)
 
