@@ -154,6 +154,10 @@ def format_prediction(r: dict) -> str:
              f"{', causal' if r['causal'] else ''}{page}; {r['splits']} splits, B_r "
              f"{r['block_rows']} (packed rows of a KV head), B_c {r['block_cols']}"]
     for x in r["launches"]:
+        if not x["launched"]:            # v7: the combine's phase, run by decode_split's blocks
+            lines.append(f"  {'':<16} then the combine in the same blocks, no launch of its own; "
+                         f"{x['seconds'] * 1e6:.2f} us")
+            continue
         lines.append(f"  {x['kernel']:<16} grid {'x'.join(map(str, x['grid']))} "
                      f"({x['blocks']:,} blocks), {x['threads']} threads, "
                      f"{x['shared_bytes']:,} B shared: {x['blocks_per_sm']} blocks/SM; "

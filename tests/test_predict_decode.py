@@ -164,6 +164,11 @@ def test_cli_answers_with_the_api_prediction():
     code, out, _ = call(*DECODE)
     assert code == 0 and "decode_split" in out and "decode_combine" in out
     assert "kv_bytes" in out and "predicted_time_s" in out
+    # MQA at B = 1: 128 splits merged in decode_split (v7), one launch line and the merge after it
+    mqa = dict(zip(DECODE[1::2], DECODE[2::2]), **{"--batch": "1", "--kv-heads": "1"})
+    code, out, _ = call("predict", *[w for kv in mqa.items() for w in kv])
+    assert code == 0 and "decode_combine" not in out and out.count("decode_split") == 1
+    assert "then the combine in the same blocks, no launch of its own" in out
     # a ragged batch takes its batch from --kv-lens; the paged kernel's page defaults to 16
     code, out, _ = call("predict", "--kernel", "cupy_decode_paged", "--heads", "8",
                         "--kv-lens", "100,3000", "-d", "64", "--splits", "auto", "--gpu",
