@@ -220,16 +220,20 @@ def decode_layouts(d: dict) -> list[str]:
             f"{met} of {len(same)} points with q_len = 1."]
 
 
+def _ours_times(d: dict) -> dict:
+    """(B, H, kv_heads, kv_len, q_len, layout, variant) -> (time_s, splits) of every checked
+    contiguous point of ours: what the version comparisons below set side by side."""
+    return {(p["batch"], p["heads"], p["kv_heads"], p["kv_len"], p["q_len"],
+             p.get("layout", "token_major"), p.get("variant")): (p["time_s"], p["splits"])
+            for p in d["points"] if p["impl"] == "cupy_decode" and p["check_ok"]}
+
+
 def decode_v6(d: dict) -> list[str]:
     """v6 (the combine by programmatic dependent launch) over the same kernels
     launched one after the other (v4, v5_w4 or v5, whichever the defaults run), same layout."""
     from gpu_kernels.cupy import decode as dk
 
-    t = {}
-    for p in d["points"]:
-        if p["impl"] == "cupy_decode" and p["check_ok"]:
-            t[(p["batch"], p["heads"], p["kv_heads"], p["kv_len"], p["q_len"],
-               p.get("layout", "token_major"), p.get("variant"))] = (p["time_s"], p["splits"])
+    t = _ours_times(d)
     ratios = []
     for (B, H, kvh, n, ql, lay, var), (time_s, splits) in t.items():
         before = t.get((B, H, kvh, n, ql, lay, dk.default_variant(ql * H // kvh)))
@@ -253,14 +257,10 @@ def decode_v7(d: dict) -> list[str]:
     layout and splits: where the defaults take v7 (more than 32 splits) and where not."""
     from gpu_kernels.cupy import decode as dk
 
-    t = {}
-    for p in d["points"]:
-        if p["impl"] == "cupy_decode" and p["check_ok"] and p.get("variant") in ("v6", "v7"):
-            t[(p["batch"], p["kv_heads"], p["kv_len"], p["q_len"], p.get("layout"), p["variant"])] = \
-                (p["time_s"], p["splits"])
+    t = _ours_times(d)
     groups = {True: [], False: []}
-    for (B, kvh, n, ql, lay, var), (time_s, splits) in t.items():
-        v6 = t.get((B, kvh, n, ql, lay, "v6"))
+    for (B, H, kvh, n, ql, lay, var), (time_s, splits) in t.items():
+        v6 = t.get((B, H, kvh, n, ql, lay, "v6"))
         if var == "v7" and splits > 1 and v6 and v6[1] == splits:
             groups[bool(dk.default_fused(splits))].append((time_s / v6[0], time_s - v6[0], B, kvh, n, ql))
     out = []

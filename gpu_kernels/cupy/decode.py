@@ -342,7 +342,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                                  page_size=self.page_size or None, block_cols=self.block_cols,
                                  block_rows=self.plan_block_rows, causal=self.causal,
                                  warps=self.warps, gpu=gpu or DEFAULT_GPU,
-                                 fused_combine=bool(self.fused and self.splits > 1))
+                                 fused_combine=bool(self.fused))   # configure: fused only with splits
         except KernelInputError:
             raise
         except FlashsimError as exc:
