@@ -26,8 +26,9 @@ skipped). Implementations per point, all on the same K/V values:
                      v3's combine; v4: v3 with the one-wave splits, the others FlashAttention-2's;
                      v5: v4 on wgmma, where a KV head has >= 32 rows; v6: v4's or v5's
                      kernels with the combine by programmatic dependent launch; v7: the same
-                     kernels merging the splits themselves (no combine launch); the defaults
-                     are v7 above 32 splits, v6 up to 32; v5_w4: v5 with one
+                     kernels merging the splits themselves (no combine launch); v8, the
+                     defaults: v7 above 32 splits, v6 up to 32, with the splits of the "sm"
+                     rule (one block per SM; v4-v7: the wave rule's); v5_w4: v5 with one
                      warpgroup, where it has 32 to 64)
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
@@ -35,7 +36,7 @@ skipped). Implementations per point, all on the same K/V values:
                      tensors PyTorch gets
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order,
                      "NHD" (num_pages, P, kv_heads, d) and "HND" (num_pages, kv_heads, P, d)
-                     (the defaults, v6 or v7: decode.default_variant's kernels, v4, v5_w4 or
+                     (the defaults, v8: decode.default_variant's kernels, v4, v5_w4 or
                      v5, block-table entries prefetched a tile ahead, the combine by
                      programmatic dependent launch or in decode_split; v1 too at pages of 16,
                      q_len 1)
@@ -51,8 +52,9 @@ Bandwidth = the K and V bytes a step must read (2 B kv_len kv_heads d 2) / time.
 
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
-counts around both rules' choices (``sweep_splits``), each checked, then timed: the data
-that holds the wave rule against FlashAttention-2's (no constant in either is fitted).
+counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
+holds the rules (decode.SPLIT_RULES: the default "sm", the wave rule, FlashAttention-2's; no
+constant in any is fitted) against each other.
 """
 
 from __future__ import annotations
@@ -345,13 +347,14 @@ class Bench(Recorder):
             seen.add(key)
             self.record({"impl": "cupy_decode", **base, "page_size": 0, "layout": layout,
                          "splits": lv.splits, "variant": name, "warps": lv.warps,
-                         "combine": lv.combine, "block_cols": lv.block_cols, "stages": lv.stages},
+                         "combine": lv.combine, "block_cols": lv.block_cols, "stages": lv.stages,
+                         "fused": lv.fused},
                         run_ours(lv, k, v), ours_check)
 
     def paged(self, base, k, v, run_ours, ours_check, layout: str):
         """Ours on the same rows in pages of each of PAGES, in random order: "NHD" pages
         (num_pages, P, kvh, d) (``layout`` token_major) or "HND" (num_pages, kvh, P, d) seen
-        through transposed views (head_major); the defaults (recorded as v6 or v7), and v1
+        through transposed views (head_major); the defaults (recorded as v8), and v1
         too at PAGED_V1, q_len 1, token_major."""
         torch = self.torch
         B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
@@ -368,12 +371,12 @@ class Bench(Recorder):
                     self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
                                "variant": name, "layout": layout}, str(exc))
                     continue
-                if name == "defaults":          # what they ran: v7 with the merge in decode_split
-                    name = "v7" if lp.fused else "v6"
+                if name == "defaults":          # v8: v6's or v7's kernels ("fused"), the "sm" splits
+                    name = "v8"
                 self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "layout": layout,
                              "splits": lp.splits, "variant": name, "warps": lp.warps,
                              "combine": lp.combine, "page_prefetch": lp.page_prefetch,
-                             "block_cols": lp.block_cols, "stages": lp.stages},
+                             "block_cols": lp.block_cols, "stages": lp.stages, "fused": lp.fused},
                             run_ours(lp, kp, vp), ours_check)
             del kp, vp
             torch.cuda.empty_cache()
@@ -486,8 +489,9 @@ class Bench(Recorder):
         f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
         for r in rows:
             print(f"B={r['batch']:>2} kvh={r['kv_heads']:>2} n={r['kv_len']:>6} q={r['q_len']}: best "
-                  f"S={r['best_splits']:>3}; wave S={r['wave_splits']} x{f(r['wave_over_best'])}, "
-                  f"fa2 S={r['fa2_splits']} x{f(r['fa2_over_best'])}", flush=True)
+                  f"S={r['best_splits']:>3}; " + ", ".join(
+                      f"{k} S={r[f'{k}_splits']} x{f(r[f'{k}_over_best'])}" for k in decode.SPLIT_RULES),
+                  flush=True)
 
     def summary(self, show: bool = True):
         pts = self.results["points"]

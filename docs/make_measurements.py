@@ -181,11 +181,11 @@ def decode_done_when(d: dict) -> list[str]:
 
 def decode_v5_w4(d: dict) -> list[str]:
     """How v5_w4 (one warpgroup) did where it is timed: MQA at q_len = 1 (32 rows), against
-    the split kernels of v1-v5 (v6 and v7 run v5_w4's kernel there, with another combine)."""
+    the split kernels of v1-v5 (v6-v8 run v5_w4's kernel there, with another combine or splits)."""
     by = {}
     for p in d["points"]:
         if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1 \
-                and p.get("variant") not in ("v6", "v7"):
+                and p.get("variant") not in ("v6", "v7", "v8"):
             mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
             mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
@@ -314,19 +314,50 @@ def decode_ncu(d: dict) -> list[str]:
 
 
 def decode_splits(sw: dict) -> list[str]:
-    """What the splits sweep (decode_splits_h200.json) says of the two split rules."""
-    rows = [r for r in sw["summary"] if r["wave_over_best"] and r["fa2_over_best"]]
-    if not rows:
+    """What the splits sweep (decode_splits_h200.json) says of the split rules: each rule's
+    time over the fastest count timed, the default ("sm") first."""
+    from gpu_kernels.cupy import decode as dk
+
+    names = {"sm": '"sm" (one block per SM, the default)', "wave": "one-wave",
+             "fa2": "FlashAttention-2's"}
+    rules = [r for r in dk.SPLIT_RULES if all(x.get(f"{r}_over_best") for x in sw["summary"])]
+    if not rules:
         return []
-    wave, fa2 = ([r[f"{k}_over_best"] for r in rows] for k in ("wave", "fa2"))
-    faster = sum(w < f for w, f in zip(wave, fa2))
-    slower = sum(w > f for w, f in zip(wave, fa2))
+    rules.sort(key=lambda r: r != "sm")
+    n = len(sw["summary"])
+    parts = []
+    for r in rules:
+        over = [x[f"{r}_over_best"] for x in sw["summary"]]
+        parts.append(f"{names.get(r, r)} median {statistics.median(over):.3f}, worst {max(over):.3f}, "
+                     f"the fastest count at {sum(o == 1 for o in over)}")
     return [f"* The split rules, from `flashsim/measured/data/decode_splits_h200.json` (ours at "
-            f"split counts around both rules' choices, {len(rows)} points with B <= 8 where "
-            "splits are chosen): time over the fastest count timed, one-wave rule (the default) "
-            f"median {statistics.median(wave):.3f}, worst {max(wave):.3f}; FlashAttention-2's "
-            f"median {statistics.median(fa2):.3f}, worst {max(fa2):.3f}. The one-wave rule was "
-            f"faster at {faster} points, slower at {slower}, the same count at the rest."]
+            f"split counts around each rule's choice, {n} points with B <= 8 where splits are "
+            f"chosen, tiles {sw['config']['block_cols']} x {sw['config']['stages']} stages as "
+            "tuned in that run): time over the fastest count timed: " + "; ".join(parts) + "."]
+
+
+def decode_v8(d: dict) -> list[str]:
+    """v8 (the defaults: the "sm" rule's splits) over v6 or v7 (the wave rule's), same point,
+    layout and launch kind (fused or not), where the two rules' splits differ."""
+    t = {}
+    for p in d["points"]:
+        if p["impl"] == "cupy_decode" and p["check_ok"] and p.get("variant") in ("v6", "v7", "v8"):
+            t[(p["batch"], p["kv_heads"], p["kv_len"], p["q_len"], p["layout"], p["variant"])] = p
+    r = []
+    for (B, kvh, n, ql, lay, var), p in t.items():
+        if var != "v8":
+            continue
+        other = t.get((B, kvh, n, ql, lay, "v7" if p.get("fused") else "v6"))
+        if other and other["splits"] != p["splits"]:
+            r.append((p["time_s"] / other["time_s"], B, kvh, n, ql, p["splits"], other["splits"]))
+    if not r:
+        return []
+    worst, best = max(r), min(r)
+    f = lambda x: f"B = {x[1]}, kv_heads = {x[2]}, kv_len = {x[3]}, q_len = {x[4]} ({x[6]} -> {x[5]} splits)"  # noqa: E731
+    return [f"* v8 (the defaults: the \"sm\" rule's splits) over the same launch at the wave rule's "
+            f"splits (v6 or v7), same layout, the {len(r)} timings where the splits differ: median "
+            f"{statistics.median(x[0] for x in r):.3f}, {best[0]:.3f} to {worst[0]:.3f}; faster at "
+            f"{sum(x[0] < 1 for x in r)}; the largest gain at {f(best)}, the largest loss at {f(worst)}."]
 
 
 def decode_table(d: dict) -> list[str]:
@@ -379,7 +410,7 @@ def decode_md_text() -> str:
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
     block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
-              + decode_v7(d)) if d \
+              + decode_v7(d) + decode_v8(d)) if d \
         else ["Not measured yet."]
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []

@@ -138,17 +138,33 @@ def test_one_wave_splits_are_the_fewest_with_the_shortest_longest_split(blocks, 
 
 def test_split_rules_at_one_kv_head_group_per_sm():
     """B = 1, kv_heads 8, 32k keys, 4 stages (one block per SM): FlashAttention-2's rule
-    (flashsim's, the "fa2" rule) takes 14 splits, 37 tiles in the longest; the wave rule
-    (the default) 16 splits of 32 tiles; a given count is kept."""
+    (flashsim's, the "fa2" rule) takes 14 splits, 37 tiles in the longest; the wave rule and
+    the default "sm" rule 16 splits of 32 tiles; a given count is kept."""
     assert decode.SPLIT_RULES["fa2"] is flashdecoding.num_splits_heuristic
     kw = dict(kv_lens=[32768], stages=4)
     assert decode.configure(1, 32, 8, 128, **kw, split_rule="fa2").splits == 14
-    wave = decode.configure(1, 32, 8, 128, **kw)
-    assert (wave.splits, wave.split_rule) == (16, "wave")
+    assert decode.configure(1, 32, 8, 128, **kw, split_rule="wave").splits == 16
+    default = decode.configure(1, 32, 8, 128, **kw)
+    assert (default.splits, default.split_rule) == (16, "sm")
     given = decode.configure(1, 32, 8, 128, **kw, splits=5)
     assert (given.splits, given.split_rule) == (5, "given")
     with pytest.raises(KernelInputError, match="split_rule"):
         decode.configure(1, 32, 8, 128, **kw, split_rule="FA2 ")
+
+
+@pytest.mark.parametrize("B,kvh,n,wave,sm", [(1, 8, 32768, 32, 16), (1, 8, 4096, 32, 16),
+                                            (1, 32, 32768, 8, 4), (8, 8, 32768, 4, 2),
+                                            (8, 32, 32768, 1, 1), (64, 8, 4096, 1, 1)])
+def test_sm_rule_fills_each_sm_once(B, kvh, n, wave, sm):
+    """At 3 stages two 4-warp blocks fit an SM (decode.blocks_per_sm): the wave rule fills both
+    slots, the default "sm" rule (v8) one block per SM, half the splits; where the (sequence,
+    KV head) blocks alone fill half the SMs, both take 1. The splits' blocks fit the SMs."""
+    kw = dict(kv_lens=[n] * B, stages=3)
+    assert decode.blocks_per_sm(decode.smem_bytes(128, 1, 64, 3), 128, 4) == 2
+    assert decode.configure(B, 32, kvh, 128, **kw, split_rule="wave").splits == wave
+    launch = decode.configure(B, 32, kvh, 128, **kw)
+    assert (launch.splits, launch.split_rule) == (sm, "sm")
+    assert launch.splits == 1 or B * kvh * launch.splits <= 132
 
 
 @pytest.mark.parametrize("q_len", [1, 4, 16])

@@ -62,6 +62,8 @@
 //       splits of a (sequence, KV head, row chunk) meet at a counter once their partials are
 //       written, then share the merge, its loads all in flight at once (fused_combine below).
 //       One wave of resident blocks only, launched cooperatively (decode.py).
+//   (v8) v6's or v7's kernels; decode.py chooses the splits for one block per SM where two
+//       could be resident (its "sm" rule: half v4's splits there; nothing here changes).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).

@@ -30,8 +30,9 @@ used cache on the device, before the launch; off by default on this fast path) a
 Splits (``splits=`` overrides the rule), over the thread blocks that fit the GPU at once:
 ``split_rule="fa2"``, FlashAttention-2's ``num_splits_heuristic`` (flashsim's, the one
 ``flashsim -a flashdecoding --splits auto`` takes; until 2026-12-02 this file had a copy
-without its step that skips split counts with the same longest split), or ``"wave"``
-(``one_wave_splits``: fill one wave, equal splits). Versions (the .cu file's header
+without its step that skips split counts with the same longest split), ``"wave"``
+(``one_wave_splits``: fill one wave, equal splits) or ``"sm"`` (the same over the SMs: one
+block per SM where two could be resident). Versions (the .cu file's header
 describes the kernels): v1 (4 warps, the one-split-at-a-time combine), v2 (``warps=8``: up
 to 128 packed rows in one block; ``combine=2``: the combine's loads 32 and 8 splits at a
 time), v3 (``combine=3``: one combine block per output row, its 4 warps sharing the splits),
@@ -44,7 +45,9 @@ two warpgroups above (``wgmma_warps``), and with splits, v6: decode_combine laun
 programmatic dependent launch (``pdl=1``, ``launch_ex``; sm_90), so its launch
 overlaps decode_split's tail; v7 (``fused=1``): no decode_combine, the splits of a KV head
 merge their partials inside decode_split after meeting at a counter (one wave of blocks,
-launched cooperatively: ``launch_ex``). Where v4 runs with 32 rows or more (``wgmma=0``),
+launched cooperatively: ``launch_ex``); v8, the defaults since 2026-12-03: v6 or v7 with the
+splits of the ``"sm"`` rule (one block per SM where two fit; v4-v7 keep the wave rule's).
+Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
 by side.
@@ -69,7 +72,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3)                # COMBINE: decode_combine's version
@@ -139,7 +142,13 @@ def one_wave_splits(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX
     return cdiv(n_tiles, cdiv(n_tiles, top))
 
 
-SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic}
+# "sm" (v8, the default): one_wave_splits over the SMs instead of the resident-block slots,
+# one block per SM where two could be resident (configure passes sm_count as the slots). Why:
+# at B = 1, 4k keys the wave rule's 32 splits of 2 tiles each pay a split's fixed costs (the
+# prologue's first loads, the partial's write and the combine's read of it) twice as often as
+# 16 splits of 4 (decode_h200.json times v8 beside v6 and v7, which keep the wave rule:
+# docs/decode.md's measured lines say where it is faster and where not).
+SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic, "sm": one_wave_splits}
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
@@ -209,19 +218,21 @@ def default_variant(rows: int) -> str:
 # (v3 with the one-wave splits) and v5 (v4 on wgmma); _w8: 8 warps whatever the rows; v5_w4:
 # v5 with one warpgroup, 64-row blocks; v6: default_variant's kernels with decode_combine by
 # programmatic dependent launch (configure's defaults at 2 to 32 splits).
-# v7: v6's kernels merging the splits in decode_split (fused; the defaults above 32 splits).
-# v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0.
+# v7: v6's kernels merging the splits in decode_split (fused). v4-v7 take the wave rule's
+# splits; v8, the defaults: the "sm" rule's, v7 above 32 splits (where they fit one wave), v6
+# up to 32. v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0.
 VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v3": dict(combine=3, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0, pdl=0, fused=0),
-            "v4": dict(combine=3, wgmma=0, pdl=0, fused=0),
-            "v4_w8": dict(warps=8, combine=3, wgmma=0, pdl=0, fused=0),
-            "v5": dict(warps=8, combine=3, wgmma=1, pdl=0, fused=0),
-            "v5_w4": dict(warps=4, combine=3, wgmma=1, pdl=0, fused=0),
-            "v6": dict(combine=3, pdl=None, fused=0),
-            "v7": dict(combine=3, pdl=None, fused=1)}
+            "v4": dict(combine=3, split_rule="wave", wgmma=0, pdl=0, fused=0),
+            "v4_w8": dict(warps=8, combine=3, split_rule="wave", wgmma=0, pdl=0, fused=0),
+            "v5": dict(warps=8, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0),
+            "v5_w4": dict(warps=4, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0),
+            "v6": dict(combine=3, split_rule="wave", pdl=None, fused=0),
+            "v7": dict(combine=3, split_rule="wave", pdl=None, fused=1),
+            "v8": dict(combine=3, split_rule="sm", pdl=None, fused=None)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -247,7 +258,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     warps: int = 4                   # NUM_WARPS of decode_split
     combine: int = COMBINE           # decode_combine's version
     page_prefetch: int = 1           # PAGE_PREFETCH: block-table entries one tile ahead
-    split_rule: str = "wave"         # how ``splits`` was chosen: SPLIT_RULES, or "given"
+    split_rule: str = "sm"           # how ``splits`` was chosen: SPLIT_RULES, or "given"
     wgmma: int = 0                   # WGMMA: v5's decode_split (sm_90a)
     pdl: int = 0                     # PDL: decode_combine by programmatic dependent launch
     fused: int = 0                   # FUSED: v7, the merge in decode_split (no decode_combine)
@@ -623,10 +634,10 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
-              split_rule="wave", wgmma=None, pdl=None, fused=None) -> DecodeLaunch:
+              split_rule="sm", wgmma=None, pdl=None, fused=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
-    ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave",
+    ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
     "fa2") for ``sm_count`` SMs.
     ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
     STAGES[d]; v5: WGMMA_TILES). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
@@ -701,8 +712,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                "memory; a block has at most 227 KiB")
     n_tiles = cdiv(max(lens), Bc)
     if splits is None:
-        splits = SPLIT_RULES[split_rule](batch * kv_heads * chunks,
-                                         sm_count * blocks_per_sm(smem, head_dim, warps, wgmma), n_tiles)
+        per_sm = 1 if split_rule == "sm" else blocks_per_sm(smem, head_dim, warps, wgmma)
+        splits = SPLIT_RULES[split_rule](batch * kv_heads * chunks, sm_count * per_sm, n_tiles)
     else:
         splits, split_rule = _int(splits, "splits"), "given"
         if splits > MAX_SPLITS:
