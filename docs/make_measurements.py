@@ -337,19 +337,17 @@ def decode_splits(sw: dict) -> list[str]:
 
 
 def decode_v8(d: dict) -> list[str]:
-    """v8 (the defaults: the "sm" rule's splits) over v6 or v7 (the wave rule's), same point,
-    layout and launch kind (fused or not), where the two rules' splits differ."""
-    t = {}
-    for p in d["points"]:
-        if p["impl"] == "cupy_decode" and p["check_ok"] and p.get("variant") in ("v6", "v7", "v8"):
-            t[(p["batch"], p["kv_heads"], p["kv_len"], p["q_len"], p["layout"], p["variant"])] = p
+    """v8 (the defaults: the "sm" rule's splits) over the same launch at the wave rule's
+    splits, v7 where v8 merges in decode_split (``default_fused``: the "sm" splits always fit
+    one wave) and v6 where not, same point and layout, where the two rules' splits differ."""
+    from gpu_kernels.cupy import decode as dk
+
+    t = _ours_times(d)
     r = []
-    for (B, kvh, n, ql, lay, var), p in t.items():
-        if var != "v8":
-            continue
-        other = t.get((B, kvh, n, ql, lay, "v7" if p.get("fused") else "v6"))
-        if other and other["splits"] != p["splits"]:
-            r.append((p["time_s"] / other["time_s"], B, kvh, n, ql, p["splits"], other["splits"]))
+    for (B, H, kvh, n, ql, lay, var), (time_s, splits) in t.items():
+        other = t.get((B, H, kvh, n, ql, lay, "v7" if dk.default_fused(splits) else "v6"))
+        if var == "v8" and other and other[1] != splits:
+            r.append((time_s / other[0], B, kvh, n, ql, splits, other[1]))
     if not r:
         return []
     worst, best = max(r), min(r)

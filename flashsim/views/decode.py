@@ -393,8 +393,7 @@ def measured_table(gpu: str = DEFAULT_GPU) -> list[dict]:
     prediction for the same configuration: the point's splits, B_c, warps, rows per block
     (the kernel's: all q_len x group rows of a KV head up to 16 rows a warp, else blocks of 16
     warps' rows, as ``gpu_kernels.cupy.decode``'s plan_block_rows) and where its splits merged
-    (the row's "fused", or before it was recorded variant v7: in the split launch,
-    ``fused_combine``); empty until the data exist."""
+    (the row's "fused": in the split launch, ``fused_combine``); empty until the data exist."""
     out = []
     for pt in ours_fastest(measurements()):
         warps = pt.get("warps", 4)
@@ -406,8 +405,7 @@ def measured_table(gpu: str = DEFAULT_GPU) -> list[dict]:
                             dtype=point_dtype(pt), page_size=pt.get("page_size") or None,
                             splits=pt.get("splits") or "auto", block_cols=pt.get("block_cols"),
                             block_rows=min(rows, 16 * warps), warps=warps, gpu=gpu,
-                            fused_combine=bool(pt.get("fused", pt.get("variant") == "v7"))
-                            and (pt.get("splits") or 1) > 1)
+                            fused_combine=bool(pt.get("fused")))
         except FlashsimError:
             continue
         out.append({**pt, "predicted_s": p.predict_seconds()})

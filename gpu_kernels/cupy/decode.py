@@ -711,9 +711,10 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         raise KernelInputError(f"block_cols = {Bc}, stages = {stages} need {smem} bytes of shared "
                                "memory; a block has at most 227 KiB")
     n_tiles = cdiv(max(lens), Bc)
-    if splits is None:
-        per_sm = 1 if split_rule == "sm" else blocks_per_sm(smem, head_dim, warps, wgmma)
-        splits = SPLIT_RULES[split_rule](batch * kv_heads * chunks, sm_count * per_sm, n_tiles)
+    slots = sm_count * blocks_per_sm(smem, head_dim, warps, wgmma)   # blocks resident at once
+    if splits is None:                     # "sm": one block per SM, the others every slot
+        splits = SPLIT_RULES[split_rule](batch * kv_heads * chunks,
+                                         sm_count if split_rule == "sm" else slots, n_tiles)
     else:
         splits, split_rule = _int(splits, "splits"), "given"
         if splits > MAX_SPLITS:
@@ -721,7 +722,6 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if fused is not None and (isinstance(fused, bool) or fused not in (0, 1)):
         raise KernelInputError(f"fused = {fused!r}: 0 or 1 (None: default_fused where the splits "
                                "fit one wave)")
-    slots = sm_count * blocks_per_sm(smem, head_dim, warps, wgmma)
     one_wave = splits * chunks * batch * kv_heads <= slots
     if fused is None:                      # v7: the merge in decode_split, where it can wait
         fused = int(default_fused(splits) and one_wave)
