@@ -15,3 +15,11 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     import _cudasim
 
     _cudasim.install()
+
+# Property tests (hypothesis): random examples on a developer's machine, a fixed sequence in CI
+# (CI=true), so a CI failure reproduces on a rerun and a pass does not depend on the draw.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI", "").lower() in ("1", "true"):
+    settings.load_profile("ci")
