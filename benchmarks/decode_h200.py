@@ -26,18 +26,20 @@ skipped). Implementations per point, all on the same K/V values:
                      v3's combine; v4: v3 with the one-wave splits, the others FlashAttention-2's;
                      v5: v4 on wgmma, where a KV head has >= 32 rows; v6: v4's or v5's
                      kernels with the combine by programmatic dependent launch; v7: the same
-                     kernels merging the splits themselves (no combine launch); v8, the
-                     defaults: v7 above 32 splits, v6 up to 32, with the splits of the "sm"
-                     rule (one block per SM; v4-v7: the wave rule's); v5_w4: v5 with one
-                     warpgroup, where it has 32 to 64)
+                     kernels merging the splits themselves (no combine launch); v8: v7 above
+                     32 splits, v6 up to 32, with the splits of the "sm" rule (one block per
+                     SM; v4-v7: the wave rule's); v9, the defaults: v8 with the wgmma loop's
+                     K/V tiles by the TMA unit and two warpgroups' ping-pong; v5_w4: v5 with
+                     one warpgroup, where it has 32 to 64)
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
                      and "ours_layout"; "ours_head_major_over_best_torch": ours on the very
                      tensors PyTorch gets
   cupy_decode_paged  ours, the same rows in pages of 1, 16, 64 tokens, pages in random order,
                      "NHD" (num_pages, P, kv_heads, d) and "HND" (num_pages, kv_heads, P, d)
-                     (the defaults, v8: decode.default_variant's kernels, v4, v5_w4 or
-                     v5, block-table entries prefetched a tile ahead, the combine by
+                     (the defaults, v9: decode.default_variant's kernels, v4, v5_w4 or
+                     v5 (with the ping-pong; pages take no TMA), block-table entries
+                     prefetched a tile ahead, the combine by
                      programmatic dependent launch or in decode_split; v1 too at pages of 16,
                      q_len 1)
   torch_flash, torch_cudnn, torch_math   PyTorch SDPA, enable_gqa=True, on (B, kv_heads,
@@ -354,7 +356,7 @@ class Bench(Recorder):
     def paged(self, base, k, v, run_ours, ours_check, layout: str):
         """Ours on the same rows in pages of each of PAGES, in random order: "NHD" pages
         (num_pages, P, kvh, d) (``layout`` token_major) or "HND" (num_pages, kvh, P, d) seen
-        through transposed views (head_major); the defaults (recorded as v8), and v1
+        through transposed views (head_major); the defaults (recorded as v9), and v1
         too at PAGED_V1, q_len 1, token_major."""
         torch = self.torch
         B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
@@ -371,8 +373,8 @@ class Bench(Recorder):
                     self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
                                "variant": name, "layout": layout}, str(exc))
                     continue
-                if name == "defaults":          # v8: v6's or v7's kernels ("fused"), the "sm" splits
-                    name = "v8"
+                if name == "defaults":          # v9: v6's or v7's kernels ("fused"), the "sm" splits
+                    name = "v9"
                 self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "layout": layout,
                              "splits": lp.splits, "variant": name, "warps": lp.warps,
                              "combine": lp.combine, "page_prefetch": lp.page_prefetch,
@@ -574,14 +576,14 @@ def tiny_cases():
     """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits, configure keywords): every variant
     in a few small blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4,
     16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the three combines, row chunks, bf16,
-    d = 64, v5 (wgmma; the default from 32 rows: one warpgroup up to 64), and head-major
-    caches (the keyword ``head_major``, which goes to ``random_case``: ``case_options``)."""
+    d = 64, v5 (wgmma; the default from 32 rows: one warpgroup up to 64), v9 (TMA, the
+    ping-pong; ragged last tiles, pages without TMA), and head-major caches (the keyword ``head_major``, which goes to ``random_case``: ``case_options``)."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
              for Bc, st in decode.TUNING[1:]]                       # the tuning step's tiles
-    v1, v2, w8, v3, v3w8, v5, v5w4 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8", "v3", "v3_w8",
-                                                                   "v5", "v5_w4"))
+    v1, v2, w8, v3, v3w8, v5, v5w4, v9 = (decode.VARIANTS[v] for v in ("v1", "v2", "v2_w8", "v3", "v3_w8",
+                                                                       "v5", "v5_w4", "v9"))
     tuned += [(32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(v5, block_cols=Bc, stages=st))
               for Bc, st in decode.TUNING_V5[1:]]                  # and v5's
     return cases + tuned + [(32, 1, 128, [70, 9], 1, 16, "fp16", 2, dict(wgmma=0)),  # 32 rows: 2 row warps
@@ -626,7 +628,15 @@ def tiny_cases():
                             (32, 8, 128, [37, 3000], 1, 0, "fp16", None, decode.VARIANTS["v7"]),
                             (32, 1, 128, [37, 3000], 4, 16, "bf16", 40, decode.VARIANTS["v7"]),
                             (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, decode.VARIANTS["v7"]),
-                            (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 7, decode.VARIANTS["v7"])]
+                            (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 7, decode.VARIANTS["v7"]),
+                            # v9: TMA (full tiles; the ragged last by cp.async), the ping-pong
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 2, v9),       # 128 rows, ragged
+                            (32, 1, 64, [70, 300, 256], 4, 0, "bf16", 3, v9),   # d = 64, one full
+                            (16, 1, 128, [90, 20], 16, 0, "fp16", 2, v9),       # 256 rows: chunks
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, v9),    # fused, many splits
+                            (32, 1, 128, [70, 1300], 1, 0, "fp16", 3, v9),      # one warpgroup
+                            (32, 2, 128, [1000, 129], 4, 0, "fp16", 2, dict(v9, head_major=True)),
+                            (32, 1, 128, [70, 300], 4, 16, "bf16", 3, v9)]      # pages: no TMA
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:

@@ -181,11 +181,12 @@ def decode_done_when(d: dict) -> list[str]:
 
 def decode_v5_w4(d: dict) -> list[str]:
     """How v5_w4 (one warpgroup) did where it is timed: MQA at q_len = 1 (32 rows), against
-    the split kernels of v1-v5 (v6-v8 run v5_w4's kernel there, with another combine or splits)."""
+    the split kernels of v1-v5 (v6-v9 run v5_w4's kernel there, with another combine, splits
+    or loads)."""
     by = {}
     for p in d["points"]:
         if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1 \
-                and p.get("variant") not in ("v6", "v7", "v8"):
+                and p.get("variant") not in ("v6", "v7", "v8", "v9"):
             mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
             mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
@@ -306,8 +307,10 @@ def decode_ncu(d: dict) -> list[str]:
                      f"written {write:.2f}")
     if i != len(rows):
         raise ValueError(f"decode_ncu_h200.csv has {len(rows)} launches, the JSON's points {i}")
+    which = ("the default launch at each point" if all("tma" in p["launch"] for p in d["points"])
+             else "the default launch at each point as it was before v9 (v8's kernels)")
     return [f"* Nsight Compute beside flashsim (`decode_ncu_h200.json`, {d['provenance']['date'][:10]}; "
-            "the default launch at each point; DRAM bytes read and written over flashsim's "
+            f"{which}; DRAM bytes read and written over flashsim's "
             "count of the launch's bytes below shared memory, `launch.plan().count()`, which "
             "has no L2: the split partials the combine reads back, and the small outputs, may "
             "stay in the L2 and never reach DRAM): " + "; ".join(parts) + "."]
@@ -356,6 +359,31 @@ def decode_v8(d: dict) -> list[str]:
             f"splits (v6 or v7), same layout, the {len(r)} timings where the splits differ: median "
             f"{statistics.median(x[0] for x in r):.3f}, {best[0]:.3f} to {worst[0]:.3f}; faster at "
             f"{sum(x[0] < 1 for x in r)}; the largest gain at {f(best)}, the largest loss at {f(worst)}."]
+
+
+def decode_v9(d: dict) -> list[str]:
+    """v9 (the defaults: the wgmma loop's K/V by the TMA unit, two warpgroups' ping-pong) over
+    v8's launch at the same point and layout (the same splits and merge, cp.async: v8's row,
+    or v7's or v6's where the benchmark found it equal to one of them and timed it once), at
+    the wgmma points (32 packed rows or more a KV head), by rows."""
+    rows_ = {(p["batch"], p["heads"], p["kv_heads"], p["kv_len"], p["q_len"], p.get("layout"),
+              p.get("variant")): p for p in d["points"] if p["impl"] == "cupy_decode" and p["check_ok"]}
+    by_rows: dict = {}
+    for (B, H, kvh, n, ql, lay, var), p in rows_.items():
+        if var != "v9":
+            continue
+        same = [o for o in (rows_.get((B, H, kvh, n, ql, lay, v)) for v in ("v8", "v7", "v6"))
+                if o and o["splits"] == p["splits"] and o.get("fused") == p.get("fused")]
+        if same:
+            by_rows.setdefault(ql * H // kvh, []).append(p["time_s"] / same[0]["time_s"])
+    out = []
+    for rows, r in sorted(by_rows.items()):
+        what = ("two warpgroups: the TMA unit's loads and the ping-pong" if rows > 64 else
+                "one warpgroup: the TMA unit's loads")
+        out.append(f"* v9 ({what}) over v8's launch, {rows} packed rows a KV head, same splits "
+                   f"and layout, {len(r)} timings: median {statistics.median(r):.3f}, "
+                   f"{min(r):.3f} to {max(r):.3f}; faster at {sum(x < 1 for x in r)}.")
+    return out
 
 
 def decode_table(d: dict) -> list[str]:
@@ -408,7 +436,7 @@ def decode_md_text() -> str:
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
     block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
-              + decode_v7(d) + decode_v8(d)) if d \
+              + decode_v7(d) + decode_v8(d) + decode_v9(d)) if d \
         else ["Not measured yet."]
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []

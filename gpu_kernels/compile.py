@@ -415,15 +415,22 @@ def numba_results(parts=("forward", "backward")) -> dict[str, object]:
     return out
 
 
-def wanted() -> dict[str, str]:
-    """``{key: what}`` of every compile ``compile_cache.json`` should hold."""
+def _cu_compiles() -> dict[str, tuple]:
+    """``{key: (what, file, defines, arch)}`` of every CUDA C++ compile the cache holds."""
     from gpu_kernels.cupy.common import read_source
 
     out = {}
     for cu_file, defines, _dyn, _hot in cached_variants():
         arch = arch_for(cu_file, defines)
-        out[_nvrtc_key(read_source(cu_file), _options(defines, arch, cu_file))] = \
-            f"{cu_file} {variant_label(defines)} ({arch})"
+        key = _nvrtc_key(read_source(cu_file), _options(defines, arch, cu_file))
+        out[key] = (f"{cu_file} {variant_label(defines)} ({arch})", cu_file, defines, arch)
+    return out
+
+
+def wanted(cu: dict | None = None) -> dict[str, str]:
+    """``{key: what}`` of every compile ``compile_cache.json`` should hold (``cu``: the CUDA
+    C++ ones, ``_cu_compiles()``, when the caller has them)."""
+    out = {k: v[0] for k, v in (_cu_compiles() if cu is None else cu).items()}
     for r in numba_forward():
         out[r["key"]] = f"numba {r['alg']} {r['kernel']} {r['launch'].tiling} causal={r['causal']}"
     for r in numba_backward():
@@ -446,14 +453,13 @@ def refresh_cache() -> str:
     its result is a function of."""
     from gpu_kernels.cupy.common import read_source
 
-    want, have = wanted(), committed()
+    cu = _cu_compiles()
+    want, have = wanted(cu), committed()
     entries = {k: have[k] for k in want if k in have}
-    for cu_file, defines, _dyn, _hot in cached_variants():
-        arch = arch_for(cu_file, defines)
-        key = _nvrtc_key(read_source(cu_file), _options(defines, arch, cu_file))
+    for key, (what, cu_file, defines, arch) in cu.items():
         if key not in entries:
             log = compile_cubin(read_source(cu_file), defines, arch=arch, name=cu_file)[1]
-            entries[key] = dict(what=want[key], log=_stored(log))
+            entries[key] = dict(what=what, log=_stored(log))
     if any(k not in entries for k in want):        # numba's: compiled where not committed
         for key, result in numba_results().items():
             kind = "ptx" if isinstance(result, dict) else "log"

@@ -65,12 +65,16 @@ def test_no_spills_and_shared_memory_within_limits(resources):
     for r in resources:
         assert not r.spills and r.stack_frame == 0, r
         assert r.smem <= SMEM_LIMIT_OPTIN, r
-        # only v3's combine has static shared memory: its weights w_s[MAX_SPLITS], the warps'
-        # partial rows part[4][d] and red[4] (fp32), plus at most 128 bytes of alignment
+        # static shared memory: v3's combine, its weights w_s[MAX_SPLITS], the warps' partial
+        # rows part[4][d] and red[4] (fp32), plus at most 128 bytes of alignment; v9's
+        # decode_split, its STAGES mbarriers (configure counts MBARRIER_SMEM); none elsewhere
         d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
         v3 = r.kernel == "decode_combine" and "COMBINE=3" in r.variant
+        tma = r.kernel == "decode_split" and "TMA=1" in r.variant
         words = decode.MAX_SPLITS + 4 * d + 4
-        assert (4 * words <= r.static_smem <= 4 * words + 128) if v3 else r.static_smem == 0, r
+        want = ((4 * words, 4 * words + 128) if v3 else (8 * decode.WGMMA_TILES[1], decode.MBARRIER_SMEM)
+                if tma else (0, 0))
+        assert want[0] <= r.static_smem <= want[1], r
 
 
 def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
@@ -317,6 +321,28 @@ def test_fused_merge_only_where_the_grid_is_one_wave():
     many = decode.configure(1, 32, 1, 128, kv_lens=[32768], splits=128, block_cols=64, stages=4,
                             wgmma=1, warps=4, sm_count=64)          # 128 blocks > 64 SMs x 1
     assert (many.fused, many.pdl, len(many.launches())) == (0, 1, 2)
+
+
+def test_tma_and_ping_pong_where_v9_takes_them():
+    """v9's defaults: the TMA unit's copies wherever the wgmma loop reads a contiguous cache,
+    cp.async for pages and for the mma.sync loop; the ping-pong wherever a block has two
+    warpgroups. Either asked for where it cannot run is refused before any launch."""
+    for kvh, ql, page, want in ((1, 4, None, (1, 8, 1, 1)), (1, 1, None, (1, 4, 1, 0)),
+                                (1, 4, 16, (1, 8, 0, 1)), (8, 1, None, (0, 4, 0, 0)),
+                                (8, 4, None, (0, 4, 0, 0)), (2, 16, None, (1, 8, 1, 1))):
+        paged = dict(page_size=page, block_table=[[0, 1]], num_pages=2) if page else {}
+        d = decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged)
+        assert (d.wgmma, d.warps, d.tma, d.pingpong) == want, (kvh, ql, page)
+        assert (d.defines()["TMA"], d.defines()["PINGPONG"]) == want[2:]
+    for old in ("v5", "v5_w4", "v6", "v7", "v8"):         # the earlier versions keep cp.async
+        d = decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, **decode.VARIANTS[old])
+        assert d.tma == d.pingpong == 0, old
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_len=4, page_size=16,
+             block_table=[[0, 1]], num_pages=2, tma=1, match="tma")
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], tma=1, match="tma")     # mma.sync
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], pingpong=1, match="two warpgroups")
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_len=4, pingpong=2, match="pingpong")
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_len=4, tma=True, match="tma")
 
 
 # ------------------------------------------------------------------ bad input (no GPU)

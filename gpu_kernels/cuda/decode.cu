@@ -64,6 +64,14 @@
 //       One wave of resident blocks only, launched cooperatively (decode.py).
 //   (v8) v6's or v7's kernels; decode.py chooses the splits for one block per SM where two
 //       could be resident (its "sm" rule: half v4's splits there; nothing here changes).
+//   (v9) TMA 1 (v5's wgmma loop over a contiguous cache): one thread issues each K/V tile as
+//       the TMA unit's tensor copies (one box per 64-column panel, in the 128-byte swizzle the
+//       panels have; tma.cuh), completing on the stage's mbarrier, where v5 has every thread
+//       compute addresses and issue 16-byte cp.async copies (flash3.cu's v1 -> v2 step); a
+//       sequence's ragged last tile still goes by cp.async, which zero-fills past kv_len.
+//       PINGPONG 1 (two warpgroups): warpgroup 1 issues its S = Q K^T only after warpgroup 0
+//       has (a named barrier), so one warpgroup's GEMMs run during the other's softmax
+//       (FlashAttention-3's ping-pong inside one tile; flash3.cu's v4 runs it across tiles).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -86,6 +94,9 @@
 //   PDL        0, or 1: programmatic dependent launch of decode_combine (sm_90; below)
 //   FUSED      0, or 1: v7, the merge inside decode_split (needs ``counters``: 2 ints per
 //              group, zero before the launch and left zero by it)
+//   TMA        0, or 1: v9's K/V copies (WGMMA 1, PAGE_SIZE 0; two more parameters, the caches'
+//              CUtensorMaps as 4-D tensors (d, N, kv_heads, B), passed by value)
+//   PINGPONG   0, or 1: v9's turns of two warpgroups (WGMMA 1, NUM_WARPS 8)
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3: one row per block).
@@ -129,6 +140,12 @@
 #ifndef FUSED
 #define FUSED 0
 #endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
+#ifndef TMA
+#define TMA 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
 #define COMBINE_THREADS (32 * COMBINE_WARPS)
@@ -155,11 +172,20 @@ static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
 static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
 static_assert(WGMMA || MERGE_BYTES <= 2 * STAGES * KV_TILE_ELEMS * 2, "merge buffers fit the K/V buffers");
 static_assert(!WGMMA || ROW_WARPS == NUM_WARPS, "v5: one or two warpgroups of 64 rows, no key warps");
+static_assert(!PINGPONG || (WGMMA && NUM_WARPS == 8), "v9: the ping-pong of two warpgroups");
+static_assert(!TMA || (WGMMA && PAGE_SIZE == 0), "v9 (TMA): the wgmma loop over a contiguous cache");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
 #include "common.cuh"
 #if WGMMA
 #include "wgmma.cuh"     // flash3.cu's warpgroup GEMMs, swizzled panels and softmax step
+#define BAR_PINGPONG 1       // v9: warpgroup 0 has issued this tile's S (named barrier; 0 is __syncthreads)
+#endif
+#if TMA
+#include "tma.cuh"       // mbarriers, the TMA unit's 4-D box copies
+#define TMA_PARAMS , const __grid_constant__ TensorMap tm_k, const __grid_constant__ TensorMap tm_v
+#else
+#define TMA_PARAMS
 #endif
 
 // Offset (16-bit elements) of (row, col) in a d-wide tile: 16-byte chunk c of row r stored
@@ -395,6 +421,23 @@ __device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, con
     }
 }
 
+#if TMA
+// v9: K_j, V_j (keys key0 .. key0 + B_c - 1 of sequence b, KV head kvh, all below its kv_len)
+// into one stage by the TMA unit, issued by one thread: per tensor one box of 64 columns x B_c
+// keys per panel (the 128-byte swizzle writes the panels tile_off reads), all counted on the
+// stage's mbarrier. A sequence's ragged last tile goes through load_kv_wg instead (cp.async
+// zero-fills the keys past kv_len and reads none of them; a box would read them).
+__device__ __forceinline__ void tma_kv(u32 K_st, u32 V_st, const TensorMap* map_k, const TensorMap* map_v,
+                                       int key0, int kvh, int b, u32 bar) {
+    mbar_expect_tx(bar, 2 * TILE_BYTES(BLOCK_C));
+#pragma unroll
+    for (int p = 0; p < HEAD_DIM / 64; ++p) {
+        tma_load_4d(K_st + p * PANEL_BYTES(BLOCK_C), map_k, p * 64, key0, kvh, b, bar);
+        tma_load_4d(V_st + p * PANEL_BYTES(BLOCK_C), map_v, p * 64, key0, kvh, b, bar);
+    }
+}
+#endif
+
 // Two warpgroups: one block per SM, 256 threads of 150-215 registers (ptxas, d = 64, 128)
 // take most of the register file; one warpgroup (64 rows): room for two blocks.
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, NUM_WARPS == 4 ? 2 : 1)
@@ -404,7 +447,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
              int max_pages, long long kv_batch_stride, int kv_row_stride,
              long long kv_head_stride, int num_splits, int causal,
-             float scale_log2, int* __restrict__ counters) {
+             float scale_log2, int* __restrict__ counters TMA_PARAMS) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     const float NEG_INF = neg_inf();
     pdl_launch_dependents();
@@ -434,6 +477,24 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 
     // ---- prologue: the first STAGES - 1 tiles in flight, then Q_i (generic 16-byte stores)
     Pages pages;
+#if TMA   // stage st's mbarrier completes a phase each time a tile lands in it by TMA
+    __shared__ __align__(8) unsigned long long kv_full[STAGES];
+    auto ragged = [&](int jt) { return (jt + 1) * B_c > kv_len; };
+    auto issue = [&](int jt, int st) {    // tile jt into stage st: TMA, or the ragged tile by cp.async
+        if (ragged(jt)) {
+            load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, cr, jt * B_c, kv_len, pages);
+            cp_async_commit();
+        } else if (threadIdx.x == 0) {
+            tma_kv(k_tile(st), v_tile(st), &tm_k, &tm_v, jt * B_c, kvh, b, smem_addr(&kv_full[st]));
+        }
+    };
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < STAGES; ++st) mbar_init(smem_addr(&kv_full[st]), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();                      // the mbarriers initialised before anyone waits
+    for (int st = 0; st < STAGES - 1 && t_begin + st < t_end; ++st) issue(t_begin + st, st);
+#else
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
         if (t_begin + st < t_end) {
@@ -443,6 +504,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         cp_async_commit();
     }
     if (t_begin + STAGES - 1 < t_end) fetch_pages(pages, bt_row, (t_begin + STAGES - 1) * B_c, kv_len);
+#endif
     unsigned char* q_gen = smem_raw + (q_tile - smem_addr(smem_raw));   // generic pointer to Q_i
     for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
         const int r = c / (D / 8), ch = c % (D / 8), pr = row0 + r;
@@ -472,6 +534,19 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     }
 
     for (int j = t_begin; j < t_end; ++j) {
+#if TMA
+        {
+            const int n = j - t_begin;
+            if (ragged(j)) {              // the last tile (its cp.async group the last committed)
+                cp_async_wait<0>();
+                fence_proxy_async();
+            } else {                      // phase n / STAGES of its stage: every earlier tile in
+                mbar_wait(smem_addr(&kv_full[n % STAGES]), (n / STAGES) & 1);   // it came by TMA
+            }
+        }
+        __syncthreads();                  // tile j has landed, and tile j - 1's stage is free
+        if (j + STAGES - 1 < t_end) issue(j + STAGES - 1, (j + STAGES - 1 - t_begin) % STAGES);
+#else
         cp_async_wait<STAGES - 2>();      // tile j has landed (this thread's part) ...
         fence_proxy_async();              // ... visible to wgmma (async proxy) ...
         __syncthreads();                  // ... everyone's; and tile j - 1's stage is free
@@ -482,8 +557,15 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             cp_async_commit();
             if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);
         }
+#endif
         const int st = (j - t_begin) % STAGES;
+#if PINGPONG      // v9: warpgroup 1 issues S after warpgroup 0 has, so its GEMMs run during 0's softmax
+        if (w == 1) named_sync(BAR_PINGPONG, 2 * 128);
+#endif
         gemm_qk(s, q_tile, w, k_tile(st));            // S = Q_w K_j^T
+#if PINGPONG
+        if (w == 0) named_arrive(BAR_PINGPONG, 2 * 128);
+#endif
         wgmma_wait<0>();
         fence_regs(s);
         const int key0 = j * B_c;
@@ -502,7 +584,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         fence_regs(o);
         fence_regs(p);
     }
+#if !TMA
     cp_async_wait<0>();
+#endif
 
     // ---- O = diag(l_i)^-1 O_i and L = m_i + log l_i (rows that saw no key: O 0, L -inf), to O,
     // L (one split) or to this split's partial O, L; each thread its own rows and columns

@@ -114,42 +114,8 @@ static_assert(VERSION >= 1 && VERSION <= 4, "VERSION is 1..4");
 static_assert(!MASK || VERSION == 3, "the mask path is built on v3 (MASK needs VERSION 3)");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
-// ---------------------------------------------------------------- mbarrier, TMA, named barriers
-struct __align__(64) TensorMap { u64 opaque[16]; };   // CUtensorMap, made by the host
-
-__device__ __forceinline__ void mbar_init(u32 bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {   // arrive, and bytes to come
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(u32 bar, int parity) {
-    u32 done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    return done;
-}
-// Wait until the phase of this parity has completed (phase k has parity k % 2). (No timeout:
-// a trap in this loop makes ptxas spill the consumers' registers; the benchmark runs each
-// version first in a child process with a time limit instead.)
-__device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
-    while (!mbar_try_wait(bar, parity)) {}
-}
-// One box (64 columns x rows x 1) of a 3-D tensor (d, N, B*H) into shared memory, counted on bar.
-__device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row, int bh, u32 bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
-                 :: "r"(dst), "l"((u64)map), "r"(col), "r"(row), "r"(bh), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
+// ---------------------------------------------------------------- mbarriers, TMA, registers
+#include "tma.cuh"      // TensorMap, mbar_*, tma_load (3-D boxes); named barriers: wgmma.cuh
 template <int regs> __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(regs));
 }

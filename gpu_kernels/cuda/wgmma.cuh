@@ -91,6 +91,15 @@ __device__ __forceinline__ u32 tile_off(int rows, int r, int c) {
 // Ordinary (generic-proxy) writes to shared memory made visible to wgmma and TMA (async proxy).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Named barriers (0 is __syncthreads): bar.sync waits until ``threads`` threads have reached
+// barrier ``id``; bar.arrive counts this thread without waiting (the warpgroup ping-pong).
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
 // ---------------------------------------------------------------- the two GEMMs of a warpgroup
 constexpr int S_REGS = BLOCK_C / 2;    // S_ij: 64 x B_c fp32 per warpgroup
 constexpr int O_REGS = HEAD_DIM / 2;   // O_i: 64 x d fp32 per warpgroup

@@ -11,6 +11,7 @@ taking CuPy arrays or PyTorch CUDA tensors without copies, and launching.
   buffers and results handed back in the caller's framework.
 * ``CupyLaunch``: a ``Launch`` whose ``run`` takes those arrays, checks them against the
   launch before anything runs, and launches through ``launch_kernel``.
+* ``tensor_map(...)``: a CUtensorMap for the TMA unit (tma.cuh), passed to a kernel by value.
 
 CuPy is imported inside functions only, so importing this module needs no GPU.
 """
@@ -162,6 +163,33 @@ def wrap_like(x, kind: str, dtype: str | None = None):
 
         return cuda.as_cuda_array(x)
     return x
+
+
+def tensor_map(ptr: int, dims: tuple, strides: tuple, box: tuple, bf16: bool, l2_promotion: int = 256):
+    """CUtensorMap of an fp16/bf16 tensor at device address ``ptr``: ``dims`` innermost first
+    (the first contiguous), ``strides`` the byte strides of the others (multiples of 16), boxes
+    of ``box`` elements (the first: 64 = 128 bytes, as the 128-byte swizzle takes), the
+    swizzle the kernels' tiles use (tma.cuh), elements past ``dims`` filled with zeros.
+    Returned as a one-element NumPy array of a 128-byte structured dtype, which CuPy passes by
+    value (CuPy's examples/custom_struct): a __grid_constant__ TensorMap parameter."""
+    import numpy as np
+    from cuda.bindings import driver
+
+    T = driver.CUtensorMapDataType
+    dt = T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if bf16 else T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t      # the binding takes no plain ints
+    err, tmap = driver.cuTensorMapEncodeTiled(
+        dt, len(dims), int(ptr), [u64(n) for n in dims], [u64(n) for n in strides],
+        [u32(n) for n in box], [u32(1)] * len(dims),
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        getattr(driver.CUtensorMapL2promotion, {0: "CU_TENSOR_MAP_L2_PROMOTION_NONE"}.get(
+            l2_promotion, f"CU_TENSOR_MAP_L2_PROMOTION_L2_{l2_promotion}B")),
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled(dims {dims}, strides {strides}, box {box}) failed: {err}")
+    words = np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
+    return words.view(np.dtype([("opaque", np.uint64, (16,))]))     # shape (1,): passed as a struct
 
 
 class CupyLaunch(Launch):

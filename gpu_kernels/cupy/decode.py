@@ -45,8 +45,11 @@ two warpgroups above (``wgmma_warps``), and with splits, v6: decode_combine laun
 programmatic dependent launch (``pdl=1``, ``launch_ex``; sm_90), so its launch
 overlaps decode_split's tail; v7 (``fused=1``): no decode_combine, the splits of a KV head
 merge their partials inside decode_split after meeting at a counter (one wave of blocks,
-launched cooperatively: ``launch_ex``); v8, the defaults since 2026-12-03: v6 or v7 with the
-splits of the ``"sm"`` rule (one block per SM where two fit; v4-v7 keep the wave rule's).
+launched cooperatively: ``launch_ex``); v8: v6 or v7 with the splits of the ``"sm"`` rule
+(one block per SM where two fit; v4-v7 keep the wave rule's); v9, the defaults since
+2026-12-03: v8 whose wgmma loop takes its K/V tiles from the TMA unit over a contiguous cache
+(``tma=1``, ``default_tma``; ``launch.tensor_maps``) and, with two warpgroups, lets them take
+turns at the tensor cores (``pingpong=1``, ``default_pingpong``).
 Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
@@ -72,7 +75,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3)                # COMBINE: decode_combine's version
@@ -92,6 +95,8 @@ WGMMA_ARCH = "sm_90a"               # v5's target (wgmma.cuh)
 # times these against v5 at mma.sync's tiles; decode_h200.json's "tuning" rows).
 WGMMA_TILES = (128, 2)
 TUNING_V5 = (WGMMA_TILES, (64, 4), (64, 3))
+TMA_L2_PROMOTION = 128              # v9's tensor maps: the L2 fetch granularity of a TMA copy
+MBARRIER_SMEM = 128                 # v9's static shared memory: STAGES mbarriers (ptxas: 128 bytes)
 
 
 def row_warps(rows: int, warps: int = 4, block_cols: int = BLOCK_C) -> int:
@@ -153,12 +158,13 @@ SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic, "sm": one_w
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
             stages: int | None = None, warps: int = 4, combine: int = COMBINE,
-            page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0) -> dict[str, int]:
+            page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
+            pingpong: int = 0, tma: int = 0) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
             "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
             "NUM_WARPS": warps, "COMBINE": combine,
             "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma, "PDL": pdl,
-            "FUSED": fused}
+            "FUSED": fused, "PINGPONG": pingpong, "TMA": tma}
 
 
 
@@ -203,6 +209,17 @@ def default_fused(splits: int) -> int:
     return int(splits > 32)
 
 
+def default_tma(wgmma: int, page_size) -> int:
+    """v9: the wgmma loop's K/V tiles by the TMA unit where the cache is contiguous (a tile
+    is one box per 64-column panel; pages would take a box per page)."""
+    return int(bool(wgmma) and not page_size)
+
+
+def default_pingpong(wgmma: int, warps: int) -> int:
+    """v9: the two warpgroups of a 128-row block take turns issuing S (PINGPONG)."""
+    return int(bool(wgmma) and warps == 8)
+
+
 def default_variant(rows: int) -> str:
     """The name in VARIANTS of the split kernel configure's defaults run for a KV head of
     ``rows`` packed rows (v6 launches the combine after it by programmatic dependent launch,
@@ -219,8 +236,9 @@ def default_variant(rows: int) -> str:
 # v5 with one warpgroup, 64-row blocks; v6: default_variant's kernels with decode_combine by
 # programmatic dependent launch (configure's defaults at 2 to 32 splits).
 # v7: v6's kernels merging the splits in decode_split (fused). v4-v7 take the wave rule's
-# splits; v8, the defaults: the "sm" rule's, v7 above 32 splits (where they fit one wave), v6
-# up to 32. v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0.
+# splits; v8: the "sm" rule's, v7 above 32 splits (where they fit one wave), v6 up to 32; v9,
+# the defaults: v8 with TMA and the ping-pong where they apply. v1-v4 take wgmma=0, v1-v5
+# pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
 VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -228,11 +246,12 @@ VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wg
             "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v4": dict(combine=3, split_rule="wave", wgmma=0, pdl=0, fused=0),
             "v4_w8": dict(warps=8, combine=3, split_rule="wave", wgmma=0, pdl=0, fused=0),
-            "v5": dict(warps=8, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0),
-            "v5_w4": dict(warps=4, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0),
-            "v6": dict(combine=3, split_rule="wave", pdl=None, fused=0),
-            "v7": dict(combine=3, split_rule="wave", pdl=None, fused=1),
-            "v8": dict(combine=3, split_rule="sm", pdl=None, fused=None)}
+            "v5": dict(warps=8, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0, tma=0, pingpong=0),
+            "v5_w4": dict(warps=4, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0, tma=0, pingpong=0),
+            "v6": dict(combine=3, split_rule="wave", pdl=None, fused=0, tma=0, pingpong=0),
+            "v7": dict(combine=3, split_rule="wave", pdl=None, fused=1, tma=0, pingpong=0),
+            "v8": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=0, pingpong=0),
+            "v9": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -262,6 +281,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     wgmma: int = 0                   # WGMMA: v5's decode_split (sm_90a)
     pdl: int = 0                     # PDL: decode_combine by programmatic dependent launch
     fused: int = 0                   # FUSED: v7, the merge in decode_split (no decode_combine)
+    pingpong: int = 0                # PINGPONG: v9, two warpgroups take turns at the tensor cores
+    tma: int = 0                     # TMA: v9, K/V tiles by the TMA unit (contiguous cache, wgmma)
 
     @property
     def rows(self) -> int:
@@ -281,7 +302,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     def defines(self) -> dict[str, int]:
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
-                       self.pdl, self.fused)
+                       self.pdl, self.fused, self.pingpong, self.tma)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -364,7 +385,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     block_cols=self.block_cols, splits=self.splits, page_size=self.page_size,
                     kv_heads=self.kv_heads, q_len=self.q_len, row_warps=self.row_warps,
                     warps=self.warps, combine=self.combine, stages=self.stages,
-                    page_prefetch=self.page_prefetch, wgmma=self.wgmma, fused=self.fused)
+                    page_prefetch=self.page_prefetch, wgmma=self.wgmma, fused=self.fused,
+                    tma=self.tma, pingpong=self.pingpong)
 
     # ------------------------------------------------------------------ inputs
     def cache_shape_ok(self, shape: tuple) -> str | None:
@@ -489,9 +511,30 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         kv_lens, bt = self._device_layout()
         O_part, L_part = self._partials() if self.splits > 1 else (O, L)   # unused when 1 split
         per_launch = self.kernel_args(cupy, q, k, v, O, L, O_part, L_part, bt, kv_lens, self._counters())
+        if self.tma:                          # v9: the caches' tensor maps, by value
+            per_launch[0] += self.tensor_maps(k, v)
         for kl, args in zip(self.launches(), per_launch):
             self.launch_kernel(kl, args)
         return Result(O, L)
+
+    def tensor_maps(self, k, v) -> tuple:
+        """v9's CUtensorMaps of the K and V caches (CuPy arrays (B, capacity, kv_heads, d) at
+        any strides ``cache_strides`` takes) as 4-D tensors (d, N, kv_heads, B), N the longest
+        kv_len, boxes of 64 columns x B_c keys (tma.cuh's tma_load_4d): keys past N arrive as
+        zeros. A dimension of size 1 is never stepped along: its stride is given as 16 bytes.
+        Made once per pair of caches (a launch's ``workspace`` keeps the last)."""
+        from .common import tensor_map
+
+        key = tuple((x.data.ptr, x.shape, x.strides) for x in (k, v))
+        if self.workspace.get("tensor_maps_of") != key:
+            def stride(x, i):
+                return x.strides[i] if x.shape[i] > 1 else 16
+            self.workspace["tensor_maps"] = tuple(
+                tensor_map(x.data.ptr, (self.d, self.N, x.shape[2], x.shape[0]),
+                           (stride(x, 1), stride(x, 2), stride(x, 0)), (64, self.block_cols, 1, 1),
+                           self.dtype == "bf16", TMA_L2_PROMOTION) for x in (k, v))
+            self.workspace["tensor_maps_of"] = key
+        return self.workspace["tensor_maps"]
 
     def kernel_args(self, xp, q, k, v, O, L, O_part, L_part, block_table, kv_lens, counters) -> list:
         """The argument tuples of ``launches()`` in order (decode_split's, then
@@ -522,8 +565,13 @@ def launch_ex(kernel, kl: KernelLaunch, args: tuple, how: str) -> None:
     from cuda.bindings import driver as cu
 
     types = {np.int32: ctypes.c_int, np.int64: ctypes.c_longlong, np.float32: ctypes.c_float}
-    vals = [a.data.ptr if isinstance(a, cupy.ndarray) else a.item() for a in args]
-    kinds = [ctypes.c_void_p if isinstance(a, cupy.ndarray) else types[type(a)] for a in args]
+    # each argument's bytes in a ctypes object, and the array of their addresses (the void**
+    # kernelParams): arrays as pointers, scalars as their C type, a NumPy array (v9's tensor
+    # maps) by value, as CuPy passes it
+    held = [ctypes.c_void_p(a.data.ptr) if isinstance(a, cupy.ndarray) else
+            (ctypes.c_uint8 * a.nbytes).from_buffer_copy(a.tobytes()) if isinstance(a, np.ndarray) else
+            types[type(a)](a.item()) for a in args]
+    params = (ctypes.c_void_p * len(held))(*(ctypes.addressof(h) for h in held))
     attr = cu.CUlaunchAttribute()
     if how == "cooperative":
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
@@ -537,7 +585,7 @@ def launch_ex(kernel, kl: KernelLaunch, args: tuple, how: str) -> None:
     cfg.sharedMemBytes = kl.dynamic_smem
     cfg.hStream = cu.CUstream(cupy.cuda.get_current_stream().ptr)
     cfg.attrs, cfg.numAttrs = [attr], 1
-    err, = cu.cuLaunchKernelEx(cfg, cu.CUfunction(kernel.kernel.ptr), (tuple(vals), tuple(kinds)), 0)
+    err, = cu.cuLaunchKernelEx(cfg, cu.CUfunction(kernel.kernel.ptr), ctypes.addressof(params), 0)
     if err != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuLaunchKernelEx({kl.kernel}, {how}): {err}")
 
@@ -634,7 +682,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
-              split_rule="sm", wgmma=None, pdl=None, fused=None) -> DecodeLaunch:
+              split_rule="sm", wgmma=None, pdl=None, fused=None, pingpong=None, tma=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -648,7 +696,10 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     launch (sm_90, v6: PDL in the .cu file), 0 not, None: 1 where there are splits;
     ``fused``: 1 merges the splits in decode_split where there are splits (v7: FUSED in the
     .cu file; its grid must fit one wave of ``sm_count`` SMs), 0 not, None: ``default_fused``
-    where there are splits and they fit; ``pdl`` None is then 0."""
+    where there are splits and they fit; ``pdl`` None is then 0. ``tma``: 1 takes the wgmma
+    loop's K/V tiles from the TMA unit (v9: TMA in the .cu file; a contiguous cache), 0 by
+    cp.async, None: ``default_tma``; ``pingpong``: 1 lets two warpgroups take turns issuing S
+    (v9: PINGPONG; 8 warps on wgmma), 0 not, None: ``default_pingpong``."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -710,8 +761,19 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if smem > SHARED_OPTIN:
         raise KernelInputError(f"block_cols = {Bc}, stages = {stages} need {smem} bytes of shared "
                                "memory; a block has at most 227 KiB")
+    if pingpong is not None and (isinstance(pingpong, bool) or pingpong not in (0, 1)):
+        raise KernelInputError(f"pingpong = {pingpong!r}: 0 or 1")
+    if pingpong is None:
+        pingpong = default_pingpong(wgmma, warps)
+    if tma is None:
+        tma = default_tma(wgmma, page_size)
+    if isinstance(tma, bool) or tma not in (0, 1) or (tma and (page_size is not None or not wgmma)):
+        raise KernelInputError(f"tma = {tma!r}: 0, or 1 for a contiguous cache on wgmma (v5's loop)")
+    if pingpong and not default_pingpong(wgmma, warps):
+        raise KernelInputError(f"pingpong = {pingpong}: the ping-pong needs two warpgroups (v5 with 8 warps)")
     n_tiles = cdiv(max(lens), Bc)
-    slots = sm_count * blocks_per_sm(smem, head_dim, warps, wgmma)   # blocks resident at once
+    # blocks resident at once (v9's mbarriers: static shared memory beside the dynamic)
+    slots = sm_count * blocks_per_sm(smem + (MBARRIER_SMEM if tma else 0), head_dim, warps, wgmma)
     if splits is None:                     # "sm": one block per SM, the others every slot
         splits = SPLIT_RULES[split_rule](batch * kv_heads * chunks,
                                          sm_count if split_rule == "sm" else slots, n_tiles)
@@ -738,7 +800,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         num_pages=None if not page_size else int(num_pages), splits=splits,
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
-                        wgmma=wgmma, pdl=pdl, fused=fused)
+                        wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma)
 
 
 def compile_variants():
@@ -792,6 +854,18 @@ def compile_variants():
                 for w in (4, 8):
                     out.append((CU_FILE, defines(d, dtype, page, w, *WGMMA_TILES, warps=w, wgmma=1, fused=1),
                                 smem_bytes(d, w, *WGMMA_TILES, wgmma=1), ("decode_split",)))
+    for d in HEAD_DIMS:                      # v9: the wgmma kernels with TMA (contiguous) and the
+        for dtype in ("fp16", "bf16"):       # ping-pong (two warpgroups), one split, PDL, fused
+            for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
+                for w in (4, 8):
+                    pp, tma = default_pingpong(1, w), default_tma(1, page)
+                    if not (pp or tma):      # v8's kernels
+                        continue
+                    for pdl, fused in ((0, 0), (1, 0), (0, 1)):
+                        out.append((CU_FILE, defines(d, dtype, page, w, *WGMMA_TILES, warps=w, wgmma=1,
+                                                     pdl=pdl, fused=fused, pingpong=pp, tma=tma),
+                                    smem_bytes(d, w, *WGMMA_TILES, wgmma=1),
+                                    ("decode_split",) if fused else HOT))
     return out
 
 

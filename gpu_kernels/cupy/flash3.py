@@ -110,35 +110,11 @@ def get_kernel(defines_items: tuple, dynamic_smem: int):
 
 # ---------------------------------------------------------------- tensor maps (TMA)
 
-def _tmap_dtype():
-    import numpy as np
-
-    return np.dtype([("opaque", np.uint64, (16,))])      # CUtensorMap: 128 opaque bytes
-
-
 def tensor_map(x, d: int, N: int, BH: int, box_rows: int, bf16: bool):
     """CUtensorMap of a (B, H, N, d) fp16/bf16 CuPy array seen as the 3-D tensor (d, N, B*H):
     boxes of 64 columns x ``box_rows`` rows x 1 head, 128-byte swizzle (the layout the
-    kernel's wgmma descriptors read), rows past N filled with zeros. Returned as a one-element
-    NumPy array of a 128-byte structured dtype, which CuPy passes by value (CuPy's
-    examples/custom_struct), here a __grid_constant__ parameter."""
-    import numpy as np
-    from cuda.bindings import driver
-
-    T = driver.CUtensorMapDataType
-    dt = T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if bf16 else T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-    u64, u32 = driver.cuuint64_t, driver.cuuint32_t      # the binding takes no plain ints
-    args = (dt, 3, int(x.data.ptr), [u64(n) for n in (d, N, BH)], [u64(n) for n in (d * 2, N * d * 2)],
-            [u32(n) for n in (64, box_rows, 1)], [u32(1)] * 3,
-            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    err, tmap = driver.cuTensorMapEncodeTiled(*args)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err}")
-    words = np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
-    return words.view(_tmap_dtype())     # shape (1,): CuPy passes it by value, as a struct
+    kernel's wgmma descriptors read), rows past N filled with zeros (common.tensor_map)."""
+    return common.tensor_map(x.data.ptr, (d, N, BH), (d * 2, N * d * 2), (64, box_rows, 1), bf16)
 
 
 # ---------------------------------------------------------------- masks (MASK = 1)
