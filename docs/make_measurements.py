@@ -307,10 +307,8 @@ def decode_ncu(d: dict) -> list[str]:
                      f"written {write:.2f}")
     if i != len(rows):
         raise ValueError(f"decode_ncu_h200.csv has {len(rows)} launches, the JSON's points {i}")
-    which = ("the default launch at each point" if all("tma" in p["launch"] for p in d["points"])
-             else "the default launch at each point as it was before v9 (v8's kernels)")
     return [f"* Nsight Compute beside flashsim (`decode_ncu_h200.json`, {d['provenance']['date'][:10]}; "
-            f"{which}; DRAM bytes read and written over flashsim's "
+            "the default launch at each point; DRAM bytes read and written over flashsim's "
             "count of the launch's bytes below shared memory, `launch.plan().count()`, which "
             "has no L2: the split partials the combine reads back, and the small outputs, may "
             "stay in the L2 and never reach DRAM): " + "; ".join(parts) + "."]
