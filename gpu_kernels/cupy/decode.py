@@ -520,8 +520,9 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     def tensor_maps(self, k, v) -> tuple:
         """v9's CUtensorMaps of the K and V caches (CuPy arrays (B, capacity, kv_heads, d) at
         any strides ``cache_strides`` takes) as 4-D tensors (d, N, kv_heads, B), N the longest
-        kv_len, boxes of 64 columns x B_c keys (tma.cuh's tma_load_4d): keys past N arrive as
-        zeros. A dimension of size 1 is never stepped along: its stride is given as 16 bytes.
+        kv_len, boxes of 64 columns x B_c keys (tma.cuh's tma_load_4d). The kernel asks them
+        for whole tiles below a sequence's kv_len only (its ragged last tile goes by cp.async).
+        A dimension of size 1 is never stepped along: its stride is given as 16 bytes.
         Made once per pair of caches (a launch's ``workspace`` keeps the last)."""
         from .common import tensor_map
 
