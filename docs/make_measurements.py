@@ -361,19 +361,20 @@ def decode_v8(d: dict) -> list[str]:
 
 def decode_v9(d: dict) -> list[str]:
     """v9 (the defaults: the wgmma loop's K/V by the TMA unit, two warpgroups' ping-pong) over
-    v8's launch at the same point and layout (the same splits and merge, cp.async: v8's row,
-    or v7's or v6's where the benchmark found it equal to one of them and timed it once), at
+    v8's launch at the same point, layout and splits (v8's row, or v7's or v6's, as
+    ``default_fused`` picks, where the benchmark found v8 equal to it and timed it once), at
     the wgmma points (32 packed rows or more a KV head), by rows."""
-    rows_ = {(p["batch"], p["heads"], p["kv_heads"], p["kv_len"], p["q_len"], p.get("layout"),
-              p.get("variant")): p for p in d["points"] if p["impl"] == "cupy_decode" and p["check_ok"]}
+    from gpu_kernels.cupy import decode as dk
+
+    t = _ours_times(d)
     by_rows: dict = {}
-    for (B, H, kvh, n, ql, lay, var), p in rows_.items():
+    for (B, H, kvh, n, ql, lay, var), (time_s, splits) in t.items():
         if var != "v9":
             continue
-        same = [o for o in (rows_.get((B, H, kvh, n, ql, lay, v)) for v in ("v8", "v7", "v6"))
-                if o and o["splits"] == p["splits"] and o.get("fused") == p.get("fused")]
-        if same:
-            by_rows.setdefault(ql * H // kvh, []).append(p["time_s"] / same[0]["time_s"])
+        v8 = t.get((B, H, kvh, n, ql, lay, "v8")) or \
+            t.get((B, H, kvh, n, ql, lay, "v7" if dk.default_fused(splits) else "v6"))
+        if v8 and v8[1] == splits:
+            by_rows.setdefault(ql * H // kvh, []).append(time_s / v8[0])
     out = []
     for rows, r in sorted(by_rows.items()):
         what = ("two warpgroups: the TMA unit's loads and the ping-pong" if rows > 64 else

@@ -490,7 +490,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     };
     if (threadIdx.x == 0) {
         for (int st = 0; st < STAGES; ++st) mbar_init(smem_addr(&kv_full[st]), 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();                      // the mbarriers initialised before anyone waits
     for (int st = 0; st < STAGES - 1 && t_begin + st < t_end; ++st) issue(t_begin + st, st);

@@ -246,7 +246,7 @@ flash3_fwd(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __re
             mbar_init(v_full(s), 1);
             mbar_init(empty(s), CONSUMERS * 4);       // lane 0 of every consumer warp
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
         fence_proxy_async();
     }
     __syncthreads();

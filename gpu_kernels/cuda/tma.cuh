@@ -8,6 +8,10 @@ struct __align__(64) TensorMap { unsigned long long opaque[16]; };   // CUtensor
 __device__ __forceinline__ void mbar_init(u32 bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
 }
+// The initialised mbarriers made visible to the async proxy (TMA) before any copy names them.
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {   // arrive, and bytes to come
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
 }

@@ -766,12 +766,12 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         raise KernelInputError(f"pingpong = {pingpong!r}: 0 or 1")
     if pingpong is None:
         pingpong = default_pingpong(wgmma, warps)
+    if pingpong and not default_pingpong(wgmma, warps):
+        raise KernelInputError(f"pingpong = {pingpong}: the ping-pong needs two warpgroups (v5 with 8 warps)")
     if tma is None:
         tma = default_tma(wgmma, page_size)
     if isinstance(tma, bool) or tma not in (0, 1) or (tma and (page_size is not None or not wgmma)):
         raise KernelInputError(f"tma = {tma!r}: 0, or 1 for a contiguous cache on wgmma (v5's loop)")
-    if pingpong and not default_pingpong(wgmma, warps):
-        raise KernelInputError(f"pingpong = {pingpong}: the ping-pong needs two warpgroups (v5 with 8 warps)")
     n_tiles = cdiv(max(lens), Bc)
     # blocks resident at once (v9's mbarriers: static shared memory beside the dynamic)
     slots = sm_count * blocks_per_sm(smem + (MBARRIER_SMEM if tma else 0), head_dim, warps, wgmma)
