@@ -52,6 +52,19 @@ skipped). Implementations per point, all on the same K/V values:
   plain_read         a kernel that reads every byte of the same K and V once: the limit
 Bandwidth = the K and V bytes a step must read (2 B kv_len kv_heads d 2) / time.
 
+--overheads (DIR/decode_overheads_h200.json, ~1 min): where a small step's time goes, at
+OVERHEAD_POINTS: the step (the default launch), each of its kernels launched alone
+(``DecodeLaunch.run(only=...)``), an empty kernel on the split kernel's grid (launch and event
+overhead) and the plain read, each under the table's flush (a write of 2 x L2, which leaves
+dirty lines) and again with a clean flush (``harness.Harness(clean=True)``: the write, then a
+read of as many other bytes). --overheads-profile runs the plain read and the step once after
+each flush inside NVTX ranges "dirty" and "clean", for Nsight Compute without its own cache
+control (what the timed call writes back of the flush's dirty lines):
+    ncu --cache-control none --clock-control none --nvtx --nvtx-include dirty/ \
+        --nvtx-include clean/ --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
+        --csv --page raw --log-file DIR/decode_overheads_ncu_h200.csv \
+        python -m benchmarks.decode_h200 --overheads-profile --out DIR
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -89,6 +102,15 @@ W8_MIN_ROWS = 32              # _w8 and v5 where a KV head has this many packed 
 # head_major, PyTorch's (B, kv_heads, kv_len, d) tensors through transposed views (pages "HND")
 LAYOUTS = ("token_major", "head_major")
 MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: small points only
+# --overheads: the points that miss the issue's targets (small steps, MQA) and large ones beside
+OVERHEAD_POINTS = [(1, 1, 4096, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 1, 32768, 1),
+                   (8, 1, 32768, 1), (1, 8, 32768, 1), (8, 8, 32768, 1), (8, 1, 131072, 1),
+                   (1, 1, 32768, 4), (8, 1, 32768, 4), (64, 8, 4096, 1), (8, 32, 32768, 1)]
+# --overheads-profile: (B, kv_heads, kv_len, q_len) whose plain read and step ncu sees
+OVERHEAD_PROFILE_POINTS = [(1, 1, 4096, 1), (8, 1, 32768, 1), (8, 8, 32768, 1)]
+EMPTY = r"""
+extern "C" __global__ void empty_launch(int* flag) { if (flag[0] == 0x5EED) flag[1] = 1; }
+"""
 
 METHOD = ("Every implementation is checked on the very inputs it is timed on before it is timed: "
           "the float64 reference of the last (sequence, KV head) (and the first, below kv_len 32k) "
@@ -740,6 +762,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tune", action="store_true", help="the default tiles, no tuning step")
     ap.add_argument("--splits-sweep", action="store_true",
                     help="ours at split counts around both rules' (decode_splits_h200.json)")
+    ap.add_argument("--overheads", action="store_true",
+                    help="a step, its kernels alone, an empty launch, after a dirty and a clean "
+                         "flush (decode_overheads_h200.json)")
+    ap.add_argument("--overheads-profile", action="store_true",
+                    help="the plain read and the step after each flush, in NVTX ranges, for ncu")
     args = ap.parse_args(argv)
 
     if args.sanitize:
@@ -753,11 +780,17 @@ def main(argv=None) -> int:
 
     if args.profile_point:
         return profile_points(args.profile_point, torch, args.out)
-    bench = Bench(args, "decode_splits_h200.json" if args.splits_sweep else "decode_h200.json")
+    if args.overheads_profile:
+        return overheads_profile(args.out)
+    name = ("decode_splits_h200.json" if args.splits_sweep else
+            "decode_overheads_h200.json" if args.overheads else "decode_h200.json")
+    bench = Bench(args, name)
     bench.results["provenance"] = harness.provenance(
         extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
     if args.splits_sweep:
         return sweep(bench, args)
+    if args.overheads:
+        return overheads(bench)
     bench.results["configs"] = {"heads": H, "head_dim": D, "batches": list(BATCHES), "kv_lens": list(KV_LENS),
                                 "kv_heads": list(KV_HEADS), "q_lens": list(Q_LENS), "pages": list(PAGES),
                                 "max_cache_bytes": MAX_CACHE_BYTES}
@@ -785,6 +818,104 @@ def main(argv=None) -> int:
     bench.results["failed_checks"] = bench.failures
     bench.finish(f"; {bench.failures} failed checks")
     return 0 if ok and not bench.failures else 1
+
+
+def overheads(bench) -> int:
+    """--overheads: at each of OVERHEAD_POINTS, under each flush ("dirty": the table's, "clean":
+    a read of other bytes after it), the step (the default launch, checked), the plain read and
+    an empty kernel on the split kernel's grid; under the dirty flush also each of the step's
+    kernels alone ("part": its name). Rows as the table's, with "flush" and "part"."""
+    cupy, torch = bench.cupy, bench.torch
+    empty = cupy.RawKernel(EMPTY, "empty_launch")
+    flag = cupy.zeros(2, cupy.int32)
+    hs = {"dirty": bench.harness,
+          "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)}
+    bench.results["timing_clean"] = hs["clean"].method()
+
+    def run():
+        for B, kvh, n, ql in OVERHEAD_POINTS:
+            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
+            if not bench.due(base):
+                continue
+            q, k, v, launch, refs, check, run_ours = bench.inputs(B, kvh, n, ql)
+            O, L = torch.empty_like(q), torch.empty((B, H, ql), device="cuda", dtype=torch.float32)
+            split = launch.launches()[0]
+            cfg = {"splits": launch.splits, "fused": launch.fused, "pdl": launch.pdl,
+                   "warps": launch.warps, "wgmma": launch.wgmma, "tma": launch.tma,
+                   "block_cols": launch.block_cols, "stages": launch.stages,
+                   "kernels": [kl.kernel for kl in launch.launches()]}
+            for flush, h in hs.items():
+                bench.harness = h
+                bench.record({"impl": "cupy_decode", **base, **cfg, "flush": flush, "part": "step"},
+                             run_ours(launch, k, v), check)
+                bench.plain_read({**base, "flush": flush}, k, v)
+                bench.record({"impl": "empty_launch", **base, "flush": flush, "grid": list(split.grid),
+                              "threads": split.threads},
+                             lambda g=split.grid, t=split.threads: empty(g, (t,), (flag,)), None)
+            bench.harness = hs["dirty"]
+            if len(cfg["kernels"]) > 1:
+                for name in cfg["kernels"]:
+                    bench.record({"impl": "cupy_decode", **base, **cfg, "flush": "dirty", "part": name},
+                                 lambda name=name: launch.run(q, k, v, out=O, lse=L, only=name), None)
+            del q, k, v, O, L
+            torch.cuda.empty_cache()
+            bench.save()
+
+    ok = bench.guarded(run)
+    bench.results["failed_checks"] = bench.failures
+    bench.finish(f"; {bench.failures} failed checks")
+    return 0 if ok and not bench.failures else 1
+
+
+def overheads_profile(out) -> int:
+    """--overheads-profile: at OVERHEAD_PROFILE_POINTS the plain read, then the step (the
+    default launch), each once after the table's flush inside NVTX range "dirty" and once
+    after a clean flush inside "clean" (the flushes and a warm-up outside the ranges); the
+    order of the ranges' launches goes to out/decode_overheads_ncu_h200.json beside ncu's CSV."""
+    import json
+    import pathlib
+
+    import cupy
+    import torch
+
+    plain = cupy.RawKernel(PLAIN_READ, "plain_read")
+    flag = cupy.zeros(1, cupy.uint32)
+    hs = {"dirty": harness.Harness("cupy"), "clean": harness.Harness("cupy", clean=True)}
+    order = []
+    for B, kvh, n, ql in OVERHEAD_PROFILE_POINTS:
+        q = torch.randn((B, ql, H, D), device="cuda", dtype=torch.float16)
+        k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
+        v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
+        launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
+        kc, vc = (cupy.from_dlpack(x.view(torch.int16)) for x in (k, v))
+        nvec = k.numel() * k.element_size() // 16
+        steps = {"plain_read": lambda: plain((132 * 16,), (256,), (kc, vc, cupy.uint64(nvec), flag)),
+                 "step": lambda: launch.run(q, k, v)}
+        for what, fn in steps.items():
+            fn()                                      # compiles, warms the launch path
+            for flush, h in hs.items():
+                cupy.cuda.runtime.deviceSynchronize()
+                h.flush()
+                cupy.cuda.runtime.deviceSynchronize()
+                cupy.cuda.nvtx.RangePush(flush)
+                fn()
+                cupy.cuda.runtime.deviceSynchronize()
+                cupy.cuda.nvtx.RangePop()
+                kernels = [kl.kernel for kl in launch.launches()] if what == "step" else [what]
+                order += [{"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql, "flush": flush,
+                           "what": what, "kernel": name, "kv_bytes": cache_bytes(B, kvh, n),
+                           "l2_flush_bytes": h.flush_bytes} for name in kernels]
+        del q, k, v, kc, vc
+        torch.cuda.empty_cache()
+    path = pathlib.Path(out) / "decode_overheads_ncu_h200.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"note": "the launches inside NVTX ranges 'dirty' and 'clean', in "
+                                        "order: the rows of the run's ncu CSV "
+                                        "(decode_overheads_ncu_h200.csv)",
+                                "provenance": harness.provenance(), "launches": order}, indent=1))
+    print(f"wrote {path}")
+    return 0
 
 
 def sweep(bench, args) -> int:

@@ -404,6 +404,105 @@ def decode_table(d: dict) -> list[str]:
                                                         r["kv_len"]))])
 
 
+def _overhead_rows(d: dict) -> list[dict]:
+    """Per point of decode_overheads_h200.json: its step, kernels alone, empty launch and
+    plain read in us, after the table's (dirty) flush and after a clean one."""
+    key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
+    rows = []
+    for k in dict.fromkeys(key(p) for p in d["points"]):
+        here = [p for p in d["points"] if key(p) == k]
+
+        def us(impl, flush="dirty", part=None):
+            t = [p["time_s"] for p in here if p["impl"] == impl and p.get("flush") == flush
+                 and p.get("part") == part and p.get("check_ok", True)]
+            return t[0] * 1e6 if t else None
+        step = next((p for p in here if p.get("part") == "step"), None)
+        if step is None:
+            continue
+        rows.append({"point": k, "splits": step["splits"], "fused": step["fused"],
+                     "kernels": step["kernels"], "kv_bytes": step["kv_bytes"],
+                     "step": us("cupy_decode", part="step"),
+                     "step_clean": us("cupy_decode", "clean", "step"),
+                     "split": us("cupy_decode", part="decode_split"),
+                     "combine": us("cupy_decode", part="decode_combine"),
+                     "empty": us("empty_launch"), "empty_clean": us("empty_launch", "clean"),
+                     "read": us("plain_read"), "read_clean": us("plain_read", "clean")})
+    return rows
+
+
+def _span(xs, spec=".1f") -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    lo, hi = min(xs), max(xs)
+    return f"{lo:{spec}}" if f"{lo:{spec}}" == f"{hi:{spec}}" else f"{lo:{spec}} to {hi:{spec}}"
+
+
+def decode_overheads(d: dict) -> list[str]:
+    """Where a small step's time goes: the lines docs/decode.md shows."""
+    rows = _overhead_rows(d)
+    if not rows:
+        return []
+
+    def diff(a, b):
+        return [r[a] - r[b] for r in rows if r[a] is not None and r[b] is not None]
+    combined = [r for r in rows if r["combine"] is not None]
+    big = [r for r in rows if r["kv_bytes"] >= 2 * 60e6]
+    return [
+        f"* Where a small step's time goes (`decode_overheads_h200.json`, {d['provenance'].get('date', '')[:10]}, "
+        f"{len(rows)} points; the table's flush unless said): an empty kernel on the split "
+        f"kernel's grid takes {_span(r['empty'] for r in rows)} us between the events, the "
+        f"plain read {_span(r['read'] for r in rows)} us. The split kernel alone takes "
+        f"{_span(diff('split', 'read'))} us more than the plain read of the same bytes; the "
+        f"step with its combine launch (programmatic dependent launch) "
+        f"{_span(r['step'] - r['split'] for r in combined)} us more than its split kernel alone "
+        f"(the combine alone: {_span(r['combine'] for r in combined)} us).",
+        f"* The flush's dirty lines: after a clean flush (the same write, then a read of as many "
+        f"other bytes) the plain read is {_span(diff('read', 'read_clean'))} us faster and the "
+        f"step {_span(diff('step', 'step_clean'))} us; at the points whose K/V bytes exceed twice "
+        f"the L2 ({len(big)}): the plain read {_span(r['read'] - r['read_clean'] for r in big if r['read_clean'])} us, "
+        f"the step {_span(r['step'] - r['step_clean'] for r in big if r['step_clean'])} us."]
+
+
+def decode_overheads_ncu(d: dict) -> list[str]:
+    """Nsight Compute without its own cache control (``--overheads-profile``): the DRAM bytes
+    written during the plain read and the step after each flush (the launches of
+    decode_overheads_ncu_h200.json in order, the rows of its CSV)."""
+    from gpu_kernels import ncu
+
+    csv_path = measured.path("decode_overheads_ncu_h200.csv")
+    if not csv_path.exists():
+        return []
+    rows = ncu.parse_csv(csv_path.read_text(), NCU_DECODE)
+    if [r["kernel_name"] for r in rows] != [x["kernel"] for x in d["launches"]]:
+        raise ValueError("decode_overheads_ncu_h200.csv: its launches are not the JSON's")
+    written = {}
+    for r, x in zip(rows, d["launches"]):
+        k = (x["batch"], x["kv_heads"], x["kv_len"], x["q_len"], x["what"], x["flush"])
+        written[k] = written.get(k, 0) + r["dram__bytes_write.sum"]
+    parts = []
+    for k in dict.fromkeys(k[:5] for k in written):
+        B, kvh, n, ql, what = k
+        parts.append(f"{what.replace('_', ' ')} at B {B}, kv_heads {kvh}, {n // 1024}k: "
+                     f"{written[(*k, 'dirty')] / 1e6:.1f} MB after the table's flush, "
+                     f"{written[(*k, 'clean')] / 1e6:.1f} MB after a clean one")
+    flush = d["launches"][0]["l2_flush_bytes"]
+    return [f"* What reaches DRAM as writes during a launch that follows the flush (Nsight "
+            f"Compute, `--cache-control none`, `decode_overheads_ncu_h200.csv`; the flush writes "
+            f"{flush / 1e6:.0f} MB): " + "; ".join(parts) + "."]
+
+
+def decode_overheads_table(d: dict) -> list[str]:
+    def f(x):
+        return "" if x is None else f"{x:.1f}"
+    return _table(["B", "kv_heads", "kv_len", "q_len", "splits", "step us", "step us, clean flush",
+                   "split kernel alone us", "combine alone us", "empty launch us",
+                   "plain read us", "plain read us, clean flush"],
+                  [[*r["point"], f"{r['splits']}{' fused' if r['fused'] else ''}", f(r["step"]),
+                    f(r["step_clean"]), f(r["split"]), f(r["combine"]), f(r["empty"]), f(r["read"]),
+                    f(r["read_clean"])] for r in _overhead_rows(d)])
+
+
 def decode(lines):
     d = _load("decode_h200.json")
     if not d:
@@ -420,6 +519,16 @@ def decode(lines):
     lines += decode_done_when(d) + decode_layouts(d) + [""]
     lines += decode_table(d)
     lines.append("")
+    o = _load("decode_overheads_h200.json")
+    if o:
+        lines += ["### Where a small step's time goes", "", f"Provenance: {_prov(o['provenance'])}.", "",
+                  "Ours (the default launch), each of its kernels alone, an empty kernel on the split "
+                  "kernel's grid and the plain read, in us (CUDA events, median), after the table's "
+                  "flush (a write of 2 x L2, which leaves dirty lines) and after a clean one (that "
+                  "write, then a read of as many other bytes):", ""]
+        on = _load("decode_overheads_ncu_h200.json")
+        lines += decode_overheads(o) + (decode_overheads_ncu(on) if on else []) + [""]
+        lines += decode_overheads_table(o) + [""]
 
 
 def _with_block(md: pathlib.Path, block: list[str]) -> str:
@@ -441,6 +550,10 @@ def decode_md_text() -> str:
     block += decode_splits(sw) if sw else []
     nc = _load("decode_ncu_h200.json")
     block += decode_ncu(nc) if nc else []
+    o = _load("decode_overheads_h200.json")
+    block += decode_overheads(o) if o else []
+    on = _load("decode_overheads_ncu_h200.json")
+    block += decode_overheads_ncu(on) if on else []
     return _with_block(DECODE_MD, block)
 
 

@@ -14,6 +14,10 @@ beside their numbers):
 * each timed call runs between two CUDA events on the default stream, after a write of an
   L2 flush buffer of 2 x the device's L2 (cudaDeviceProp.l2CacheSize), so every repeat starts
   with a cold L2;
+* ``clean=True`` (a measurement of the flush itself, not the default): after that write, a
+  read of a second buffer of 2 x the L2, so the call starts with an L2 of clean lines. The
+  write leaves up to an L2 of dirty lines, and the timed call's first misses write them
+  back to DRAM beside its own traffic (``benchmarks.decode_h200 --overheads`` times both);
 * between the flush and the start event the GPU spins ``lead_s`` (0.5 ms), so the host's
   time to launch the call happens while the GPU is busy and is not timed as a gap;
 * the median of the repeats; with ``repeats=None`` as many as fill ``target_s`` (0.2 s),
@@ -107,6 +111,9 @@ class _Cupy:
     def write(self, buf) -> None:
         buf.fill(1.0)
 
+    def read(self, buf) -> None:
+        buf.sum()
+
     def spin(self, seconds: float) -> None:
         """One GPU thread busy-waits ``seconds`` on the global timer."""
         if not hasattr(self, "_spin"):
@@ -141,6 +148,11 @@ class _Numba:
 
     def write(self, buf) -> None:
         self.fill(buf, 1.0)
+
+    def read(self, buf) -> None:
+        from .numba.common import read_all
+
+        read_all(buf)
 
     def spin(self, seconds: float) -> None:
         """One GPU thread sleeps about ``seconds`` (nanosleep; nothing in the simulator)."""
@@ -177,12 +189,12 @@ class Harness:
 
     def __init__(self, backend: str | None = None, *, warmup: int = 2, target_s: float = 0.2,
                  min_repeats: int = 5, max_repeats: int = 30, flush: bool = True,
-                 lead_s: float = 5e-4):
+                 lead_s: float = 5e-4, clean: bool = False):
         self.dev = _events(backend)
         self.warmup, self.target_s = warmup, target_s
         self.min_repeats, self.max_repeats = min_repeats, max_repeats
-        self.flush_enabled, self.lead_s = flush, lead_s
-        self._flush_buf = None
+        self.flush_enabled, self.lead_s, self.clean = flush, lead_s, clean
+        self._flush_buf = self._clean_buf = None
 
     @property
     def flush_bytes(self) -> int:
@@ -195,12 +207,18 @@ class Harness:
         if self._flush_buf is None:
             self._flush_buf = self.dev.buffer(self.flush_bytes)
         self.dev.write(self._flush_buf)
+        if self.clean:
+            if self._clean_buf is None:
+                self._clean_buf = self.dev.buffer(self.flush_bytes)
+            self.dev.read(self._clean_buf)
 
     def method(self) -> dict:
         """How times are taken, stored beside every measurement."""
         return {"harness": "gpu_kernels.harness", "events": self.dev.name, "warmup_runs": self.warmup,
                 "timer": "CUDA events around one call (all its launches)", "statistic": "median",
                 "l2_flush_bytes": self.flush_bytes if self.flush_enabled else 0,
+                "l2_flush": ("a write, then a read of as many other bytes (clean lines)" if self.clean
+                             else "a write (leaves dirty lines)") if self.flush_enabled else "none",
                 "repeats": f"enough for {self.target_s} s, {self.min_repeats} to {self.max_repeats}",
                 "lead_s": self.lead_s,
                 "check": "before timing, on the timed inputs; a failed check is not timed"}

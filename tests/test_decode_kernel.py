@@ -383,6 +383,18 @@ def test_bad_layouts_are_refused_before_any_launch():
     _refused(c, 70000, 32, 8, 128, kv_lens=[10] * 70000, match="z limit")
 
 
+def test_a_kernel_alone_must_be_one_of_the_steps():
+    """run(only=...) names one of the step's launches, or nothing is touched (the arrays
+    are never looked at)."""
+    one = decode.configure(2, 32, 8, 128, kv_lens=[100, 100], splits=1)
+    two = decode.configure(2, 32, 8, 128, kv_lens=[4000, 4000], splits=4)
+    assert [kl.kernel for kl in two.launches()] == ["decode_split", "decode_combine"]
+    with pytest.raises(KernelInputError, match="this step launches decode_split$"):
+        one.run(None, None, None, only="decode_combine")
+    with pytest.raises(KernelInputError, match="decode_split, decode_combine"):
+        two.run(None, None, None, only="combine")
+
+
 def test_decode_attention_checks_values_on_the_host_first():
     """NumPy inputs: shapes, the layout and NaN/Inf in the used cache rows are refused before
     anything is copied to a GPU (there is none here: a copy would raise a CUDA error)."""
@@ -825,6 +837,24 @@ def test_splits_give_the_same_output_as_one():
 
 
 @pytest.mark.gpu
+def test_the_steps_kernels_one_by_one_give_the_steps_output():
+    """--overheads times a step's kernels alone: the split kernel, then the combine, each
+    by run(only=...) into the same buffers, write what the whole step writes."""
+    cupy = _cupy_or_skip()
+    case = decode.random_case(np.random.default_rng(5), 2, 32, 8, 128, [3000, 900], 1, 0, "fp16")
+    launch = decode.configure(2, 32, 8, 128, **case["configure"], splits=6)
+    assert not launch.fused and len(launch.launches()) == 2
+    q, k, v = decode.device_case(case)
+    whole = launch.run(q, k, v)
+    O, L = whole.O.get(), whole.L.get()
+    res = launch.run(q, k, v, out=cupy.zeros_like(whole.O), lse=cupy.zeros_like(whole.L),
+                     only="decode_split")
+    assert not np.array_equal(res.O.get(), O)            # the split kernel writes partials only
+    res = launch.run(q, k, v, out=res.O, lse=res.L, only="decode_combine")
+    assert np.array_equal(res.O.get(), O) and np.array_equal(res.L.get(), L)
+
+
+@pytest.mark.gpu
 def test_nan_in_the_cache_is_refused_on_the_device_and_nothing_written():
     cupy = _cupy_or_skip()
     launch = decode.configure(1, 8, 2, 64, kv_lens=[30])
@@ -875,6 +905,16 @@ def test_benchmark_points_are_the_issues_grid():
         assert P in decode.COMPILED_PAGE_SIZES
     names = [c[:8] for c in bench.tiny_cases()]
     assert {c[5] for c in names} == {0, 1, 16, 64} and {c[4] for c in names} >= {1, 4, 16}
+
+
+def test_overhead_points_are_grid_points_with_and_without_splits():
+    from benchmarks import decode_h200 as bench
+
+    points = bench.OVERHEAD_POINTS + bench.OVERHEAD_PROFILE_POINTS
+    assert set(points) <= set(bench.grid_points(False)) and len(set(bench.OVERHEAD_POINTS)) == 12
+    kernels = {len(decode.configure(B, 32, kvh, 128, kv_lens=[n] * B, q_len=ql).launches())
+               for B, kvh, n, ql in bench.OVERHEAD_POINTS}
+    assert kernels == {1, 2}            # steps with a combine launch and steps without
 
 
 def test_splits_sweep_times_both_rules_and_their_neighbours():

@@ -49,6 +49,9 @@ class FakeDevice:
     def write(self, buf):
         self.log.append("flush")
 
+    def read(self, buf):
+        self.log.append("clean read")
+
     def spin(self, seconds):
         self.log.append(("spin", seconds))
 
@@ -58,6 +61,7 @@ def _harness(**kw):
     h.dev, h.warmup, h.target_s = FakeDevice(), kw.get("warmup", 2), kw.get("target_s", 0.2)
     h.min_repeats, h.max_repeats = kw.get("min_repeats", 5), kw.get("max_repeats", 30)
     h.flush_enabled, h._flush_buf, h.lead_s = kw.get("flush", True), None, kw.get("lead_s", 5e-4)
+    h.clean, h._clean_buf = kw.get("clean", False), None
     return h
 
 
@@ -70,6 +74,17 @@ def test_flush_is_twice_the_l2_and_comes_before_every_timed_call():
     assert len(timed) == 4 and all(h.dev.log[i + 1] == ("spin", 5e-4) for i in timed)
     assert all(h.dev.log[i + 2] == "event" for i in timed)       # then the start event
     assert len(calls) == 2 + 4                        # two warm-ups, four timed
+
+
+def test_a_clean_flush_reads_other_bytes_after_the_write():
+    h = _harness(clean=True)
+    h.time(lambda: None, repeats=3)
+    log = [e for e in h.dev.log if e != "event"]
+    assert log[:4] == [("alloc", 2 * h.dev.l2), "flush", ("alloc", 2 * h.dev.l2), "clean read"]
+    log = [e for e in log if not isinstance(e, tuple) or e[0] != "alloc"]
+    assert log == ["flush", "clean read", ("spin", 5e-4)] * 3   # write, read, spin, then the call
+    assert h.method()["l2_flush"].startswith("a write, then a read")
+    assert _harness().method()["l2_flush"] == "a write (leaves dirty lines)"
 
 
 def test_repeats_fill_the_target_within_bounds():
@@ -164,3 +179,11 @@ def test_the_spin_kernel_compiles_for_sm90():
 
     cubin, _ = compile_cubin(harness.SPIN_SOURCE, name="spin.cu")
     assert b"spin" in cubin
+
+
+def test_the_numba_clean_read_runs_under_the_simulator():
+    from gpu_kernels.numba.common import cuda, read_all
+
+    x = cuda.to_device(np.arange(1000, dtype=np.float32))
+    read_all(x)                                       # a typing or launch error raises here
+    read_all(cuda.to_device(np.zeros(3, np.float32)))

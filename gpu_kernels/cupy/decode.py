@@ -494,12 +494,19 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                                                     cupy.int32)
         return self.workspace["counters"]
 
-    def run(self, q, k_cache, v_cache, out=None, lse=None, check_finite: bool = False) -> Result:
+    def run(self, q, k_cache, v_cache, out=None, lse=None, check_finite: bool = False,
+            only: str | None = None) -> Result:
         """q (B, q_len, H, d), k_cache / v_cache as configured (CuPy arrays or torch CUDA
         tensors) -> Result(O like q, L (B, H, q_len) float32). ``out`` / ``lse``: buffers to
-        write into. Everything is checked before anything is launched."""
+        write into. Everything is checked before anything is launched. ``only``: the name of
+        one of ``launches()`` to launch alone (the benchmark times a step's kernels one by
+        one; O is then not the step's output)."""
         import cupy
 
+        kernels = self.launches()
+        if only is not None and only not in [kl.kernel for kl in kernels]:
+            raise KernelInputError(f"only = {only!r}: this step launches "
+                                   f"{', '.join(kl.kernel for kl in kernels)}")
         q, k, v = self._checked(q, k_cache, v_cache)
         if check_finite:
             self.check_finite(q, k, v)
@@ -513,8 +520,9 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         per_launch = self.kernel_args(cupy, q, k, v, O, L, O_part, L_part, bt, kv_lens, self._counters())
         if self.tma:                          # v9: the caches' tensor maps, by value
             per_launch[0] += self.tensor_maps(k, v)
-        for kl, args in zip(self.launches(), per_launch):
-            self.launch_kernel(kl, args)
+        for kl, args in zip(kernels, per_launch):
+            if only in (None, kl.kernel):
+                self.launch_kernel(kl, args)
         return Result(O, L)
 
     def tensor_maps(self, k, v) -> tuple:

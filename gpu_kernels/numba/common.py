@@ -561,6 +561,27 @@ def _fill_kernel():
     return cuda.jit(fill_flat)
 
 
+@functools.cache
+def _read_kernel():
+    def read_flat(x, out):
+        """Read every element of a flat array (out[0] written almost never: keeps the loads)."""
+        e = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        acc = 0.0
+        while e < x.shape[0]:
+            acc += x[e]
+            e += stride
+        if acc == -1.2345:
+            out[0] = acc
+    return cuda.jit(read_flat)
+
+
+def read_all(x) -> None:
+    """Read every element of the contiguous device array ``x`` (the harness's clean flush)."""
+    kl = fill_launch(x.size)
+    _read_kernel()[kl.grid, kl.threads](x.reshape(x.size), cuda.device_array(1, numpy.float32))
+
+
 def fill_launch(size: int) -> KernelLaunch:
     """The launch that ``fill`` makes for an array of ``size`` elements."""
     return KernelLaunch("fill_flat", (min(cdiv(size, 256), 4096),), 256)
