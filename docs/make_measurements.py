@@ -447,21 +447,23 @@ def decode_overheads(d: dict) -> list[str]:
     def diff(a, b):
         return [r[a] - r[b] for r in rows if r[a] is not None and r[b] is not None]
     combined = [r for r in rows if r["combine"] is not None]
-    big = [r for r in rows if r["kv_bytes"] >= 2 * 60e6]
+    big = [r for r in rows if r["kv_bytes"] >= 2 * 60e6 and r["read_clean"] and r["step_clean"]]
+    least = min(big, key=lambda r: r["step"] - r["step_clean"])
     return [
         f"* Where a small step's time goes (`decode_overheads_h200.json`, {d['provenance'].get('date', '')[:10]}, "
         f"{len(rows)} points; the table's flush unless said): an empty kernel on the split "
-        f"kernel's grid takes {_span(r['empty'] for r in rows)} us between the events, the "
-        f"plain read {_span(r['read'] for r in rows)} us. The split kernel alone takes "
+        f"kernel's grid takes {_span(r['empty'] for r in rows)} us between the events (the "
+        f"launch and the events, in every step). The split kernel alone takes "
         f"{_span(diff('split', 'read'))} us more than the plain read of the same bytes; the "
         f"step with its combine launch (programmatic dependent launch) "
         f"{_span(r['step'] - r['split'] for r in combined)} us more than its split kernel alone "
         f"(the combine alone: {_span(r['combine'] for r in combined)} us).",
         f"* The flush's dirty lines: after a clean flush (the same write, then a read of as many "
         f"other bytes) the plain read is {_span(diff('read', 'read_clean'))} us faster and the "
-        f"step {_span(diff('step', 'step_clean'))} us; at the points whose K/V bytes exceed twice "
-        f"the L2 ({len(big)}): the plain read {_span(r['read'] - r['read_clean'] for r in big if r['read_clean'])} us, "
-        f"the step {_span(r['step'] - r['step_clean'] for r in big if r['step_clean'])} us."]
+        f"step {_span(diff('step', 'step_clean'))} us; at the {len(big)} points whose K/V bytes "
+        f"exceed twice the L2, the plain read {_span(r['read'] - r['read_clean'] for r in big)} us "
+        f"and the step {_span(r['step'] - r['step_clean'] for r in big)} us (the least at B "
+        f"{least['point'][0]}, kv_heads {least['point'][1]}, q_len {least['point'][3]})."]
 
 
 def decode_overheads_ncu(d: dict) -> list[str]:
