@@ -494,6 +494,38 @@ def decode_overheads_ncu(d: dict) -> list[str]:
             f"{flush / 1e6:.0f} MB): " + "; ".join(parts) + "."]
 
 
+DECODE_CALIBRATION_KV_LEN = 32768     # the decode time model's split, made before its change
+
+
+def decode_model(d: dict) -> list[str]:
+    """flashsim's predicted step time against the measured one (notebook 08's picture), at
+    the calibration points (kv_len 32k) and the held-out ones (4k, 128k), starting from the
+    L2 the flush leaves and, as before that term, from a clean one."""
+    from flashsim.views import decode as dv
+
+    dirty = dv.flush_dirty_bytes()
+    if not dirty:
+        return []
+
+    def cells(rows):
+        r = [x["time_s"] / x["predicted_s"] for x in rows]
+        return (f"median {statistics.median(r):.2f}, {min(r):.2f} to {max(r):.2f}, within 1.25x "
+                f"at {sum(1 / 1.25 <= x <= 1.25 for x in r)} of {len(r)}, within 1.5x at "
+                f"{sum(1 / 1.5 <= x <= 1.5 for x in r)}")
+
+    parts = []
+    for label, amount in (("from the flush's dirty lines", dirty), ("from a clean L2", 0)):
+        rows = dv.measured_table(dirty_bytes=amount)
+        cal = [x for x in rows if x["kv_len"] == DECODE_CALIBRATION_KV_LEN]
+        held = [x for x in rows if x["kv_len"] != DECODE_CALIBRATION_KV_LEN]
+        parts.append(f"{label}: calibration (kv_len 32k) {cells(cal)}; held out (4k, 128k) "
+                     f"{cells(held)}")
+    return [f"* flashsim's predicted step time against the measured one (measured / predicted, "
+            f"our fastest configuration of each point and page size, as notebook 08 draws them; the memory-bound model has no "
+            f"fitted constant; the flush's {dirty / 1e6:.1f} MB of dirty lines are Nsight "
+            f"Compute's): " + "; ".join(parts) + "."]
+
+
 def decode_overheads_table(d: dict) -> list[str]:
     def f(x):
         return "" if x is None else f"{x:.1f}"
@@ -556,6 +588,7 @@ def decode_md_text() -> str:
     block += decode_overheads(o) if o else []
     on = _load("decode_overheads_ncu_h200.json")
     block += decode_overheads_ncu(on) if on else []
+    block += decode_model(d) if d else []
     return _with_block(DECODE_MD, block)
 
 

@@ -150,21 +150,26 @@ class DecodePlan(GroupShape):
         """This plan as the L2 and time models read a plan: ``copies`` heads of one nest."""
         return _EngineView(self)
 
-    def predict(self, efficiency: timing.Efficiency | None = None, l2=None) -> list:
+    def predict(self, efficiency: timing.Efficiency | None = None, l2=None,
+                dirty_bytes: int = 0) -> list:
         """Seconds per launch (``timing.predict_memory_bound``), on the preset (h200 if
-        none); ``l2``: an L2 report whose DRAM bytes replace the requested bytes."""
-        if efficiency is None and l2 is None:
+        none); ``l2``: an L2 report whose DRAM bytes replace the requested bytes;
+        ``dirty_bytes``: the L2's dirty lines (another kernel's) when the step starts, which
+        its launches write back as they evict them (0: a clean L2)."""
+        if efficiency is None and l2 is None and not dirty_bytes:
             return list(self._predicted)
-        return self._predict(efficiency, l2)
+        return self._predict(efficiency, l2, dirty_bytes)
 
     @cached_property
     def _predicted(self) -> tuple:                 # the default prediction, kept
         return tuple(self._predict(None, None))
 
-    def _predict(self, efficiency, l2) -> list:
+    def _predict(self, efficiency, l2, dirty_bytes: int = 0) -> list:
         g = self.gpu or _gpu(DEFAULT_GPU)
         eff = efficiency or timing.Efficiency.for_dtype(self.dtype)
-        out = timing.predict_memory_bound(self.nest(), self.copies, g, self.dtype, eff, l2)
+        dirty_bytes = validate.whole(dirty_bytes, "dirty_bytes", lo=0, hi=g.l2_bytes)
+        out = timing.predict_memory_bound(self.nest(), self.copies, g, self.dtype, eff, l2,
+                                          dirty_bytes)
         if self.fused_combine and len(out) == 2:      # the combine: no launch of its own
             out[1] = replace(out[1], label=out[1].label + ", in the split launch", launched=False)
         return out

@@ -147,6 +147,30 @@ def test_waves_and_launch_latency_in_the_time_model():
     assert sum(n > 0 for n in small.occupancy()[0][1]) == 8
 
 
+def test_an_l2_of_dirty_lines_is_written_back_as_the_step_evicts_it():
+    """A step that starts from an L2 holding another kernel's lines, ``dirty_bytes`` of them
+    dirty (a benchmark's flush by writing): each byte a launch brings in evicts one of them,
+    dirty in that share, until none are left; the DRAM time carries the write-back."""
+    from flashsim.hardware import timing
+    assert timing.dirty_write_back([10, 20, 100], 30, 100) == [3, 6, 21]
+    assert timing.dirty_write_back([500], 30, 100) == [30] and timing.dirty_write_back([5], 0, 100) == [0]
+    shape = dict(q_len=1, head_dim=128, heads=32, kv_heads=1, dtype="fp16", gpu="h200", splits=16)
+    big = flashsim.plan("flashdecoding", kv_len=32768, batch=8, **shape)    # 134 MB past the L2
+    l2, eff = big.gpu.l2_bytes, timing.Efficiency.for_dtype("fp16")
+    clean, dirty = big.predict(), big.predict(dirty_bytes=l2 // 2)
+    assert dirty[0].dram_s - clean[0].dram_s == pytest.approx(
+        (l2 // 2) / (big.gpu.hbm_bandwidth * eff.memory), rel=1e-6)
+    assert dirty[1].dram_s == clean[1].dram_s           # nothing of the flush's left for the combine
+    small = flashsim.plan("flashdecoding", kv_len=4096, batch=8, **shape)    # 17 MB: within it
+    (a, _), (c, _) = small.predict(), small.predict(dirty_bytes=l2 // 2)
+    assert a.dram_s > small.occupancy()[0][2][0] / eff.sm_bandwidth        # bound by HBM
+    assert c.dram_s == pytest.approx(1.5 * a.dram_s, rel=1e-6)    # half of what it brings in
+    with pytest.raises(flashsim.FlashsimError, match="dirty_bytes"):
+        big.predict(dirty_bytes=-1)
+    with pytest.raises(flashsim.FlashsimError, match="dirty_bytes"):
+        big.predict(dirty_bytes=l2 + 1)
+
+
 @pytest.mark.parametrize("algorithm", ["flashdecoding", "paged"])
 def test_fused_combine_saves_one_launch_latency_and_no_byte(algorithm):
     """The combine run by the split launch's blocks (the decode kernel's v7): the same nest,

@@ -54,7 +54,11 @@ def test_with_data_the_matching_points_are_drawn(monkeypatch):
               head_dim=128, page_size=None, dtype="fp16", time_s=2e-5, kv_bytes=16777216,
               tbps=0.84, check_ok=True)
     other = {**pt, "kv_heads": 1}
-    monkeypatch.setattr(measured, "load", lambda name: {"points": [pt, other]})
+    def load(name):                  # the decode table only (no overheads profile: a clean L2)
+        if name != dv.DATA:
+            raise FileNotFoundError(name)
+        return {"points": [pt, other]}
+    monkeypatch.setattr(measured, "load", load)
     v = dv.decode_view(kv_len=4096, batch=1, heads=32, kv_heads=8)
     assert v["measured"] == [pt]
     rows = dv.measured_table()
@@ -85,7 +89,36 @@ def test_each_measured_points_prediction_is_the_kernel_launchs_own_plan():
                                   kv_lens=[r["kv_len"]] * r["batch"], q_len=r["q_len"],
                                   block_cols=r["block_cols"], stages=r["stages"], splits=r["splits"],
                                   **decode.VARIANTS[r.get("variant", "v1")])
-        assert r["predicted_s"] == pytest.approx(launch.plan().predict_seconds()), r
+        assert r["predicted_s"] == pytest.approx(
+            launch.plan().predict_seconds(dirty_bytes=dv.flush_dirty_bytes())), r
+
+
+def test_the_flushs_dirty_lines_are_nsight_computes_and_the_predictions_start_from_them():
+    """The measured steps started from the harness's flush, whose dirty lines the benchmark's
+    profile saw written back: the most a plain read past the L2 wrote after the table's
+    flush; after a clean flush the same reads wrote almost nothing."""
+    from flashsim import measured
+    from gpu_kernels import ncu
+
+    order = measured.load("decode_overheads_ncu_h200.json")["launches"]
+    rows = ncu.parse_csv(measured.path("decode_overheads_ncu_h200.csv").read_text(),
+                         ["dram__bytes_write.sum"])
+    from flashsim.hardware.presets import gpu
+    l2 = gpu("h200").l2_bytes
+    reads = {x["flush"]: [] for x in order}
+    for r, x in zip(rows, order, strict=True):
+        if x["what"] == "plain_read" and x["kv_bytes"] > l2:
+            reads[x["flush"]].append(r["dram__bytes_write.sum"])
+    dirty = dv.flush_dirty_bytes()
+    assert dirty == max(reads["dirty"]) and 0 < dirty <= l2
+    assert max(reads["clean"]) < 0.01 * dirty
+    row = next(r for r in dv.measured_table() if r["batch"] == 8 and r["kv_heads"] == 1
+               and r["kv_len"] == 32768 and r["q_len"] == 1 and not r.get("page_size"))
+    p = flashsim.plan("flashdecoding", q_len=1, kv_len=32768, head_dim=128, heads=32, kv_heads=1,
+                      batch=8, dtype="fp16", gpu="h200", splits=row["splits"],
+                      block_cols=row["block_cols"], block_rows=32, warps=row["warps"],
+                      fused_combine=bool(row["fused"]))
+    assert row["predicted_s"] > p.predict_seconds()      # the write-back of the flush's lines
 
 
 def test_panel_caption_and_view_follow_the_controls():

@@ -227,9 +227,27 @@ def sm_loads(nest, copies: int, g) -> list[tuple[str, list[int], list[int]]]:
     return out
 
 
+def dirty_write_back(brought: list[int], dirty_bytes: int, l2_bytes: int) -> list[int]:
+    """Bytes of an L2's dirty lines that launches write back to DRAM as they bring in
+    ``brought`` bytes each, in order, when they start from an L2 of ``l2_bytes`` whose lines
+    are all another kernel's, ``dirty_bytes`` of them dirty (a benchmark's flush by writing
+    leaves it so: docs/decode.md). Every line brought in evicts one of those lines, the
+    least recent first; the dirty ones lie among them evenly (the L2 is hashed), so a
+    launch writes back dirty / L2 of each byte it brings in, until they are all gone:
+
+        written_i = dirty_bytes / l2_bytes x min(brought_i, l2_bytes - sum_{j<i} brought_j)
+    """
+    share, left, out = dirty_bytes / l2_bytes, l2_bytes, []
+    for b in brought:
+        evicted = min(b, left)
+        left -= evicted
+        out.append(round(share * evicted))
+    return out
+
+
 def predict_memory_bound(nest, copies: int, g, dtype: str,
-                         efficiency: Efficiency = Efficiency(), l2: L2Report | None = None
-                         ) -> list[LaunchTime]:
+                         efficiency: Efficiency = Efficiency(), l2: L2Report | None = None,
+                         dirty_bytes: int = 0) -> list[LaunchTime]:
     """Seconds per launch of ``nest`` run ``copies`` times over (batch x heads), for
     kernels bound by memory (decoding). Per launch:
 
@@ -240,17 +258,22 @@ def predict_memory_bound(nest, copies: int, g, dtype: str,
 
     so a launch of fewer blocks than SMs runs at the bandwidth its busy SMs can pull (why
     split-KV exists), and every launch (the combine too) pays the launch latency. ``bytes``
-    are the requested bytes, or the L2 model's DRAM bytes when ``l2`` is given. Blocks go
-    to SMs as :func:`_hand_out` hands them out."""
+    are the requested bytes, or the L2 model's DRAM bytes when ``l2`` is given, plus what
+    the launch writes back of ``dirty_bytes`` (:func:`dirty_write_back`: the L2's dirty
+    lines when the first launch starts; 0, a clean L2, unless given). Blocks go to SMs as
+    :func:`_hand_out` hands them out."""
     peak_sm = g.peak_flops(dtype) / g.sms * efficiency.compute
+    costs_of = [_block_costs(nest, launch) for launch in launches(nest)]
+    requested_of = [copies * sum(nb for nb, _ in costs) for costs in costs_of]
+    written_back = dirty_write_back(requested_of, dirty_bytes, g.l2_bytes)
     out = []
     for i, launch in enumerate(launches(nest)):
-        costs = _block_costs(nest, launch)
-        requested = copies * sum(nb for nb, _ in costs)
+        costs, requested = costs_of[i], requested_of[i]
         total = requested
         if l2 is not None:
             t = l2.launches[i]
             total = t.dram_read_bytes + t.dram_write_bytes + t.dirty_at_end_bytes
+        total += written_back[i]
         per_sm = _hand_out(costs, copies, g.sms)
         busiest_bytes = max(b for b, _, _ in per_sm)
         busiest_flops = max(f for _, f, _ in per_sm)

@@ -146,6 +146,26 @@ def measurements() -> list[dict]:
             else {**pt, "block_cols": bc} for pt in data["points"]]
 
 
+def flush_dirty_bytes() -> int:
+    """Dirty bytes the benchmark's L2 flush (a write of 2 x L2) leaves, which every measured
+    step started from: the most a plain read of more than the L2 wrote back to DRAM after
+    it, as Nsight Compute counted (``decode_overheads_ncu_h200``: ``benchmarks.decode_h200
+    --overheads-profile``); 0 where that profile is not committed."""
+    from .. import measured
+    from gpu_kernels import ncu
+
+    try:
+        order = measured.load("decode_overheads_ncu_h200.json")["launches"]
+        rows = ncu.parse_csv(measured.path("decode_overheads_ncu_h200.csv").read_text(),
+                             ["dram__bytes_write.sum"])
+    except FileNotFoundError:
+        return 0
+    l2 = _gpu(DEFAULT_GPU).l2_bytes
+    return int(max((r["dram__bytes_write.sum"] for r, x in zip(rows, order, strict=True)
+                    if x["what"] == "plain_read" and x["flush"] == "dirty" and x["kv_bytes"] > l2),
+                   default=0))
+
+
 PEERS = ("torch", "plain_read", "flashinfer")     # impl prefixes that are not our kernel
 DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}   # the files' names
 
@@ -388,12 +408,15 @@ def format_fragmentation(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def measured_table(gpu: str = DEFAULT_GPU) -> list[dict]:
+def measured_table(gpu: str = DEFAULT_GPU, dirty_bytes: int | None = None) -> list[dict]:
     """Our kernel's committed points (the fastest variant of each shape) beside flashsim's
     prediction for the same configuration: the point's splits, B_c, warps, rows per block
     (the kernel's: all q_len x group rows of a KV head up to 16 rows a warp, else blocks of 16
     warps' rows, as ``gpu_kernels.cupy.decode``'s plan_block_rows) and where its splits merged
-    (the row's "fused": in the split launch, ``fused_combine``); empty until the data exist."""
+    (the row's "fused": in the split launch, ``fused_combine``), from the L2 the benchmark's
+    flush leaves (``flush_dirty_bytes``; or ``dirty_bytes`` when given: 0, a clean L2);
+    empty until the data exist."""
+    dirty = flush_dirty_bytes() if dirty_bytes is None else dirty_bytes
     out = []
     for pt in ours_fastest(measurements()):
         warps = pt.get("warps", 4)
@@ -408,7 +431,7 @@ def measured_table(gpu: str = DEFAULT_GPU) -> list[dict]:
                             fused_combine=bool(pt.get("fused")))
         except FlashsimError:
             continue
-        out.append({**pt, "predicted_s": p.predict_seconds()})
+        out.append({**pt, "predicted_s": p.predict_seconds(dirty_bytes=dirty)})
     return out
 
 
