@@ -300,6 +300,7 @@ def format_decode(rep: DecodeReport) -> str:
         for x in p.predict(l2=rep.l2):
             extra.append(f"  {x.label}: {x.blocks} blocks, {x.seconds * 1e6:.2f} us "
                          f"(memory {x.dram_s * 1e6:.2f}, compute {x.compute_s * 1e6:.2f}, "
+                         f"+ fill and drain {x.fill_drain_s * 1e6:.0f}, "
                          f"+ launch {timing.LAUNCH_LATENCY_S * x.launched * 1e6:.0f})")
         extra.append(f"{'predicted time':<22}{rep.predicted_time_s * 1e3:>22.4f} ms")
     return "\n".join(lines + extra)

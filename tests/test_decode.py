@@ -139,7 +139,8 @@ def test_waves_and_launch_latency_in_the_time_model():
     eff = timing.Efficiency.for_dtype("fp16")
     assert launch.dram_s == pytest.approx(big.count().requested_bytes
                                           / (big.gpu.hbm_bandwidth * eff.memory))
-    assert launch.seconds == pytest.approx(launch.dram_s + timing.LAUNCH_LATENCY_S)
+    assert launch.seconds == pytest.approx(launch.dram_s + 2 * timing.STEP_LATENCY_S
+                                           + timing.LAUNCH_LATENCY_S)    # fill, drain, launch
     loads = big.occupancy()[0][1]
     assert len(loads) == 132 and min(loads) >= 3
     small = flashsim.plan("flash2", q_len=1, kv_len=4096, head_dim=128, heads=32,
@@ -185,6 +186,7 @@ def test_fused_combine_saves_one_launch_latency_and_no_byte(algorithm):
     a, b = two.predict(), one.predict()
     assert [x.launched for x in a] == [True, True] and [x.launched for x in b] == [True, False]
     assert b[0].seconds == a[0].seconds and b[1].dram_s == a[1].dram_s
+    assert b[1].fill_drain_s == a[1].fill_drain_s == 2 * timing.STEP_LATENCY_S   # the merge's own
     assert two.predict_seconds() - one.predict_seconds() == pytest.approx(timing.LAUNCH_LATENCY_S)
     with pytest.raises(flashsim.FlashsimError, match="no combine"):
         flashsim.plan("flash2", q_len=1, kv_len=100, head_dim=64, fused_combine=True)

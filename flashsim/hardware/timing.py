@@ -90,10 +90,11 @@ class LaunchTime:
     busiest_sm_flops: int
     latency_s: float = 0.0       # the chain of steps (module doc, term 4)
     launched: bool = True        # False: a phase run by the previous launch's blocks (no launch)
+    fill_drain_s: float = 0.0    # memory-bound launches: first loads and last stores (below)
 
     @property
     def seconds(self) -> float:
-        return (max(self.compute_s, self.dram_s, self.l2_s, self.latency_s)
+        return (max(self.compute_s, self.dram_s, self.l2_s, self.latency_s) + self.fill_drain_s
                 + (LAUNCH_LATENCY_S if self.launched else 0.0))
 
 
@@ -254,10 +255,15 @@ def predict_memory_bound(nest, copies: int, g, dtype: str,
         memory  = max(bytes / (HBM bandwidth x memory efficiency),
                       busiest SM's bytes / sm_bandwidth)
         compute = busiest SM's FLOPs / (peak / SMs x compute efficiency)
-        time    = max(memory, compute, L2 requests / L2 bandwidth) + LAUNCH_LATENCY_S
+        time    = max(memory, compute, L2 requests / L2 bandwidth)
+                  + 2 STEP_LATENCY_S + LAUNCH_LATENCY_S
 
     so a launch of fewer blocks than SMs runs at the bandwidth its busy SMs can pull (why
-    split-KV exists), and every launch (the combine too) pays the launch latency. ``bytes``
+    split-KV exists), and every launch (the combine too) pays the launch latency. The
+    stream overlaps loads with work, but a launch's blocks start with nothing in flight and
+    end with stores in flight: one memory latency to fill the stream and one to drain it,
+    beside it (a phase run by the previous launch's blocks, the fused combine, pays both
+    too, without the launch latency). ``bytes``
     are the requested bytes, or the L2 model's DRAM bytes when ``l2`` is given, plus what
     the launch writes back of ``dirty_bytes`` (:func:`dirty_write_back`: the L2's dirty
     lines when the first launch starts; 0, a clean L2, unless given). Blocks go to SMs as
@@ -280,5 +286,6 @@ def predict_memory_bound(nest, copies: int, g, dtype: str,
         memory = max(total / (g.hbm_bandwidth * efficiency.memory),
                      busiest_bytes / efficiency.sm_bandwidth)
         out.append(LaunchTime(launch.label, len(costs) * copies, busiest_flops / peak_sm,
-                              memory, requested / efficiency.l2_bandwidth, busiest_flops))
+                              memory, requested / efficiency.l2_bandwidth, busiest_flops,
+                              fill_drain_s=2 * STEP_LATENCY_S))
     return out
