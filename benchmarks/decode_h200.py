@@ -30,7 +30,8 @@ skipped). Implementations per point, all on the same K/V values:
                      32 splits, v6 up to 32, with the splits of the "sm" rule (one block per
                      SM; v4-v7: the wave rule's); v9, the defaults: v8 with the wgmma loop's
                      K/V tiles by the TMA unit and two warpgroups' ping-pong; v5_w4: v5 with
-                     one warpgroup, where it has 32 to 64)
+                     one warpgroup, where it has 32 to 64; v9_w4: v9 on one warpgroup's
+                     wgmma wherever: 64-row chunks above 64 rows, padding below 32)
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
                      and "ours_layout"; "ours_head_major_over_best_torch": ours on the very
@@ -658,7 +659,11 @@ def tiny_cases():
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, v9),    # fused, many splits
                             (32, 1, 128, [70, 1300], 1, 0, "fp16", 3, v9),      # one warpgroup
                             (32, 2, 128, [1000, 129], 4, 0, "fp16", 2, dict(v9, head_major=True)),
-                            (32, 1, 128, [70, 300], 4, 16, "bf16", 3, v9)]      # pages: no TMA
+                            (32, 1, 128, [70, 300], 4, 16, "bf16", 3, v9),      # pages: no TMA
+                            # v9_w4: one warpgroup, 128 rows in two chunks (TMA, fused, pages)
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 2, decode.VARIANTS["v9_w4"]),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, decode.VARIANTS["v9_w4"]),
+                            (32, 1, 64, [70, 300], 4, 16, "bf16", 3, decode.VARIANTS["v9_w4"])]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:

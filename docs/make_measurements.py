@@ -385,6 +385,42 @@ def decode_v9(d: dict) -> list[str]:
     return out
 
 
+def decode_v9_w4(d: dict) -> list[str]:
+    """v9_w4 (one warpgroup's wgmma wherever) over the defaults' launch at the same point and
+    layout: above 64 packed rows a KV head against v9's one 128-row block of two warpgroups
+    (by whether the step's K/V fits the L2: the chunks' second reads may come from it), below
+    32 against the defaults' mma.sync kernels (v8's row, as v9 adds nothing there)."""
+    from flashsim.hardware.presets import gpu
+
+    t = _ours_times(d)
+    l2 = gpu("h200").l2_bytes
+    groups: dict = {}
+    for (B, H, kvh, n, ql, lay, var), (time_s, _) in t.items():
+        rows = ql * H // kvh
+        base = t.get((B, H, kvh, n, ql, lay, "v9" if rows > 64 else "v8"))
+        if var != "v9_w4" or not base or 32 <= rows <= 64:
+            continue
+        key = ("past" if 2 * B * n * kvh * 128 * 2 > l2 else "within") if rows > 64 else "few"
+        groups.setdefault(key, []).append((time_s / base[0], B, kvh, n, ql))
+    what = {"within": "two 64-row chunks on twice the blocks at half the splits, over v9's one "
+                      "128-row block of two warpgroups, K/V within the L2",
+            "past": "two 64-row chunks on twice the blocks at half the splits, over v9's one "
+                    "128-row block of two warpgroups, K/V past the L2",
+            "few": "fewer than 32 packed rows a KV head, wgmma on 64-row blocks of padding, over "
+                   "the defaults' mma.sync kernels (v8's launch)"}
+    out = []
+    for key in ("within", "past", "few"):
+        r = groups.get(key)
+        if not r:
+            continue
+        best = min(r)
+        out.append(f"* v9_w4 (one warpgroup; {what[key]}), {len(r)} timings: median "
+                   f"{statistics.median(x[0] for x in r):.3f}, {best[0]:.3f} to {max(r)[0]:.3f}; "
+                   f"faster at {sum(x[0] < 1 for x in r)} (the best at B = {best[1]}, kv_heads = "
+                   f"{best[2]}, kv_len = {best[3]}, q_len = {best[4]}).")
+    return out
+
+
 def decode_table(d: dict) -> list[str]:
     """Per point: our kernel (its fastest correct configuration), paged, PyTorch, the read."""
     rows = d["summary"]
@@ -578,7 +614,7 @@ def decode_md_text() -> str:
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
     block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
-              + decode_v7(d) + decode_v8(d) + decode_v9(d)) if d \
+              + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d)) if d \
         else ["Not measured yet."]
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []

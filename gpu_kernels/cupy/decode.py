@@ -237,8 +237,11 @@ def default_variant(rows: int) -> str:
 # programmatic dependent launch (configure's defaults at 2 to 32 splits).
 # v7: v6's kernels merging the splits in decode_split (fused). v4-v7 take the wave rule's
 # splits; v8: the "sm" rule's, v7 above 32 splits (where they fit one wave), v6 up to 32; v9,
-# the defaults: v8 with TMA and the ping-pong where they apply. v1-v4 take wgmma=0, v1-v5
-# pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
+# the defaults: v8 with TMA and the ping-pong where they apply; v9_w4: v9 on one warpgroup's
+# wgmma wherever (above 64 rows two 64-row chunks, each streaming the K/V, the second from the
+# L2 where the step's K/V fits it, on twice the blocks at half the splits, no ping-pong; below
+# 32 rows 64-row blocks of padding where the defaults run mma.sync; between, v9 itself).
+# v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
 VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -251,7 +254,9 @@ VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wg
             "v6": dict(combine=3, split_rule="wave", pdl=None, fused=0, tma=0, pingpong=0),
             "v7": dict(combine=3, split_rule="wave", pdl=None, fused=1, tma=0, pingpong=0),
             "v8": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=0, pingpong=0),
-            "v9": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None)}
+            "v9": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None),
+            "v9_w4": dict(warps=4, wgmma=1, combine=3, split_rule="sm", pdl=None, fused=None,
+                          tma=None, pingpong=None)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
