@@ -263,11 +263,10 @@ def predict_memory_bound(nest, copies: int, g, dtype: str,
     stream overlaps loads with work, but a launch's blocks start with nothing in flight and
     end with stores in flight: one memory latency to fill the stream and one to drain it,
     beside it (a phase run by the previous launch's blocks, the fused combine, pays both
-    too, without the launch latency). ``bytes``
-    are the requested bytes, or the L2 model's DRAM bytes when ``l2`` is given, plus what
-    the launch writes back of ``dirty_bytes`` (:func:`dirty_write_back`: the L2's dirty
-    lines when the first launch starts; 0, a clean L2, unless given). Blocks go to SMs as
-    :func:`_hand_out` hands them out."""
+    too, without the launch latency). ``bytes`` are the requested bytes, or the L2 model's
+    DRAM bytes when ``l2`` is given, plus what the launch writes back of ``dirty_bytes``
+    (:func:`dirty_write_back`: the L2's dirty lines when the first launch starts; 0, a
+    clean L2, unless given). Blocks go to SMs as :func:`_hand_out` hands them out."""
     peak_sm = g.peak_flops(dtype) / g.sms * efficiency.compute
     costs_of = [_block_costs(nest, launch) for launch in launches(nest)]
     requested_of = [copies * sum(nb for nb, _ in costs) for costs in costs_of]
