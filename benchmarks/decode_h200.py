@@ -408,12 +408,8 @@ class Bench(Recorder):
 
     def plain_read(self, base, k, v):
         """The plain read of the same K and V bytes (the physical limit)."""
-        nvec = k.numel() * k.element_size() // 16
-        kc, vc = (self.cupy.from_dlpack(x.view(self.torch.int16)) for x in (k, v))
-
-        def plain():
-            self._plain((132 * 16,), (256,), (kc, vc, self.cupy.uint64(nvec), self._flag))
-        self.record({"impl": "plain_read", **base, "page_size": 0}, plain, None)
+        self.record({"impl": "plain_read", **base, "page_size": 0},
+                    plain_read_call(self._plain, k, v, self._flag), None)
 
     def sdpa(self, backend, q, k, v):
         """(fn, mask) for one SDPA backend, or (None, why) if it refuses. No mask, also at
@@ -825,6 +821,16 @@ def main(argv=None) -> int:
     return 0 if ok and not bench.failures else 1
 
 
+def plain_read_call(kernel, k, v, flag):
+    """A call of PLAIN_READ's ``kernel`` over the bytes of the torch tensors k and v."""
+    import cupy
+    import torch
+
+    nvec = k.numel() * k.element_size() // 16
+    kc, vc = (cupy.from_dlpack(x.view(torch.int16)) for x in (k, v))
+    return lambda: kernel((132 * 16,), (256,), (kc, vc, cupy.uint64(nvec), flag))
+
+
 def overheads(bench) -> int:
     """--overheads: at each of OVERHEAD_POINTS, under each flush ("dirty": the table's, "clean":
     a read of other bytes after it), the step (the default launch, checked), the plain read and
@@ -893,9 +899,7 @@ def overheads_profile(out) -> int:
         k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
         v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
         launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
-        kc, vc = (cupy.from_dlpack(x.view(torch.int16)) for x in (k, v))
-        nvec = k.numel() * k.element_size() // 16
-        steps = {"plain_read": lambda: plain((132 * 16,), (256,), (kc, vc, cupy.uint64(nvec), flag)),
+        steps = {"plain_read": plain_read_call(plain, k, v, flag),
                  "step": lambda: launch.run(q, k, v)}
         for what, fn in steps.items():
             fn()                                      # compiles, warms the launch path
@@ -911,7 +915,7 @@ def overheads_profile(out) -> int:
                 order += [{"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql, "flush": flush,
                            "what": what, "kernel": name, "kv_bytes": cache_bytes(B, kvh, n),
                            "l2_flush_bytes": h.flush_bytes} for name in kernels]
-        del q, k, v, kc, vc
+        del q, k, v, steps
         torch.cuda.empty_cache()
     path = pathlib.Path(out) / "decode_overheads_ncu_h200.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -482,8 +482,11 @@ def decode_overheads(d: dict) -> list[str]:
 
     def diff(a, b):
         return [r[a] - r[b] for r in rows if r[a] is not None and r[b] is not None]
+    from flashsim.hardware.presets import gpu
+
+    l2 = gpu("h200").l2_bytes
     combined = [r for r in rows if r["combine"] is not None]
-    big = [r for r in rows if r["kv_bytes"] >= 2 * 60e6 and r["read_clean"] and r["step_clean"]]
+    big = [r for r in rows if r["kv_bytes"] > 2 * l2 and r["read_clean"] and r["step_clean"]]
     least = min(big, key=lambda r: r["step"] - r["step_clean"])
     return [
         f"* Where a small step's time goes (`decode_overheads_h200.json`, {d['provenance'].get('date', '')[:10]}, "
@@ -502,29 +505,26 @@ def decode_overheads(d: dict) -> list[str]:
         f"{least['point'][0]}, kv_heads {least['point'][1]}, q_len {least['point'][3]})."]
 
 
-def decode_overheads_ncu(d: dict) -> list[str]:
+def decode_overheads_ncu() -> list[str]:
     """Nsight Compute without its own cache control (``--overheads-profile``): the DRAM bytes
-    written during the plain read and the step after each flush (the launches of
-    decode_overheads_ncu_h200.json in order, the rows of its CSV)."""
-    from gpu_kernels import ncu
+    written during the plain read and the step after each flush
+    (``views.decode.overhead_profile``)."""
+    from flashsim.views import decode as dv
 
-    csv_path = measured.path("decode_overheads_ncu_h200.csv")
-    if not csv_path.exists():
+    launches = dv.overhead_profile()
+    if not launches:
         return []
-    rows = ncu.parse_csv(csv_path.read_text(), NCU_DECODE)
-    if [r["kernel_name"] for r in rows] != [x["kernel"] for x in d["launches"]]:
-        raise ValueError("decode_overheads_ncu_h200.csv: its launches are not the JSON's")
     written = {}
-    for r, x in zip(rows, d["launches"]):
+    for x in launches:
         k = (x["batch"], x["kv_heads"], x["kv_len"], x["q_len"], x["what"], x["flush"])
-        written[k] = written.get(k, 0) + r["dram__bytes_write.sum"]
+        written[k] = written.get(k, 0) + x["dram_write_bytes"]
     parts = []
     for k in dict.fromkeys(k[:5] for k in written):
         B, kvh, n, ql, what = k
         parts.append(f"{what.replace('_', ' ')} at B {B}, kv_heads {kvh}, {n // 1024}k: "
                      f"{written[(*k, 'dirty')] / 1e6:.1f} MB after the table's flush, "
                      f"{written[(*k, 'clean')] / 1e6:.1f} MB after a clean one")
-    flush = d["launches"][0]["l2_flush_bytes"]
+    flush = launches[0]["l2_flush_bytes"]
     return [f"* What reaches DRAM as writes during a launch that follows the flush (Nsight "
             f"Compute, `--cache-control none`, `decode_overheads_ncu_h200.csv`; the flush writes "
             f"{flush / 1e6:.0f} MB): " + "; ".join(parts) + "."]
@@ -596,8 +596,7 @@ def decode(lines):
                   "kernel's grid and the plain read, in us (CUDA events, median), after the table's "
                   "flush (a write of 2 x L2, which leaves dirty lines) and after a clean one (that "
                   "write, then a read of as many other bytes):", ""]
-        on = _load("decode_overheads_ncu_h200.json")
-        lines += decode_overheads(o) + (decode_overheads_ncu(on) if on else []) + [""]
+        lines += decode_overheads(o) + decode_overheads_ncu() + [""]
         lines += decode_overheads_table(o) + [""]
 
 
@@ -622,8 +621,7 @@ def decode_md_text() -> str:
     block += decode_ncu(nc) if nc else []
     o = _load("decode_overheads_h200.json")
     block += decode_overheads(o) if o else []
-    on = _load("decode_overheads_ncu_h200.json")
-    block += decode_overheads_ncu(on) if on else []
+    block += decode_overheads_ncu()
     block += decode_model(d) if d else []
     return _with_block(DECODE_MD, block)
 

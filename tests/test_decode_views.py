@@ -97,18 +97,12 @@ def test_the_flushs_dirty_lines_are_nsight_computes_and_the_predictions_start_fr
     """The measured steps started from the harness's flush, whose dirty lines the benchmark's
     profile saw written back: the most a plain read past the L2 wrote after the table's
     flush; after a clean flush the same reads wrote almost nothing."""
-    from flashsim import measured
-    from gpu_kernels import ncu
-
-    order = measured.load("decode_overheads_ncu_h200.json")["launches"]
-    rows = ncu.parse_csv(measured.path("decode_overheads_ncu_h200.csv").read_text(),
-                         ["dram__bytes_write.sum"])
     from flashsim.hardware.presets import gpu
     l2 = gpu("h200").l2_bytes
-    reads = {x["flush"]: [] for x in order}
-    for r, x in zip(rows, order, strict=True):
+    reads = {"dirty": [], "clean": []}
+    for x in dv.overhead_profile():
         if x["what"] == "plain_read" and x["kv_bytes"] > l2:
-            reads[x["flush"]].append(r["dram__bytes_write.sum"])
+            reads[x["flush"]].append(x["dram_write_bytes"])
     dirty = dv.flush_dirty_bytes()
     assert dirty == max(reads["dirty"]) and 0 < dirty <= l2
     assert max(reads["clean"]) < 0.01 * dirty
@@ -143,3 +137,16 @@ def test_tables_the_notebook_prints():
     f = dv.fragmentation_table(kv_lens=(100, 3000), page_sizes=(1, 16), capacity=4096)
     assert f[0]["paged_waste"] == 0 and f[1]["paged_waste"] > 0
     assert f[0]["table_bytes"] > f[1]["table_bytes"]
+
+
+def test_an_overheads_profile_whose_csv_is_not_its_json_is_refused(monkeypatch):
+    real = measured.load
+
+    def load(name):
+        d = real(name)
+        if name == "decode_overheads_ncu_h200.json":
+            d["launches"][0] = {**d["launches"][0], "kernel": "decode_combine"}
+        return d
+    monkeypatch.setattr(measured, "load", load)
+    with pytest.raises(flashsim.FlashsimError, match="not the JSON's"):
+        dv.overhead_profile()

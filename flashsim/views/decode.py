@@ -146,11 +146,11 @@ def measurements() -> list[dict]:
             else {**pt, "block_cols": bc} for pt in data["points"]]
 
 
-def flush_dirty_bytes() -> int:
-    """Dirty bytes the benchmark's L2 flush (a write of 2 x L2) leaves, which every measured
-    step started from: the most a plain read of more than the L2 wrote back to DRAM after
-    it, as Nsight Compute counted (``decode_overheads_ncu_h200``: ``benchmarks.decode_h200
-    --overheads-profile``); 0 where that profile is not committed."""
+def overhead_profile() -> list[dict]:
+    """The launches ``benchmarks.decode_h200 --overheads-profile`` ran inside its NVTX ranges
+    (``decode_overheads_ncu_h200.json``), each with the DRAM bytes Nsight Compute counted it
+    writing (``dram_write_bytes``, from the run's CSV, whose launches must be the JSON's);
+    [] where that profile is not committed."""
     from .. import measured
     from gpu_kernels import ncu
 
@@ -159,11 +159,21 @@ def flush_dirty_bytes() -> int:
         rows = ncu.parse_csv(measured.path("decode_overheads_ncu_h200.csv").read_text(),
                              ["dram__bytes_write.sum"])
     except FileNotFoundError:
-        return 0
+        return []
+    if [r["kernel_name"] for r in rows] != [x["kernel"] for x in order]:
+        raise FlashsimError("decode_overheads_ncu_h200.csv: its launches are not the JSON's")
+    return [{**x, "dram_write_bytes": int(r["dram__bytes_write.sum"])} for r, x in zip(rows, order)]
+
+
+def flush_dirty_bytes() -> int:
+    """Dirty bytes the benchmark's L2 flush (a write of 2 x L2) leaves, which every measured
+    step started from: the most a plain read of more than the L2 wrote back to DRAM after
+    it, as Nsight Compute counted (``overhead_profile``); 0 where that profile is not
+    committed."""
     l2 = _gpu(DEFAULT_GPU).l2_bytes
-    return int(max((r["dram__bytes_write.sum"] for r, x in zip(rows, order, strict=True)
-                    if x["what"] == "plain_read" and x["flush"] == "dirty" and x["kv_bytes"] > l2),
-                   default=0))
+    return max((x["dram_write_bytes"] for x in overhead_profile()
+                if x["what"] == "plain_read" and x["flush"] == "dirty" and x["kv_bytes"] > l2),
+               default=0)
 
 
 PEERS = ("torch", "plain_read", "flashinfer")     # impl prefixes that are not our kernel
