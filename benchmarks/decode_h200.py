@@ -66,6 +66,16 @@ control (what the timed call writes back of the flush's dirty lines):
         --csv --page raw --log-file DIR/decode_overheads_ncu_h200.csv \
         python -m benchmarks.decode_h200 --overheads-profile --out DIR
 
+--configs (DIR/decode_configs_h200.json, ~2 min): at CONFIG_POINTS, the q_len-1 points where ours
+fell short of PyTorch's best, ours at other splits, merges and tiles (``config_candidates``) between
+two timings of PyTorch's cuDNN and flash backends, the plain read and a chunked plain read (each
+block one contiguous run of K and of V). --configs-profile runs PyTorch's cuDNN call and our step
+once each in NVTX ranges "peer" and "ours", for Nsight Compute:
+    ncu --clock-control none --nvtx --nvtx-include peer/ --nvtx-include ours/ --metrics \
+        gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,... \
+        --csv --page raw --log-file DIR/decode_configs_ncu_h200.csv \
+        python -m benchmarks.decode_h200 --configs-profile --out DIR
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -109,6 +119,14 @@ OVERHEAD_POINTS = [(1, 1, 4096, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 1, 327
                    (1, 1, 32768, 4), (8, 1, 32768, 4), (64, 8, 4096, 1), (8, 32, 32768, 1)]
 # --overheads-profile: (B, kv_heads, kv_len, q_len) whose plain read and step ncu sees
 OVERHEAD_PROFILE_POINTS = [(1, 1, 4096, 1), (8, 1, 32768, 1), (8, 8, 32768, 1)]
+# --configs: q_len-1 points where ours fell short of PyTorch's best in decode_h200.json of
+# 2026-12-03 (small MQA steps, and streams of one row a KV head at DRAM saturation)
+CONFIG_POINTS = [(1, 1, 4096, 1), (1, 1, 32768, 1), (8, 1, 4096, 1), (8, 32, 4096, 1),
+                 (64, 8, 4096, 1), (64, 32, 4096, 1), (8, 32, 32768, 1), (64, 32, 32768, 1)]
+CONFIG_TILES = ((64, 2), (64, 3), (64, 4), (128, 2), (128, 3))    # (B_c, stages) of mma.sync
+CONFIG_TILES_WGMMA = ((128, 2), (64, 2), (64, 3), (64, 4))        # of wgmma, the default first
+# the chunked plain read's launches: (blocks, threads), one resident wave each
+PLAIN_READ_CHUNKED_GRIDS = ((132 * 8, 256), (132 * 2, 1024))
 EMPTY = r"""
 extern "C" __global__ void empty_launch(int* flag) { if (flag[0] == 0x5EED) flag[1] = 1; }
 """
@@ -139,6 +157,33 @@ extern "C" __global__ void plain_read(const uint4* __restrict__ a, const uint4* 
         acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
     }
     if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true
+}
+"""
+# The same bytes, each block streaming one contiguous chunk of a and of b (as an attention
+# block streams its K and V) where PLAIN_READ's grid-stride loop spreads every step over the
+# whole range: which of the two access patterns DRAM serves faster is measured (--configs).
+PLAIN_READ_CHUNKED = r"""
+extern "C" __global__ void plain_read_chunked(const uint4* __restrict__ a,
+                                              const uint4* __restrict__ b,
+                                              unsigned long long n, unsigned int* out) {
+    unsigned int acc = 0;
+    const unsigned long long per = (n + gridDim.x - 1) / gridDim.x;
+    const unsigned long long lo = (unsigned long long)blockIdx.x * per;
+    const unsigned long long hi = lo + per < n ? lo + per : n;
+    const unsigned long long s = blockDim.x;
+    unsigned long long i = lo + threadIdx.x;
+    for (; i + 3 * s < hi; i += 4 * s) {                 // four 16-byte loads of each in flight
+        uint4 x0 = a[i], x1 = a[i + s], x2 = a[i + 2 * s], x3 = a[i + 3 * s];
+        uint4 y0 = b[i], y1 = b[i + s], y2 = b[i + 2 * s], y3 = b[i + 3 * s];
+        acc ^= x0.x ^ x0.y ^ x0.z ^ x0.w ^ x1.x ^ x1.y ^ x1.z ^ x1.w ^ x2.x ^ x2.y ^ x2.z ^ x2.w
+             ^ x3.x ^ x3.y ^ x3.z ^ x3.w ^ y0.x ^ y0.y ^ y0.z ^ y0.w ^ y1.x ^ y1.y ^ y1.z ^ y1.w
+             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
+    }
+    for (; i < hi; i += s) {
+        uint4 x = a[i], y = b[i];
+        acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
+    }
+    if (acc == 0x9E3779B9u) out[0] = acc;
 }
 """
 
@@ -766,6 +811,11 @@ def main(argv=None) -> int:
     ap.add_argument("--overheads", action="store_true",
                     help="a step, its kernels alone, an empty launch, after a dirty and a clean "
                          "flush (decode_overheads_h200.json)")
+    ap.add_argument("--configs", action="store_true",
+                    help="ours at other tiles, splits and merges where it fell short of PyTorch's "
+                         "best, the peers timed before and after (decode_configs_h200.json)")
+    ap.add_argument("--configs-profile", action="store_true",
+                    help="PyTorch's cuDNN call and our step at the --configs points in NVTX ranges, for ncu")
     ap.add_argument("--overheads-profile", action="store_true",
                     help="the plain read and the step after each flush, in NVTX ranges, for ncu")
     args = ap.parse_args(argv)
@@ -783,8 +833,11 @@ def main(argv=None) -> int:
         return profile_points(args.profile_point, torch, args.out)
     if args.overheads_profile:
         return overheads_profile(args.out)
+    if args.configs_profile:
+        return configs_profile(args.out)
     name = ("decode_splits_h200.json" if args.splits_sweep else
-            "decode_overheads_h200.json" if args.overheads else "decode_h200.json")
+            "decode_overheads_h200.json" if args.overheads else
+            "decode_configs_h200.json" if args.configs else "decode_h200.json")
     bench = Bench(args, name)
     bench.results["provenance"] = harness.provenance(
         extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
@@ -792,6 +845,8 @@ def main(argv=None) -> int:
         return sweep(bench, args)
     if args.overheads:
         return overheads(bench)
+    if args.configs:
+        return configs(bench)
     bench.results["configs"] = {"heads": H, "head_dim": D, "batches": list(BATCHES), "kv_lens": list(KV_LENS),
                                 "kv_heads": list(KV_HEADS), "q_lens": list(Q_LENS), "pages": list(PAGES),
                                 "max_cache_bytes": MAX_CACHE_BYTES}
@@ -821,14 +876,15 @@ def main(argv=None) -> int:
     return 0 if ok and not bench.failures else 1
 
 
-def plain_read_call(kernel, k, v, flag):
-    """A call of PLAIN_READ's ``kernel`` over the bytes of the torch tensors k and v."""
+def plain_read_call(kernel, k, v, flag, grid=(132 * 16, 256)):
+    """A call of a plain-read ``kernel`` (PLAIN_READ's, or PLAIN_READ_CHUNKED's) over the
+    bytes of the torch tensors k and v, on ``grid`` (blocks, threads)."""
     import cupy
     import torch
 
     nvec = k.numel() * k.element_size() // 16
     kc, vc = (cupy.from_dlpack(x.view(torch.int16)) for x in (k, v))
-    return lambda: kernel((132 * 16,), (256,), (kc, vc, cupy.uint64(nvec), flag))
+    return lambda: kernel((grid[0],), (grid[1],), (kc, vc, cupy.uint64(nvec), flag))
 
 
 def overheads(bench) -> int:
@@ -925,6 +981,182 @@ def overheads_profile(out) -> int:
                                 "provenance": harness.provenance(), "launches": order}, indent=1))
     print(f"wrote {path}")
     return 0
+
+
+# ---------------------------------------------------------------------- configurations at the misses
+
+def config_candidates(B, kvh, n, ql) -> list[tuple[str, dict]]:
+    """(label, configure keywords) timed at one point by --configs: the defaults, then, where a
+    KV head's rows take wgmma (MQA), the splits around the default's, each with and without the
+    merge in decode_split, and the other wgmma tiles; elsewhere (no splits: one stream of K/V a
+    block) every CONFIG_TILES tile with 4 and 8 warps."""
+    rows = ql * H // kvh
+    out = [("defaults", {})]
+    if decode.default_wgmma(rows):
+        S = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql).splits
+        for s in sorted({max(1, S // 4), max(1, S // 2), S, min(decode.MAX_SPLITS, 2 * S)}):
+            out += [(f"splits {s}, fused {f}", dict(splits=s, fused=f)) for f in (0, 1)]
+        out += [(f"B_c {bc}, stages {st}", dict(block_cols=bc, stages=st))
+                for bc, st in CONFIG_TILES_WGMMA[1:]]
+        out.append(("v9_w4", decode.VARIANTS["v9_w4"]))
+    else:
+        out += [(f"B_c {bc}, stages {st}, warps {w}", dict(block_cols=bc, stages=st, warps=w))
+                for bc, st in CONFIG_TILES for w in (4, 8)]
+        out.append(("splits 2", dict(splits=2)))       # half the stream a block: a shorter tail
+    return out
+
+
+def configs(bench) -> int:
+    """--configs: at each of CONFIG_POINTS, on PyTorch's own K and V tensors (head-major, ours
+    through transposed views), PyTorch's cuDNN and flash backends, the plain read and the
+    chunked plain read (each of PLAIN_READ_CHUNKED_GRIDS), then ours at config_candidates, each
+    checked, then timed; then the peers and the plain reads again ("pass" 1), so that the
+    configurations lie between two timings of each peer."""
+    cupy, torch = bench.cupy, bench.torch
+    chunked = cupy.RawKernel(PLAIN_READ_CHUNKED, "plain_read_chunked")
+    bench.results["plain_read_chunked_source"] = PLAIN_READ_CHUNKED.strip()
+    bench.results["configs"] = {"points": [list(p) for p in CONFIG_POINTS],
+                                "tiles": [list(t) for t in CONFIG_TILES],
+                                "tiles_wgmma": [list(t) for t in CONFIG_TILES_WGMMA],
+                                "plain_read_chunked_grids": [list(g) for g in PLAIN_READ_CHUNKED_GRIDS]}
+
+    def peers(base, launch, refs, qt, kt, vt, kh, vh, npass):
+        for name, backend in (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTENTION")):
+            fn, masked = bench.sdpa(backend, qt, kt, vt)
+            what = {"impl": name, **base, "layout": "head_major", "pass": npass}
+            if fn is None:
+                bench.skip(what, masked)
+                continue
+            bench.record({**what, "mask": masked}, fn, lambda o: decode.check_rows(
+                launch, refs[True], o.transpose(1, 2).float().cpu().numpy()))
+        bench.record({"impl": "plain_read", **base, "pass": npass, "grid": [132 * 16, 256]},
+                     plain_read_call(bench._plain, kh, vh, bench._flag), None)
+        for g in PLAIN_READ_CHUNKED_GRIDS:
+            bench.record({"impl": "plain_read_chunked", **base, "pass": npass, "grid": list(g)},
+                         plain_read_call(chunked, kh, vh, bench._flag, g), None)
+
+    def run():
+        for B, kvh, n, ql in CONFIG_POINTS:
+            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
+            if not bench.due(base):
+                continue
+            q, k, v, launch, refs, check, run_ours = bench.inputs(B, kvh, n, ql)
+            qt = q.transpose(1, 2).contiguous()
+            kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            del k, v
+            torch.cuda.empty_cache()
+            kh, vh = kt.transpose(1, 2), vt.transpose(1, 2)
+            peers(base, launch, refs, qt, kt, vt, kh, vh, 0)
+            seen = set()
+            for label, kw in config_candidates(B, kvh, n, ql):
+                what = {"impl": "cupy_decode", **base, "layout": "head_major", "config": label}
+                try:
+                    lc = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw)
+                except KernelInputError as exc:    # e.g. the merge in decode_split past one wave
+                    bench.skip(what, str(exc))
+                    continue
+                same = (tuple(sorted(lc.defines().items())), lc.splits)
+                if same in seen:                   # the kernels and grid of one timed above
+                    continue
+                seen.add(same)
+                bench.record({**what, "splits": lc.splits, "warps": lc.warps, "wgmma": lc.wgmma,
+                              "block_cols": lc.block_cols, "stages": lc.stages, "fused": lc.fused,
+                              "pdl": lc.pdl, "tma": lc.tma, "chunks": lc.chunks},
+                             run_ours(lc, kh, vh), check)
+            peers(base, launch, refs, qt, kt, vt, kh, vh, 1)
+            del q, qt, kt, vt, kh, vh
+            torch.cuda.empty_cache()
+            bench.save()
+
+    ok = bench.guarded(run)
+    configs_summary(bench)
+    bench.results["failed_checks"] = bench.failures
+    bench.finish(f"; {bench.failures} failed checks")
+    return 0 if ok and not bench.failures else 1
+
+
+def configs_profile(out) -> int:
+    """--configs-profile: at CONFIG_POINTS up to 4 GB of K/V, PyTorch's cuDNN backend and our
+    step (the defaults), each once (after a warm-up) inside NVTX range "peer" or "ours", for
+    Nsight Compute: which kernels each runs, on what grid, for how long. The order of the
+    ranges' calls goes to out/decode_configs_ncu_h200.json beside ncu's CSV."""
+    import json
+    import pathlib
+
+    import torch
+
+    order = []
+    for B, kvh, n, ql in CONFIG_POINTS:
+        if cache_bytes(B, kvh, n) > 4e9:
+            continue
+        q = torch.randn((B, H, ql, D), device="cuda", dtype=torch.float16)
+        kt = torch.randn((B, kvh, n, D), device="cuda", dtype=torch.float16)
+        vt = torch.randn((B, kvh, n, D), device="cuda", dtype=torch.float16)
+        launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
+        qs = q.transpose(1, 2)
+        calls = {"peer": lambda: torch.nn.functional.scaled_dot_product_attention(
+                     q, kt, vt, enable_gqa=True),
+                 "ours": lambda: launch.run(qs, kt.transpose(1, 2), vt.transpose(1, 2))}
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        for what, fn in calls.items():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                fn()                                  # compiles, warms the launch path
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_push(what)
+                fn()
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_pop()
+            order.append({"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql, "what": what,
+                          "impl": "torch_cudnn" if what == "peer" else "cupy_decode",
+                          "kernels": None if what == "peer" else [kl.kernel for kl in launch.launches()],
+                          "kv_bytes": cache_bytes(B, kvh, n)})
+        del q, kt, vt, calls
+        torch.cuda.empty_cache()
+    path = pathlib.Path(out) / "decode_configs_ncu_h200.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"note": "the calls inside NVTX ranges 'peer' (PyTorch SDPA, cuDNN "
+                                        "backend) and 'ours' (the default step), in order; their "
+                                        "kernels are the rows of the run's ncu CSV "
+                                        "(decode_configs_ncu_h200.csv)",
+                                "provenance": harness.provenance(), "calls": order}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+def configs_summary(bench):
+    """Per point: the fastest configuration of ours, the defaults, the best peer (the faster
+    pass of each) and the fastest plain read, with ours over each."""
+    pts = [p for p in bench.results["points"] if p["check_ok"]]
+    key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
+    rows = []
+    for k in dict.fromkeys(key(p) for p in pts):
+        here = [p for p in pts if key(p) == k]
+        ours = [p for p in here if p["impl"] == "cupy_decode"]
+        peer = [p for p in here if p["impl"].startswith("torch")]
+        plain = [p for p in here if p["impl"].startswith("plain_read")]
+        if not ours:
+            continue
+        best = min(ours, key=lambda p: p["time_s"])
+        dflt = next((p for p in ours if p["config"] == "defaults"), None)
+        row = {"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
+               "best_config": best["config"], "best_time_s": best["time_s"],
+               "defaults_time_s": dflt and dflt["time_s"]}
+        if peer:
+            bp = min(peer, key=lambda p: p["time_s"])
+            row |= {"best_peer": bp["impl"], "best_peer_time_s": bp["time_s"],
+                    "best_over_peer": bp["time_s"] / best["time_s"]}
+        if plain:
+            pr = min(plain, key=lambda p: p["time_s"])
+            row |= {"best_plain_read": pr["impl"], "best_plain_read_grid": pr.get("grid"),
+                    "plain_read_time_s": pr["time_s"], "best_over_plain_read": pr["time_s"] / best["time_s"]}
+        rows.append(row)
+        print(f"B={k[0]:>2} kvh={k[1]:>2} n={k[2]:>6} q={k[3]}: best {best['config']!r} "
+              f"{best['time_s'] * 1e6:.1f} us; defaults {dflt['time_s'] * 1e6 if dflt else float('nan'):.1f}; "
+              f"peer {row.get('best_peer')} x{row.get('best_over_peer', float('nan')):.3f}; "
+              f"plain {row.get('best_plain_read')} x{row.get('best_over_plain_read', float('nan')):.3f}",
+              flush=True)
+    bench.results["summary"] = rows
 
 
 def sweep(bench, args) -> int:
