@@ -337,6 +337,60 @@ def decode_splits(sw: dict) -> list[str]:
             "tuned in that run): time over the fastest count timed: " + "; ".join(parts) + "."]
 
 
+def _pt(k) -> str:
+    """A decode point (B, kv_heads, kv_len, q_len) as the lines name it."""
+    return f"B {k[0]}, kv_heads {k[1]}, {k[2] // 1024}k" + (f", q_len {k[3]}" if k[3] != 1 else "")
+
+
+def decode_configs(c: dict) -> list[str]:
+    """What ``--configs`` (decode_configs_h200.json) found where ours fell short of PyTorch's
+    best: per point the fastest configuration over the best peer (the faster of its two
+    timings), the defaults beside; the chunked plain read over the grid-stride one."""
+    rows = c.get("summary") or []
+    if not rows:
+        return []
+    parts = []
+    for r in rows:
+        k = (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"])
+        dflt = r["best_peer_time_s"] / r["defaults_time_s"]
+        parts.append(f"{_pt(k)}: {r['best_over_peer']:.3f} (" + ("the defaults" if r["best_config"] == "defaults"
+                     else f"{r['best_config']}; the defaults {dflt:.3f}") + ")")
+    pts = c["points"]
+    key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"], p.get("pass"))  # noqa: E731
+    chunked = []
+    for k in dict.fromkeys(key(p) for p in pts if p["impl"] == "plain_read"):
+        grid = next(p["time_s"] for p in pts if p["impl"] == "plain_read" and key(p) == k)
+        chunked += [p["time_s"] / grid for p in pts if p["impl"] == "plain_read_chunked" and key(p) == k]
+    n = sum(p["impl"] == "cupy_decode" for p in pts)
+    return [f"* Other configurations where ours fell short (`decode_configs_h200.json`, "
+            f"{c['provenance'].get('date', '')[:10]}; {n} timings of ours at {len(rows)} points, on "
+            "PyTorch's own tensors, between two timings of each peer): the fastest configuration's "
+            "bandwidth over PyTorch's best: " + "; ".join(parts) + ".",
+            f"* The chunked plain read (each block one contiguous run of K and of V, "
+            f"{len(c['configs']['plain_read_chunked_grids'])} grids) over the grid-stride one "
+            f"(the table's): {_span(chunked, '.3f')}; the table keeps the grid-stride read."]
+
+
+def decode_configs_ncu() -> list[str]:
+    """What PyTorch's cuDNN call and our step run at the --configs points, as Nsight Compute
+    saw them (``views.decode.configs_profile``)."""
+    from flashsim.views import decode as dv
+
+    calls = dv.configs_profile()
+    if not calls:
+        return []
+
+    def kernels(c):
+        return " + ".join(f"{x['time_s'] * 1e6:.1f} us on {x['grid']} blocks of {x['block']}"
+                          for x in c["kernels"])
+    parts = []
+    for k in dict.fromkeys((c["batch"], c["kv_heads"], c["kv_len"], c["q_len"]) for c in calls):
+        here = {c["what"]: c for c in calls if (c["batch"], c["kv_heads"], c["kv_len"], c["q_len"]) == k}
+        parts.append(f"{_pt(k)}: cuDNN {kernels(here['peer'])}; ours {kernels(here['ours'])}")
+    return ["* What each runs there (Nsight Compute, its cache flushed before each kernel, "
+            "`decode_configs_ncu_h200.csv`; kernel durations, one call each): " + "; ".join(parts) + "."]
+
+
 def decode_v8(d: dict) -> list[str]:
     """v8 (the defaults: the "sm" rule's splits) over the same launch at the wave rule's
     splits, v7 where v8 merges in decode_split (``default_fused``: the "sm" splits always fit
@@ -598,6 +652,11 @@ def decode(lines):
                   "write, then a read of as many other bytes):", ""]
         lines += decode_overheads(o) + decode_overheads_ncu() + [""]
         lines += decode_overheads_table(o) + [""]
+    cf = _load("decode_configs_h200.json")
+    if cf:
+        lines += ["### Other configurations where ours fell short", "",
+                  f"Provenance: {_prov(cf['provenance'])}.", ""]
+        lines += decode_configs(cf) + decode_configs_ncu() + [""]
 
 
 def _with_block(md: pathlib.Path, block: list[str]) -> str:
@@ -622,6 +681,9 @@ def decode_md_text() -> str:
     o = _load("decode_overheads_h200.json")
     block += decode_overheads(o) if o else []
     block += decode_overheads_ncu()
+    cf = _load("decode_configs_h200.json")
+    block += decode_configs(cf) if cf else []
+    block += decode_configs_ncu()
     block += decode_model(d) if d else []
     return _with_block(DECODE_MD, block)
 

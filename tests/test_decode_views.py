@@ -150,3 +150,32 @@ def test_an_overheads_profile_whose_csv_is_not_its_json_is_refused(monkeypatch):
     monkeypatch.setattr(measured, "load", load)
     with pytest.raises(flashsim.FlashsimError, match="not the JSON's"):
         dv.overhead_profile()
+
+
+def test_the_configs_profile_pairs_each_call_with_its_kernels():
+    """Every call of the committed profile has kernels; ours are the decode kernels its launch
+    named, the peer's none of them, and the DRAM bytes each call read cover its K/V."""
+    calls = dv.configs_profile()
+    assert calls and {c["what"] for c in calls} == {"peer", "ours"}
+    for c in calls:
+        names = [k["name"] for k in c["kernels"]]
+        assert names
+        if c["what"] == "ours":
+            assert all(n.startswith("decode_") for n in names)
+        else:
+            assert not any(n.startswith("decode_") for n in names)
+        assert sum(k["dram_read_bytes"] for k in c["kernels"]) >= 0.99 * c["kv_bytes"]
+
+
+def test_a_configs_profile_whose_csv_is_not_its_json_is_refused(monkeypatch):
+    real = measured.load
+
+    def load(name):
+        d = real(name)
+        if name == "decode_configs_ncu_h200.json":
+            i = next(i for i, c in enumerate(d["calls"]) if c["kernels"])
+            d["calls"][i] = {**d["calls"][i], "kernels": ["decode_combine"] + d["calls"][i]["kernels"]}
+        return d
+    monkeypatch.setattr(measured, "load", load)
+    with pytest.raises(flashsim.FlashsimError, match="not the JSON's"):
+        dv.configs_profile()

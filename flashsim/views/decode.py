@@ -165,6 +165,51 @@ def overhead_profile() -> list[dict]:
     return [{**x, "dram_write_bytes": int(r["dram__bytes_write.sum"])} for r, x in zip(rows, order)]
 
 
+PROFILE_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "launch__grid_size",
+                   "launch__block_size", "launch__registers_per_thread",
+                   "launch__shared_mem_per_block_dynamic", "launch__shared_mem_per_block_static")
+
+
+def configs_profile() -> list[dict]:
+    """The calls ``benchmarks.decode_h200 --configs-profile`` ran inside its NVTX ranges
+    (``decode_configs_ncu_h200.json``: PyTorch's cuDNN call, then our step, at each point),
+    each with its kernels as Nsight Compute saw them (``kernels``: name, time_s, grid, block,
+    registers, shared_bytes, dram_read_bytes). Our step's kernels must be the JSON's; the
+    peer's are the rows up to our step's first; [] where the profile is not committed."""
+    from .. import measured
+    from gpu_kernels import ncu
+
+    try:
+        calls = measured.load("decode_configs_ncu_h200.json")["calls"]
+        rows = ncu.parse_csv(measured.path("decode_configs_ncu_h200.csv").read_text(),
+                             PROFILE_METRICS)
+    except FileNotFoundError:
+        return []
+    out, i = [], 0
+    for n, c in enumerate(calls):
+        if c["kernels"] is not None:           # ours: the kernels the JSON names
+            take = len(c["kernels"])
+            if [r["kernel_name"] for r in rows[i:i + take]] != c["kernels"]:
+                raise FlashsimError("decode_configs_ncu_h200.csv: its kernels are not the JSON's")
+        else:                                  # the peer's: up to the next call's first kernel
+            nxt = calls[n + 1]["kernels"][0] if n + 1 < len(calls) else None
+            take = next((k for k, r in enumerate(rows[i:]) if r["kernel_name"] == nxt),
+                        len(rows) - i)
+            if take == 0:
+                raise FlashsimError("decode_configs_ncu_h200.csv: a peer's call has no kernel")
+        kernels = [{"name": r["kernel_name"], "time_s": 1e-9 * r["gpu__time_duration.sum"],
+                    "grid": int(r["launch__grid_size"]), "block": int(r["launch__block_size"]),
+                    "registers": int(r["launch__registers_per_thread"]),
+                    "shared_bytes": int(r["launch__shared_mem_per_block_dynamic"]
+                                        + r["launch__shared_mem_per_block_static"]),
+                    "dram_read_bytes": int(r["dram__bytes_read.sum"])} for r in rows[i:i + take]]
+        out.append({**c, "kernels": kernels})
+        i += take
+    if i != len(rows):
+        raise FlashsimError("decode_configs_ncu_h200.csv: more kernels than the JSON's calls")
+    return out
+
+
 def flush_dirty_bytes() -> int:
     """Dirty bytes the benchmark's L2 flush (a write of 2 x L2) leaves, which every measured
     step started from: the most a plain read of more than the L2 wrote back to DRAM after
