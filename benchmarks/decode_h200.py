@@ -31,7 +31,8 @@ skipped). Implementations per point, all on the same K/V values:
                      SM; v4-v7: the wave rule's); v9, the defaults: v8 with the wgmma loop's
                      K/V tiles by the TMA unit and two warpgroups' ping-pong; v5_w4: v5 with
                      one warpgroup, where it has 32 to 64; v9_w4: v9 on one warpgroup's
-                     wgmma wherever: 64-row chunks above 64 rows, padding below 32)
+                     wgmma wherever: 64-row chunks above 64 rows, padding below 32; v10:
+                     v9 with decode_combine in one round of loads, COMBINE 4)
                      timed in the same run (one equal to one timed before is not repeated);
                      the summary's "ours" is the fastest correct one, named in "ours_variant"
                      and "ours_layout"; "ours_head_major_over_best_torch": ours on the very
@@ -639,7 +640,7 @@ def sweep_splits(rules: dict, n_tiles: int) -> list[int]:
 def tiny_cases():
     """(H, kv_heads, d, kv_lens, q_len, page, dtype, splits, configure keywords): every variant
     in a few small blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4,
-    16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the three combines, row chunks, bf16,
+    16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the four combines, row chunks, bf16,
     d = 64, v5 (wgmma; the default from 32 rows: one warpgroup up to 64), v9 (TMA, the
     ping-pong; ragged last tiles, pages without TMA), and head-major caches (the keyword ``head_major``, which goes to ``random_case``: ``case_options``)."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
@@ -704,7 +705,13 @@ def tiny_cases():
                             # v9_w4: one warpgroup, 128 rows in two chunks (TMA, fused, pages)
                             (32, 1, 128, [37, 300], 4, 0, "fp16", 2, decode.VARIANTS["v9_w4"]),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, decode.VARIANTS["v9_w4"]),
-                            (32, 1, 64, [70, 300], 4, 16, "bf16", 3, decode.VARIANTS["v9_w4"])]
+                            (32, 1, 64, [70, 300], 4, 16, "bf16", 3, decode.VARIANTS["v9_w4"]),
+                            # v10: the one-round combine (some splits empty; over 64 splits two
+                            # rounds; d = 64, bf16, pages)
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 40, dict(decode.VARIANTS["v10"], fused=0)),
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 100, dict(decode.VARIANTS["v10"], fused=0)),
+                            (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 7, decode.VARIANTS["v10"]),
+                            (32, 1, 128, [70, 300], 4, 16, "bf16", 3, decode.VARIANTS["v10"])]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:

@@ -66,13 +66,14 @@ def test_no_spills_and_shared_memory_within_limits(resources):
         assert not r.spills and r.stack_frame == 0, r
         assert r.smem <= SMEM_LIMIT_OPTIN, r
         # static shared memory: v3's combine, its weights w_s[MAX_SPLITS], the warps' partial
-        # rows part[4][d] and red[4] (fp32), plus at most 128 bytes of alignment; v9's
-        # decode_split, its STAGES mbarriers (configure counts MBARRIER_SMEM); none elsewhere
+        # rows part[4][d] and red[4] (fp32); v4's, part[4][d] and each warp's max and sum
+        # (red_m[4], red_l[4]); each plus at most 128 bytes of alignment; v9's decode_split,
+        # its STAGES mbarriers (configure counts MBARRIER_SMEM); none elsewhere
         d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
-        v3 = r.kernel == "decode_combine" and "COMBINE=3" in r.variant
+        combine = r.kernel == "decode_combine" and re.search(r"COMBINE=([34])\b", r.variant)
         tma = r.kernel == "decode_split" and "TMA=1" in r.variant
-        words = decode.MAX_SPLITS + 4 * d + 4
-        want = ((4 * words, 4 * words + 128) if v3 else (8 * decode.WGMMA_TILES[1], decode.MBARRIER_SMEM)
+        words = (decode.MAX_SPLITS + 4 * d + 4 if combine.group(1) == "3" else 4 * d + 8) if combine else 0
+        want = ((4 * words, 4 * words + 128) if combine else (8 * decode.WGMMA_TILES[1], decode.MBARRIER_SMEM)
                 if tma else (0, 0))
         assert want[0] <= r.static_smem <= want[1], r
 

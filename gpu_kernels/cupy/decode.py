@@ -75,13 +75,13 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
-COMBINES = (1, 2, 3)                # COMBINE: decode_combine's version
+COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
 COMBINE = 3                         # the default: v3's, one block per output row
-COMBINE_THREADS = 128               # decode_combine: 4 warps, one output row each (v3: one row
-                                    # per block, the warps sharing its splits)
+COMBINE_THREADS = 128               # decode_combine: 4 warps, one output row each (v3, v4: one
+                                    # row per block, the warps sharing its splits)
 BLOCK_C = 64                        # B_c: keys per K/V tile
 STAGES = {64: 4, 128: 3}            # K/V tiles in flight (cp.async buffers) per d
 MAX_Q_LEN = 16
@@ -256,7 +256,8 @@ VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wg
             "v8": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=0, pingpong=0),
             "v9": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None),
             "v9_w4": dict(warps=4, wgmma=1, combine=3, split_rule="sm", pdl=None, fused=None,
-                          tma=None, pingpong=None)}
+                          tma=None, pingpong=None),
+            "v10": dict(combine=4, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -338,7 +339,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                             32 * self.warps, self.dynamic_smem)]
         if self.splits > 1 and not self.fused:
             rows = self.batch * self.q_len * self.heads
-            per_block = 1 if self.combine == 3 else COMBINE_THREADS // 32
+            per_block = 1 if self.combine in (3, 4) else COMBINE_THREADS // 32
             out.append(KernelLaunch("decode_combine", (cdiv(rows, per_block),), COMBINE_THREADS))
         return out
 
@@ -703,7 +704,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     "fa2") for ``sm_count`` SMs.
     ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
     STAGES[d]; v5: WGMMA_TILES). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
-    ``combine``: decode_combine's version, 1, 2 or 3 (the .cu file's header); ``page_prefetch``
+    ``combine``: decode_combine's version, 1 to 4 (the .cu file's header); ``page_prefetch``
     1 (paged): block-table entries read one tile ahead, 0: as v1; ``wgmma``: 1 for v5 (sm_90a;
     8 warps, 128 rows a block, or with ``warps=4`` 64; None warps: ``wgmma_warps``), 0 not,
     None: ``default_wgmma``; ``pdl``: 1 launches decode_combine by programmatic dependent
@@ -880,6 +881,16 @@ def compile_variants():
                                                      pdl=pdl, fused=fused, pingpong=pp, tma=tma),
                                     smem_bytes(d, w, *WGMMA_TILES, wgmma=1),
                                     ("decode_split",) if fused else HOT))
+    for d in HEAD_DIMS:                      # v10: v9's kernels with the one-round combine (PDL)
+        for dtype in ("fp16", "bf16"):
+            for page in (0, 16):
+                for rw in (1, 2):
+                    out.append((CU_FILE, defines(d, dtype, page, rw, combine=4, pdl=1), smem_bytes(d, rw), HOT))
+                for w in (4, 8):
+                    out.append((CU_FILE, defines(d, dtype, page, w, *WGMMA_TILES, warps=w, combine=4,
+                                                 wgmma=1, pdl=1, pingpong=default_pingpong(1, w),
+                                                 tma=default_tma(1, page)),
+                                smem_bytes(d, w, *WGMMA_TILES, wgmma=1), HOT))
     return out
 
 
