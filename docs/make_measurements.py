@@ -186,7 +186,7 @@ def decode_v5_w4(d: dict) -> list[str]:
     by = {}
     for p in d["points"]:
         if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1 \
-                and p.get("variant") not in ("v6", "v7", "v8", "v9"):
+                and p.get("variant") not in ("v6", "v7", "v8", "v9", "v10"):
             mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
             mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
@@ -439,6 +439,27 @@ def decode_v9(d: dict) -> list[str]:
     return out
 
 
+def decode_v10(d: dict, name: str = "decode_h200.json", what: str = "") -> list[str]:
+    """v10 (decode_combine v4: its row's L_s and O_s in one round of loads) over v9 (v3's
+    combine), the same split kernel, splits and layout, where a combine launch follows it."""
+    pts = {}
+    for p in d["points"]:
+        if p["impl"] == "cupy_decode" and p["check_ok"] and p.get("variant") in ("v9", "v10") \
+                and p["splits"] > 1 and not p["fused"]:
+            pts[(p["batch"], p["kv_heads"], p["kv_len"], p["q_len"], p["layout"], p["variant"])] = p
+    r = sorted((pts[k[:-1] + ("v10",)]["time_s"] / v9["time_s"], k) for k, v9 in pts.items()
+               if k[-1] == "v9" and (k[:-1] + ("v10",)) in pts
+               and pts[k[:-1] + ("v10",)]["splits"] == v9["splits"])
+    if not r:
+        return []
+    x = [a for a, _ in r]
+    return [f"* v10 (decode_combine in one round of loads{what}) over v9 (v3's combine: L_s, "
+            f"then O_s), the same split kernel, splits and layout, `{name}`, {len(r)} timings "
+            f"with a combine launch: median {statistics.median(x):.3f}, {x[0]:.3f} to {x[-1]:.3f}; "
+            f"v10 faster at {sum(a < 1 for a in x)} (the lowest ratio at {_pt(r[0][1][:4])}, the "
+            f"highest at {_pt(r[-1][1][:4])})."]
+
+
 def decode_v9_w4(d: dict) -> list[str]:
     """v9_w4 (one warpgroup's wgmma wherever) over the defaults' launch at the same point and
     layout: above 64 packed rows a KV head against v9's one 128-row block of two warpgroups
@@ -672,8 +693,11 @@ def decode_md_text() -> str:
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
     block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
-              + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d)) if d \
+              + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d) + decode_v10(d)) if d \
         else ["Not measured yet."]
+    v10a = _load("decode_h200_v10a.json")
+    block += decode_v10(v10a, "decode_h200_v10a.json", "; its first build, 16 loads a warp in "
+                        "107 registers, 4 blocks an SM") if v10a else []
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []
     nc = _load("decode_ncu_h200.json")

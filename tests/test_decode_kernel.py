@@ -94,6 +94,19 @@ def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
             assert decode.blocks_per_sm(r.dynamic_smem, d) == 2, r
 
 
+def test_the_one_round_combine_shares_an_sm_with_as_many_blocks_as_v3(resources):
+    """decode_combine v4 holds its loads in registers; bounded, as many of its 128-thread
+    blocks fit an SM as of v3's at the same d (a first build without the bound fitted half)."""
+    def fits(r):
+        warp_regs = math.ceil(math.ceil(r.registers / 8) * 8 * 32 / 256) * 256
+        return min(16, 65536 // (4 * warp_regs))
+    for d in decode.HEAD_DIMS:
+        combines = [r for r in resources if r.kernel == "decode_combine" and f"HEAD_DIM={d} " in r.variant]
+        v3 = [fits(r) for r in combines if "COMBINE=3" in r.variant]
+        v4 = [fits(r) for r in combines if "COMBINE=4" in r.variant]
+        assert v3 and v4 and min(v4) >= min(v3), (d, v3, v4)
+
+
 def test_smem_formula_is_the_kernels():
     src = read_source("decode.cu")
     assert "#define SMEM_BYTES ((BLOCK_R * HEAD_DIM + 2 * STAGES * KV_TILE_ELEMS) * 2)" in src

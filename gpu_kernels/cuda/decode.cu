@@ -76,8 +76,10 @@
 //       (once their max is known) the O_s: two dependent trips to the L2 after the split grid
 //       drains. Here each warp issues the L_s and O_s of up to COMBINE4_LOADS of its splits at
 //       once and merges them online (a running max, rescaled as in the split loop); the 4
-//       warps' states meet in shared memory. Up to 64 splits it waits on one trip, not two
+//       warps' states meet in shared memory. Up to 32 splits it waits on one trip, not two
 //       (Nsight Compute put v3 at 5.2 us where cuDNN's reduction takes 3.9: decode_configs).
+//       Its loads sit in registers: it is bounded to 64, so that as many of its blocks share an
+//       SM as of v3's.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -173,7 +175,8 @@ static_assert((ROW_WARPS == 1 || ROW_WARPS == 2 || ROW_WARPS == 4 || ROW_WARPS =
               ROW_WARPS <= NUM_WARPS, "ROW_WARPS is 1, 2, 4 or 8, at most NUM_WARPS");
 static_assert(COMBINE >= 1 && COMBINE <= 4, "COMBINE is 1, 2, 3 or 4");
 #define MAX_SPLITS_COMBINE 128                       // decode.py MAX_SPLITS: v3's weights in shared memory
-#define COMBINE4_LOADS 16                            // v4: splits a warp loads in one round
+#define COMBINE4_LOADS 8                             // v4: splits a warp loads in one round: 4 x 8 =
+                                                     // 32, the most decode.py's defaults send here
 static_assert(KW % 16 == 0 && KW >= 16, "BLOCK_C must be a multiple of 16 KEY_WARPS");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
 static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
@@ -892,7 +895,11 @@ __device__ __forceinline__ void add_weighted(float* acc, const float* src, float
 // COMBINE 1, 2: one warp per output row orow = (b q_len + qi) H + h; lane l owns columns
 // l CPL .. + CPL - 1. COMBINE 3: one block per output row, its 4 warps splitting the splits.
 // L = log sum_s exp(L_s) (empty splits: L_s = -inf, weight 0), O = sum_s exp(L_s - L) O_s.
-extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
+// v4: at most 64 registers (48 at d = 64), so that as many blocks share an SM as of v3 (62 and
+// 43 registers): with 16 loads a warp and no bound, 107 let 4 (decode_h200_v10a.json: 8-24 %
+// slower than v3 at B = 64, MQA, where 2048 and more rows of 2 splits make several waves of
+// combine blocks)
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, COMBINE == 4 ? (HEAD_DIM == 64 ? 10 : 8) : 1)
 decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_part,
                u16* __restrict__ O, float* __restrict__ L, int NR, int num_splits, int H,
                int q_len) {

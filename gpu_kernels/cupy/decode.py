@@ -79,7 +79,8 @@ VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
-COMBINE = 3                         # the default: v3's, one block per output row
+COMBINE = 3                         # the default: v3's, one block per output row (v10's v4, one
+                                    # round of loads, timed beside it: no faster, docs/decode.md)
 COMBINE_THREADS = 128               # decode_combine: 4 warps, one output row each (v3, v4: one
                                     # row per block, the warps sharing its splits)
 BLOCK_C = 64                        # B_c: keys per K/V tile
@@ -236,8 +237,9 @@ def default_variant(rows: int) -> str:
 # v5 with one warpgroup, 64-row blocks; v6: default_variant's kernels with decode_combine by
 # programmatic dependent launch (configure's defaults at 2 to 32 splits).
 # v7: v6's kernels merging the splits in decode_split (fused). v4-v7 take the wave rule's
-# splits; v8: the "sm" rule's, v7 above 32 splits (where they fit one wave), v6 up to 32; v9,
-# the defaults: v8 with TMA and the ping-pong where they apply; v9_w4: v9 on one warpgroup's
+# splits; v8: the "sm" rule's, v7 above 32 splits (where they fit one wave), v6 up to 32; v9:
+# v8 with TMA and the ping-pong where they apply, the defaults; v10: v9 with decode_combine's
+# v4 (one round of loads); v9_w4: v9 on one warpgroup's
 # wgmma wherever (above 64 rows two 64-row chunks, each streaming the K/V, the second from the
 # L2 where the step's K/V fits it, on twice the blocks at half the splits, no ping-pong; below
 # 32 rows 64-row blocks of padding where the defaults run mma.sync; between, v9 itself).
@@ -883,7 +885,7 @@ def compile_variants():
                                     ("decode_split",) if fused else HOT))
     for d in HEAD_DIMS:                      # v10: v9's kernels with the one-round combine (PDL)
         for dtype in ("fp16", "bf16"):
-            for page in (0, 16):
+            for page in COMPILED_PAGE_SIZES if (d, dtype) == (128, "fp16") else (0, 16):
                 for rw in (1, 2):
                     out.append((CU_FILE, defines(d, dtype, page, rw, combine=4, pdl=1), smem_bytes(d, rw), HOT))
                 for w in (4, 8):
