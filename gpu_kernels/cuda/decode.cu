@@ -77,7 +77,7 @@
 //       drains. Here each warp issues the L_s and O_s of up to COMBINE4_LOADS of its splits at
 //       once and merges them online (a running max, rescaled as in the split loop); the 4
 //       warps' states meet in shared memory. Up to 32 splits it waits on one trip, not two
-//       (Nsight Compute put v3 at 5.2 us where cuDNN's reduction takes 3.9: decode_configs).
+//       (Nsight Compute saw v3 take longer than cuDNN's reduction: decode_configs_ncu_h200.csv).
 //       Its loads sit in registers: it is bounded to 64, so that as many of its blocks share an
 //       SM as of v3's.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
@@ -896,9 +896,9 @@ __device__ __forceinline__ void add_weighted(float* acc, const float* src, float
 // l CPL .. + CPL - 1. COMBINE 3: one block per output row, its 4 warps splitting the splits.
 // L = log sum_s exp(L_s) (empty splits: L_s = -inf, weight 0), O = sum_s exp(L_s - L) O_s.
 // v4: at most 64 registers (48 at d = 64), so that as many blocks share an SM as of v3 (62 and
-// 43 registers): with 16 loads a warp and no bound, 107 let 4 (decode_h200_v10a.json: 8-24 %
-// slower than v3 at B = 64, MQA, where 2048 and more rows of 2 splits make several waves of
-// combine blocks)
+// 43 registers): with 16 loads a warp and no bound, 107 let 4 (decode_h200_v10a.json: slower
+// than v3 at B = 64, MQA, where 2048 and more rows of 2 splits make several waves of combine
+// blocks)
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, COMBINE == 4 ? (HEAD_DIM == 64 ? 10 : 8) : 1)
 decode_combine(const float* __restrict__ O_part, const float* __restrict__ L_part,
                u16* __restrict__ O, float* __restrict__ L, int NR, int num_splits, int H,
