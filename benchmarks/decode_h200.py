@@ -92,7 +92,7 @@ import traceback
 
 import numpy as np
 
-from benchmarks.common import Recorder, parser
+from benchmarks.common import Recorder, parser, write_json
 from gpu_kernels import harness
 from gpu_kernels.common import KernelInputError, Result, cdiv
 from gpu_kernels.cupy import decode
@@ -163,34 +163,27 @@ extern "C" __global__ void plain_read(const uint4* __restrict__ a, const uint4* 
 # The same bytes, each block streaming one contiguous chunk of a and of b (as an attention
 # block streams its K and V) where PLAIN_READ's grid-stride loop spreads every step over the
 # whole range: which of the two access patterns DRAM serves faster is measured (--configs).
-PLAIN_READ_CHUNKED = r"""
-extern "C" __global__ void plain_read_chunked(const uint4* __restrict__ a,
-                                              const uint4* __restrict__ b,
-                                              unsigned long long n, unsigned int* out) {
-    unsigned int acc = 0;
-    const unsigned long long per = (n + gridDim.x - 1) / gridDim.x;
+# PLAIN_READ's loop, over the block's chunk [lo, hi) with its threads' stride.
+PLAIN_READ_CHUNKED = (PLAIN_READ.replace("void plain_read(", "void plain_read_chunked(")
+                      .replace("""    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+""", """    const unsigned long long per = (n + gridDim.x - 1) / gridDim.x;
     const unsigned long long lo = (unsigned long long)blockIdx.x * per;
     const unsigned long long hi = lo + per < n ? lo + per : n;
-    const unsigned long long s = blockDim.x;
+    const unsigned long long stride = blockDim.x;
     unsigned long long i = lo + threadIdx.x;
-    for (; i + 3 * s < hi; i += 4 * s) {                 // four 16-byte loads of each in flight
-        uint4 x0 = a[i], x1 = a[i + s], x2 = a[i + 2 * s], x3 = a[i + 3 * s];
-        uint4 y0 = b[i], y1 = b[i + s], y2 = b[i + 2 * s], y3 = b[i + 3 * s];
-        acc ^= x0.x ^ x0.y ^ x0.z ^ x0.w ^ x1.x ^ x1.y ^ x1.z ^ x1.w ^ x2.x ^ x2.y ^ x2.z ^ x2.w
-             ^ x3.x ^ x3.y ^ x3.z ^ x3.w ^ y0.x ^ y0.y ^ y0.z ^ y0.w ^ y1.x ^ y1.y ^ y1.z ^ y1.w
-             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
-    }
-    for (; i < hi; i += s) {
-        uint4 x = a[i], y = b[i];
-        acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
-    }
-    if (acc == 0x9E3779B9u) out[0] = acc;
-}
-"""
+""").replace("< n;", "< hi;"))
+assert PLAIN_READ_CHUNKED.count("< hi;") == 2 and "lo + threadIdx.x" in PLAIN_READ_CHUNKED
 
 
 def cache_bytes(B, kvh, n) -> int:
     return 2 * B * n * kvh * D * 2
+
+
+def point_row(B, kvh, n, ql, **extra) -> dict:
+    """The fields every row of one point (B, kv_heads, kv_len, q_len) carries."""
+    return {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
+            "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), **extra}
 
 
 def grid_points(quick: bool) -> list[tuple]:
@@ -273,6 +266,14 @@ class Bench(Recorder):
               f"{'' if ok else '  CHECK FAILED'}", flush=True)
         return row
 
+    def due_points(self, points):
+        """(B, kv_heads, kv_len, q_len, the point's row fields) of each of ``points`` while
+        time is left (``due``: the rest are recorded as skipped)."""
+        for B, kvh, n, ql in points:
+            base = point_row(B, kvh, n, ql, page_size=0)
+            if self.due(base):
+                yield B, kvh, n, ql, base
+
     # ------------------------------------------------------------------ one point
     def inputs(self, B, kvh, n, ql):
         """q, k, v (contiguous cache) of one point, the launch of our kernel, the float64
@@ -333,8 +334,7 @@ class Bench(Recorder):
         times = {c: [] for c in candidates}
         for B, kvh, n, ql in points:
             q, k, v, launch, refs, check, run_ours = self.inputs(B, kvh, n, ql)
-            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
-                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
+            base = point_row(B, kvh, n, ql, page_size=0)
             for Bc, st in candidates:
                 lt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, block_cols=Bc, stages=st,
                                       **kw)
@@ -353,8 +353,7 @@ class Bench(Recorder):
 
     def point(self, B, kvh, n, ql):
         torch = self.torch
-        base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
-                "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
+        base = point_row(B, kvh, n, ql)
         q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
 
         self.ours(base, k, v, run_ours, ours_check, "token_major")
@@ -480,8 +479,7 @@ class Bench(Recorder):
         """flex_attention at FLEX_POINTS, after the table (its compile takes long): each
         started only while at most FLEX_GRACE_S past the deadline."""
         for B, kvh, n, ql in sorted(FLEX_POINTS):
-            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
-                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n)}
+            base = point_row(B, kvh, n, ql)
             if self.left() < -FLEX_GRACE_S:
                 self.skip({"impl": "torch_flex", **base}, "deadline")
                 continue
@@ -521,8 +519,7 @@ class Bench(Recorder):
 
     def sweep_point(self, B, kvh, n, ql):
         """Ours at ``sweep_splits`` of this point, each checked, then timed."""
-        base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
-                "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
+        base = point_row(B, kvh, n, ql, page_size=0)
         q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
         tl = self.tiles(decode.default_wgmma(ql * H // kvh))     # the default kernels' tiles
         rules = {r: decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **tl,
@@ -907,11 +904,7 @@ def overheads(bench) -> int:
     bench.results["timing_clean"] = hs["clean"].method()
 
     def run():
-        for B, kvh, n, ql in OVERHEAD_POINTS:
-            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
-                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
-            if not bench.due(base):
-                continue
+        for B, kvh, n, ql, base in bench.due_points(OVERHEAD_POINTS):
             q, k, v, launch, refs, check, run_ours = bench.inputs(B, kvh, n, ql)
             O, L = torch.empty_like(q), torch.empty((B, H, ql), device="cuda", dtype=torch.float32)
             split = launch.launches()[0]
@@ -947,9 +940,6 @@ def overheads_profile(out) -> int:
     default launch), each once after the table's flush inside NVTX range "dirty" and once
     after a clean flush inside "clean" (the flushes and a warm-up outside the ranges); the
     order of the ranges' launches goes to out/decode_overheads_ncu_h200.json beside ncu's CSV."""
-    import json
-    import pathlib
-
     import cupy
     import torch
 
@@ -980,13 +970,10 @@ def overheads_profile(out) -> int:
                            "l2_flush_bytes": h.flush_bytes} for name in kernels]
         del q, k, v, steps
         torch.cuda.empty_cache()
-    path = pathlib.Path(out) / "decode_overheads_ncu_h200.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"note": "the launches inside NVTX ranges 'dirty' and 'clean', in "
-                                        "order: the rows of the run's ncu CSV "
-                                        "(decode_overheads_ncu_h200.csv)",
-                                "provenance": harness.provenance(), "launches": order}, indent=1))
-    print(f"wrote {path}")
+    print("wrote " + write_json(out, "decode_overheads_ncu_h200.json", {
+        "note": "the launches inside NVTX ranges 'dirty' and 'clean', in order: the rows of the "
+                "run's ncu CSV (decode_overheads_ncu_h200.csv)",
+        "provenance": harness.provenance(), "launches": order}))
     return 0
 
 
@@ -1043,11 +1030,7 @@ def configs(bench) -> int:
                          plain_read_call(chunked, kh, vh, bench._flag, g), None)
 
     def run():
-        for B, kvh, n, ql in CONFIG_POINTS:
-            base = {"batch": B, "heads": H, "kv_heads": kvh, "kv_len": n, "q_len": ql, "head_dim": D,
-                    "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), "page_size": 0}
-            if not bench.due(base):
-                continue
+        for B, kvh, n, ql, base in bench.due_points(CONFIG_POINTS):
             q, k, v, launch, refs, check, run_ours = bench.inputs(B, kvh, n, ql)
             qt = q.transpose(1, 2).contiguous()
             kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
@@ -1088,9 +1071,6 @@ def configs_profile(out) -> int:
     step (the defaults), each once (after a warm-up) inside NVTX range "peer" or "ours", for
     Nsight Compute: which kernels each runs, on what grid, for how long. The order of the
     ranges' calls goes to out/decode_configs_ncu_h200.json beside ncu's CSV."""
-    import json
-    import pathlib
-
     import torch
 
     order = []
@@ -1120,14 +1100,11 @@ def configs_profile(out) -> int:
                           "kv_bytes": cache_bytes(B, kvh, n)})
         del q, kt, vt, calls
         torch.cuda.empty_cache()
-    path = pathlib.Path(out) / "decode_configs_ncu_h200.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"note": "the calls inside NVTX ranges 'peer' (PyTorch SDPA, cuDNN "
-                                        "backend) and 'ours' (the default step), in order; their "
-                                        "kernels are the rows of the run's ncu CSV "
-                                        "(decode_configs_ncu_h200.csv)",
-                                "provenance": harness.provenance(), "calls": order}, indent=1))
-    print(f"wrote {path}")
+    print("wrote " + write_json(out, "decode_configs_ncu_h200.json", {
+        "note": "the calls inside NVTX ranges 'peer' (PyTorch SDPA, cuDNN backend) and 'ours' (the "
+                "default step), in order; their kernels are the rows of the run's ncu CSV "
+                "(decode_configs_ncu_h200.csv)",
+        "provenance": harness.provenance(), "calls": order}))
     return 0
 
 
