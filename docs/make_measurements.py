@@ -221,6 +221,13 @@ def decode_layouts(d: dict) -> list[str]:
             f"{met} of {len(same)} points with q_len = 1."]
 
 
+def _over(ratios, who: str = "") -> str:
+    """Time ratios of one version over another, as every version line states them."""
+    r = list(ratios)
+    return (f"median {statistics.median(r):.3f}, {min(r):.3f} to {max(r):.3f}; {who}faster at "
+            f"{sum(x < 1 for x in r)}")
+
+
 def _ours_times(d: dict) -> dict:
     """(B, H, kv_heads, kv_len, q_len, layout, variant) -> (time_s, splits) of every checked
     contiguous point of ours: what the version comparisons below set side by side."""
@@ -248,9 +255,7 @@ def decode_v6(d: dict) -> list[str]:
         return f"B = {r[1]}, kv_heads = {r[2]}, kv_len = {r[3]}, q_len = {r[4]} (a step of {r[5] * 1e6:.1f} us)"
     return [f"* v6 (decode_combine by programmatic dependent launch; the defaults at 2 to 32 splits) over the same "
             f"kernels launched one after the other, same splits and layout, at the {len(ratios)} "
-            f"timings with splits: median {statistics.median(r[0] for r in ratios):.3f}, "
-            f"{ratios[0][0]:.3f} to {ratios[-1][0]:.3f}; faster at {sum(r[0] < 1 for r in ratios)}; "
-            f"the largest gain at {at(ratios[0])}, the largest loss at {at(ratios[-1])}."]
+            f"timings with splits: {_over(r[0] for r in ratios)}; the largest gain at {at(ratios[0])}, the largest loss at {at(ratios[-1])}."]
 
 
 def decode_v7(d: dict) -> list[str]:
@@ -408,9 +413,8 @@ def decode_v8(d: dict) -> list[str]:
     worst, best = max(r), min(r)
     f = lambda x: f"B = {x[1]}, kv_heads = {x[2]}, kv_len = {x[3]}, q_len = {x[4]} ({x[6]} -> {x[5]} splits)"  # noqa: E731
     return [f"* v8 (the defaults: the \"sm\" rule's splits) over the same launch at the wave rule's "
-            f"splits (v6 or v7), same layout, the {len(r)} timings where the splits differ: median "
-            f"{statistics.median(x[0] for x in r):.3f}, {best[0]:.3f} to {worst[0]:.3f}; faster at "
-            f"{sum(x[0] < 1 for x in r)}; the largest gain at {f(best)}, the largest loss at {f(worst)}."]
+            f"splits (v6 or v7), same layout, the {len(r)} timings where the splits differ: "
+            f"{_over(x[0] for x in r)}; the largest gain at {f(best)}, the largest loss at {f(worst)}."]
 
 
 def decode_v9(d: dict) -> list[str]:
@@ -434,8 +438,7 @@ def decode_v9(d: dict) -> list[str]:
         what = ("two warpgroups: the TMA unit's loads and the ping-pong" if rows > 64 else
                 "one warpgroup: the TMA unit's loads")
         out.append(f"* v9 ({what}) over v8's launch, {rows} packed rows a KV head, same splits "
-                   f"and layout, {len(r)} timings: median {statistics.median(r):.3f}, "
-                   f"{min(r):.3f} to {max(r):.3f}; faster at {sum(x < 1 for x in r)}.")
+                   f"and layout, {len(r)} timings: {_over(r)}.")
     return out
 
 
@@ -452,12 +455,10 @@ def decode_v10(d: dict, name: str = "decode_h200.json", what: str = "") -> list[
                and pts[k[:-1] + ("v10",)]["splits"] == v9["splits"])
     if not r:
         return []
-    x = [a for a, _ in r]
     return [f"* v10 (decode_combine in one round of loads{what}) over v9 (v3's combine: L_s, "
             f"then O_s), the same split kernel, splits and layout, `{name}`, {len(r)} timings "
-            f"with a combine launch: median {statistics.median(x):.3f}, {x[0]:.3f} to {x[-1]:.3f}; "
-            f"v10 faster at {sum(a < 1 for a in x)} (the lowest ratio at {_pt(r[0][1][:4])}, the "
-            f"highest at {_pt(r[-1][1][:4])})."]
+            f"with a combine launch: {_over((a for a, _ in r), 'v10 ')} (the lowest ratio at "
+            f"{_pt(r[0][1][:4])}, the highest at {_pt(r[-1][1][:4])})."]
 
 
 def decode_v9_w4(d: dict) -> list[str]:
@@ -489,9 +490,8 @@ def decode_v9_w4(d: dict) -> list[str]:
         if not r:
             continue
         best = min(r)
-        out.append(f"* v9_w4 (one warpgroup; {what[key]}), {len(r)} timings: median "
-                   f"{statistics.median(x[0] for x in r):.3f}, {best[0]:.3f} to {max(r)[0]:.3f}; "
-                   f"faster at {sum(x[0] < 1 for x in r)} (the best at B = {best[1]}, kv_heads = "
+        out.append(f"* v9_w4 (one warpgroup; {what[key]}), {len(r)} timings: "
+                   f"{_over(x[0] for x in r)} (the best at B = {best[1]}, kv_heads = "
                    f"{best[2]}, kv_len = {best[3]}, q_len = {best[4]}).")
     return out
 

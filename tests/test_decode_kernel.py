@@ -18,7 +18,6 @@ rule of the float64 reference (2 x a plain same-dtype implementation's error), L
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
@@ -78,9 +77,18 @@ def test_no_spills_and_shared_memory_within_limits(resources):
         assert want[0] <= r.static_smem <= want[1], r
 
 
+def register_blocks(r, threads: int) -> int:
+    """Blocks of ``threads`` that the registers ptxas gave kernel ``r`` let share an SM, by
+    flashsim.predict.occupancy (the rule Nsight Compute's occupancy limits are held to)."""
+    from flashsim.hardware.presets import gpu
+    from flashsim.predict import occupancy
+
+    return occupancy(threads, r.registers, 0, gpu("h200"))["limits"]["registers"]
+
+
 def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
     """The split heuristic counts blocks_per_sm resident blocks: the registers ptxas gave
-    (8 per thread, 256 per warp granules; NUM_WARPS warps a block) must allow that many, and
+    (``register_blocks``; NUM_WARPS warps a block) must allow that many, and
     two fit an SM in the default configuration at d = 128."""
     for r in resources:
         if r.kernel != "decode_split":
@@ -88,8 +96,7 @@ def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
         d = int(re.search(r"HEAD_DIM=(\d+)", r.variant).group(1))
         w = int(re.search(r"NUM_WARPS=(\d+)", r.variant).group(1))
         wg = int(re.search(r"WGMMA=(\d+)", r.variant).group(1))
-        warp_regs = math.ceil(math.ceil(r.registers / 8) * 8 * 32 / 256) * 256
-        assert decode.blocks_per_sm(r.dynamic_smem, d, w, wg) <= 65536 // (w * warp_regs), r
+        assert decode.blocks_per_sm(r.dynamic_smem, d, w, wg) <= register_blocks(r, 32 * w), r
         if d == 128 and f"BLOCK_C={decode.BLOCK_C} STAGES={decode.STAGES[128]} NUM_WARPS=4" in r.variant:
             assert decode.blocks_per_sm(r.dynamic_smem, d) == 2, r
 
@@ -97,13 +104,10 @@ def test_resident_blocks_are_what_the_split_heuristic_counts(resources):
 def test_the_one_round_combine_shares_an_sm_with_as_many_blocks_as_v3(resources):
     """decode_combine v4 holds its loads in registers; bounded, as many of its 128-thread
     blocks fit an SM as of v3's at the same d (a first build without the bound fitted half)."""
-    def fits(r):
-        warp_regs = math.ceil(math.ceil(r.registers / 8) * 8 * 32 / 256) * 256
-        return min(16, 65536 // (4 * warp_regs))
     for d in decode.HEAD_DIMS:
         combines = [r for r in resources if r.kernel == "decode_combine" and f"HEAD_DIM={d} " in r.variant]
-        v3 = [fits(r) for r in combines if "COMBINE=3" in r.variant]
-        v4 = [fits(r) for r in combines if "COMBINE=4" in r.variant]
+        v3 = [register_blocks(r, decode.COMBINE_THREADS) for r in combines if "COMBINE=3" in r.variant]
+        v4 = [register_blocks(r, decode.COMBINE_THREADS) for r in combines if "COMBINE=4" in r.variant]
         assert v3 and v4 and min(v4) >= min(v3), (d, v3, v4)
 
 
