@@ -158,24 +158,28 @@ def _f(x, spec=".2f"):
 
 
 def decode_done_when(d: dict) -> list[str]:
-    """Issue 14's three kernel targets, each as the worst measured ratio over its points."""
+    """Issue 14's three kernel targets, each as the worst measured ratio over its points: for
+    ours (the fastest configuration at each point) and, where the run marked them, for
+    configure's defaults alone on the token-major cache (one configuration, chosen before
+    timing: no maximum over many timings)."""
     rows = d["summary"]
     out = []
-    for what, pick, key, target in (
-            ("ours / PyTorch's best backend, every point with q_len = 1",
-             lambda r: r["q_len"] == 1, "ours_over_best_torch", 1.0),
-            ("ours / plain read, B >= 8 and kv_len >= 32k (q_len 1 and 4)",
-             lambda r: r["batch"] >= 8 and r["kv_len"] >= 32768, "ours_over_plain_read", 0.9),
-            ("ours at q_len = 4 / ours at q_len = 1", lambda r: r["q_len"] == 4,
-             "ours_over_q1", 0.8)):
-        vals = [(r[key], r) for r in rows if pick(r) and r.get(key) is not None]
-        if not vals:
-            continue
-        worst, r = min(vals, key=lambda v: v[0])
-        met = sum(v >= target for v, _ in vals)
-        out.append(f"* {what}: at least {target:g} at {met} of {len(vals)} points; worst "
-                   f"{worst:.2f} (B = {r['batch']}, kv_heads = {r['kv_heads']}, kv_len = "
-                   f"{r['kv_len']}, q_len = {r['q_len']}).")
+    for who, name in (("ours", "ours"), ("defaults", "the defaults alone (token-major)")):
+        for what, pick, key, target in (
+                (f"{name} / PyTorch's best backend, every point with q_len = 1",
+                 lambda r: r["q_len"] == 1, f"{who}_over_best_torch", 1.0),
+                (f"{name} / plain read, B >= 8 and kv_len >= 32k (q_len 1 and 4)",
+                 lambda r: r["batch"] >= 8 and r["kv_len"] >= 32768, f"{who}_over_plain_read", 0.9),
+                (f"{name} at q_len = 4 / at q_len = 1", lambda r: r["q_len"] == 4,
+                 f"{who}_over_q1", 0.8)):
+            vals = [(r[key], r) for r in rows if pick(r) and r.get(key) is not None]
+            if not vals:
+                continue
+            worst, r = min(vals, key=lambda v: v[0])
+            met = sum(v >= target for v, _ in vals)
+            out.append(f"* {what}: at least {target:g} at {met} of {len(vals)} points; worst "
+                       f"{worst:.2f} (B = {r['batch']}, kv_heads = {r['kv_heads']}, kv_len = "
+                       f"{r['kv_len']}, q_len = {r['q_len']}).")
     return out
 
 
@@ -461,6 +465,76 @@ def decode_v10(d: dict, name: str = "decode_h200.json", what: str = "") -> list[
             f"{_pt(r[0][1][:4])}, the highest at {_pt(r[-1][1][:4])})."]
 
 
+def decode_v11(d: dict) -> list[str]:
+    """v9_s3 (3 stages of 128-key tiles: two loading) and v11 (those stages with the softmax
+    of S_j beside P_{j-1} V_{j-1}: one tile loading, as v9) over v9 at the same point, layout
+    and splits, by packed rows a KV head."""
+    t = _ours_times(d)
+    what = {"v9_s3": "three 128-key stages, two tiles loading",
+            "v11": "the softmax of S_j beside P_{j-1} V_{j-1}, one tile loading as in v9"}
+    out = []
+    for var in ("v9_s3", "v11"):
+        by_rows: dict = {}
+        for (B, H, kvh, n, ql, lay, v), (time_s, splits) in t.items():
+            v9 = t.get((B, H, kvh, n, ql, lay, "v9"))
+            if v == var and v9 and v9[1] == splits:
+                by_rows.setdefault(ql * H // kvh, []).append(time_s / v9[0])
+        out += [f"* {var} ({what[var]}) over v9, {rows} packed rows a KV head, same splits and "
+                f"layout, {len(r)} timings: {_over(r, var + ' ')}." for rows, r in sorted(by_rows.items())]
+    return out
+
+
+def decode_configs_q4(c: dict) -> list[str]:
+    """What ``--configs-q4`` (decode_configs_q4_h200.json) found at the MQA points of q_len 4:
+    per point the fastest configuration over the plain read (the faster of its two timings),
+    the defaults beside, and the tensor-core rate each implies: R packed rows a KV head do
+    4 R d FLOPs per key for 4 d bytes of K and V, R FLOPs a byte, so TFLOP/s = R x TB/s."""
+    rows = c.get("summary") or []
+    if not rows:
+        return []
+    parts, rates = [], []
+    for r in rows:
+        k = (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"])
+        p = next(p for p in c["points"] if (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"]) == k)
+        R, kv_bytes = r["q_len"] * p["heads"] // r["kv_heads"], p["kv_bytes"]
+        dflt = r["plain_read_time_s"] / r["defaults_time_s"]
+        parts.append(f"{_pt(k)}: {r['best_over_plain_read']:.3f} (" + (
+            "the defaults" if r["best_config"] == "defaults" else
+            f"{r['best_config']}; the defaults {dflt:.3f}") + ")")
+        rates.append((R * kv_bytes / r["best_time_s"] / 1e12,
+                      0.9 * R * kv_bytes / r["plain_read_time_s"] / 1e12))
+    n = sum(p["impl"] == "cupy_decode" for p in c["points"])
+    return [f"* MQA at q_len 4 (`decode_configs_q4_h200.json`, {c['provenance'].get('date', '')[:10]}; "
+            f"{n} timings of ours at {len(rows)} points, on PyTorch's own tensors, between two "
+            "timings of the plain read): the fastest configuration's bandwidth over the plain read's: "
+            + "; ".join(parts) + f". At 128 packed rows a KV head a step does 128 FLOPs per byte "
+            f"of K and V: the fastest configurations ran the tensor cores at {_span([a for a, _ in rates], '.0f')} "
+            f"TFLOP/s, where 0.9 of the plain read would take {_span([b for _, b in rates], '.0f')}."]
+
+
+def decode_clock_ramp(k: dict) -> list[str]:
+    """What ``--clock-ramp`` (decode_clock_ramp_h200.json) saw: per warm-up the largest
+    median over the fastest repeat of a timing, the timings slower than 1.3 x their fastest
+    repeat, and the clocks NVML read before and after each timing."""
+    rows = k.get("rows") or []
+    if not rows:
+        return []
+    c = k["config"]
+    worst = {w: max(r["time_s"] / r["min_s"] for r in rows if r["warmup"] == w) for w in c["warmups"]}
+    slow = sum(r["time_s"] > 1.3 * r["min_s"] for r in rows)
+    clocks = [x for r in rows for x in (r["clocks_before"], r["clocks_after"]) if x]
+    seen = (f"SM {_span([x[0] for x in clocks], '.0f')} MHz, memory {_span([x[1] for x in clocks], '.0f')} MHz"
+            if clocks else "not read (no NVML)")
+    return [f"* Timings after the host idles (`decode_clock_ramp_h200.json`, "
+            f"{k['provenance'].get('date', '')[:10]}; the default step at "
+            + " and ".join(_pt(tuple(p)) for p in c["points"]) + f"; {len(rows)} timings of "
+            f"{c['repeats']} repeats after {' or '.join(f'{x:g}' for x in c['idle_s'])} s of host "
+            f"sleep, {c['cycles']} rounds): the median over the fastest repeat at most "
+            + ", ".join(f"{worst[w]:.3f} ({w})" for w in c["warmups"])
+            + f"; {slow} timings slower than 1.3x their fastest repeat; NVML's clocks before and "
+            f"after each timing: {seen}."]
+
+
 def decode_v9_w4(d: dict) -> list[str]:
     """v9_w4 (one warpgroup's wgmma wherever) over the defaults' launch at the same point and
     layout: above 64 packed rows a KV head against v9's one 128-row block of two warpgroups
@@ -678,6 +752,11 @@ def decode(lines):
         lines += ["### Other configurations where ours fell short", "",
                   f"Provenance: {_prov(cf['provenance'])}.", ""]
         lines += decode_configs(cf) + decode_configs_ncu() + [""]
+    c4 = _load("decode_configs_q4_h200.json")
+    if c4:
+        lines += ["### MQA at q_len 4: other configurations", "",
+                  f"Provenance: {_prov(c4['provenance'])}.", ""]
+        lines += decode_configs_q4(c4) + [""]
 
 
 def _with_block(md: pathlib.Path, block: list[str]) -> str:
@@ -693,7 +772,8 @@ def decode_md_text() -> str:
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
     block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
-              + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d) + decode_v10(d)) if d \
+              + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d) + decode_v10(d)
+              + decode_v11(d)) if d \
         else ["Not measured yet."]
     v10a = _load("decode_h200_v10a.json")
     block += decode_v10(v10a, "decode_h200_v10a.json", "; its first build, 16 loads a warp in "
@@ -708,6 +788,10 @@ def decode_md_text() -> str:
     cf = _load("decode_configs_h200.json")
     block += decode_configs(cf) if cf else []
     block += decode_configs_ncu()
+    c4 = _load("decode_configs_q4_h200.json")
+    block += decode_configs_q4(c4) if c4 else []
+    ck = _load("decode_clock_ramp_h200.json")
+    block += decode_clock_ramp(ck) if ck else []
     block += decode_model(d) if d else []
     return _with_block(DECODE_MD, block)
 

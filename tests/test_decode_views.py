@@ -83,12 +83,12 @@ def test_each_measured_points_prediction_is_the_kernel_launchs_own_plan():
     rows = [r for r in dv.measured_table() if not r.get("page_size")]
     assert any(r.get("warps") == 8 and r["q_len"] * r["heads"] // r["kv_heads"] > 64
                for r in rows)                                   # 128-row blocks among them
-    assert any(r.get("variant") == "v7" and r["splits"] > 1 for r in rows)   # merged in the split
+    assert any(r.get("fused") and r["splits"] > 1 for r in rows)      # merged in the split
     for r in rows:
+        kw = {**decode.VARIANTS[r.get("variant", "v1")], "block_cols": r["block_cols"],
+              "stages": r["stages"], "splits": r["splits"]}         # the row's own tiles and splits
         launch = decode.configure(r["batch"], r["heads"], r["kv_heads"], r["head_dim"],
-                                  kv_lens=[r["kv_len"]] * r["batch"], q_len=r["q_len"],
-                                  block_cols=r["block_cols"], stages=r["stages"], splits=r["splits"],
-                                  **decode.VARIANTS[r.get("variant", "v1")])
+                                  kv_lens=[r["kv_len"]] * r["batch"], q_len=r["q_len"], **kw)
         assert r["predicted_s"] == pytest.approx(
             launch.plan().predict_seconds(dirty_bytes=dv.flush_dirty_bytes())), r
 

@@ -80,6 +80,12 @@
 //       (Nsight Compute saw v3 take longer than cuDNN's reduction: decode_configs_ncu_h200.csv).
 //       Its loads sit in registers: it is bounded to 64, so that as many of its blocks share an
 //       SM as of v3's.
+//  (v11) OVERLAP 1 (WGMMA 1): inside a warpgroup, the softmax of S_j runs while P_{j-1} V_{j-1}
+//       is on the tensor cores (FlashAttention-3's intra-warpgroup pipelining, flash3.cu's v4,
+//       here without a producer warpgroup): per tile S_j and P_{j-1} V_{j-1} are issued
+//       together, S_j waited for, masked and exponentiated, then P_{j-1} V_{j-1} waited for, O_i
+//       rescaled and P_j packed; the last tile's P V after the loop. V_{j-1} holds its stage one
+//       tile longer, so a tile is issued STAGES - 2 ahead (v5, v9: STAGES - 1): 3 stages or more.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -105,6 +111,7 @@
 //   TMA        0, or 1: v9's K/V copies (WGMMA 1, PAGE_SIZE 0; two more parameters, the caches'
 //              CUtensorMaps as 4-D tensors (d, N, kv_heads, B), passed by value)
 //   PINGPONG   0, or 1: v9's turns of two warpgroups (WGMMA 1, NUM_WARPS 8)
+//   OVERLAP    0, or 1: v11's softmax beside the previous tile's P V (WGMMA 1, STAGES >= 3)
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3, v4: one row per block).
@@ -154,6 +161,9 @@
 #ifndef TMA
 #define TMA 0
 #endif
+#ifndef OVERLAP
+#define OVERLAP 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
 #define COMBINE_THREADS (32 * COMBINE_WARPS)
@@ -184,6 +194,7 @@ static_assert(WGMMA || MERGE_BYTES <= 2 * STAGES * KV_TILE_ELEMS * 2, "merge buf
 static_assert(!WGMMA || ROW_WARPS == NUM_WARPS, "v5: one or two warpgroups of 64 rows, no key warps");
 static_assert(!PINGPONG || (WGMMA && NUM_WARPS == 8), "v9: the ping-pong of two warpgroups");
 static_assert(!TMA || (WGMMA && PAGE_SIZE == 0), "v9 (TMA): the wgmma loop over a contiguous cache");
+static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
 #include "common.cuh"
@@ -485,7 +496,10 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     const int t_begin = (int)((long long)split * T_c / num_splits);
     const int t_end = (int)((long long)(split + 1) * T_c / num_splits);
 
-    // ---- prologue: the first STAGES - 1 tiles in flight, then Q_i (generic 16-byte stores)
+    // ---- prologue: the first AHEAD tiles in flight, then Q_i (generic 16-byte stores). A tile's
+    // stage is free once the GEMMs that read it are done: tile j - 1's at tile j (v11: V_{j-1}
+    // is read during tile j, so its stage is free at tile j + 1).
+    constexpr int AHEAD = OVERLAP ? STAGES - 2 : STAGES - 1;
     Pages pages;
 #if TMA   // stage st's mbarrier completes a phase each time a tile lands in it by TMA
     __shared__ __align__(8) unsigned long long kv_full[STAGES];
@@ -503,17 +517,17 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         mbar_init_fence();
     }
     __syncthreads();                      // the mbarriers initialised before anyone waits
-    for (int st = 0; st < STAGES - 1 && t_begin + st < t_end; ++st) issue(t_begin + st, st);
+    for (int st = 0; st < AHEAD && t_begin + st < t_end; ++st) issue(t_begin + st, st);
 #else
 #pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
+    for (int st = 0; st < AHEAD; ++st) {
         if (t_begin + st < t_end) {
             fetch_pages(pages, bt_row, (t_begin + st) * B_c, kv_len);
             load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, cr, (t_begin + st) * B_c, kv_len, pages);
         }
         cp_async_commit();
     }
-    if (t_begin + STAGES - 1 < t_end) fetch_pages(pages, bt_row, (t_begin + STAGES - 1) * B_c, kv_len);
+    if (t_begin + AHEAD < t_end) fetch_pages(pages, bt_row, (t_begin + AHEAD) * B_c, kv_len);
 #endif
     unsigned char* q_gen = smem_raw + (q_tile - smem_addr(smem_raw));   // generic pointer to Q_i
     for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
@@ -554,14 +568,14 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
                 mbar_wait(smem_addr(&kv_full[n % STAGES]), (n / STAGES) & 1);   // it came by TMA
             }
         }
-        __syncthreads();                  // tile j has landed, and tile j - 1's stage is free
-        if (j + STAGES - 1 < t_end) issue(j + STAGES - 1, (j + STAGES - 1 - t_begin) % STAGES);
+        __syncthreads();                  // tile j has landed, and tile j + AHEAD's stage is free
+        if (j + AHEAD < t_end) issue(j + AHEAD, (j + AHEAD - t_begin) % STAGES);
 #else
-        cp_async_wait<STAGES - 2>();      // tile j has landed (this thread's part) ...
+        cp_async_wait<AHEAD - 1>();       // tile j has landed (this thread's part) ...
         fence_proxy_async();              // ... visible to wgmma (async proxy) ...
-        __syncthreads();                  // ... everyone's; and tile j - 1's stage is free
+        __syncthreads();                  // ... everyone's; and tile j + AHEAD's stage is free
         {
-            const int jn = j + STAGES - 1, st = (jn - t_begin) % STAGES;
+            const int jn = j + AHEAD, st = (jn - t_begin) % STAGES;
             if (jn < t_end)
                 load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, cr, jn * B_c, kv_len, pages);
             cp_async_commit();
@@ -576,7 +590,15 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #if PINGPONG
         if (w == 0) named_arrive(BAR_PINGPONG, 2 * 128);
 #endif
+#if OVERLAP       // v11: O_i += P_{j-1} V_{j-1} on the tensor cores during S_j's softmax
+        if (j > t_begin) gemm_pv(o, p, v_tile((j - 1 - t_begin) % STAGES));
+#endif
+#if OVERLAP
+        if (j > t_begin) wgmma_wait<1>();             // S_j done (committed first), P V running
+        else wgmma_wait<0>();
+#else
         wgmma_wait<0>();
+#endif
         fence_regs(s);
         const int key0 = j * B_c;
         if (key0 + B_c - 1 > shift) {                 // ragged end, causal diagonal
@@ -587,13 +609,29 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
                     if (key0 + n * 8 + 2 * t + (e & 1) > limit[e >> 1]) s[4 * n + e] = NEG_INF;
         }
         softmax_step(s, m_i, l_i, alpha, scale_log2);
+#if OVERLAP
+        wgmma_wait<0>();                              // P_{j-1} V_{j-1} done: O_i and P free
+        fence_regs(o);
+        fence_regs(p);
+        rescale_o(o, alpha);
+        convert_p(s, p);
+#else
         rescale_o(o, alpha);
         convert_p(s, p);
         gemm_pv(o, p, v_tile(st));                    // O_i += P V_j
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(p);
+#endif
     }
+#if OVERLAP
+    if (t_begin < t_end) {                            // the last tile's O_i += P V
+        gemm_pv(o, p, v_tile((t_end - 1 - t_begin) % STAGES));
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+    }
+#endif
 #if !TMA
     cp_async_wait<0>();
 #endif

@@ -75,7 +75,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -160,12 +160,12 @@ SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic, "sm": one_w
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
             stages: int | None = None, warps: int = 4, combine: int = COMBINE,
             page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
-            pingpong: int = 0, tma: int = 0) -> dict[str, int]:
+            pingpong: int = 0, tma: int = 0, overlap: int = 0) -> dict[str, int]:
     return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
             "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
             "NUM_WARPS": warps, "COMBINE": combine,
             "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma, "PDL": pdl,
-            "FUSED": fused, "PINGPONG": pingpong, "TMA": tma}
+            "FUSED": fused, "PINGPONG": pingpong, "TMA": tma, "OVERLAP": overlap}
 
 
 
@@ -239,7 +239,9 @@ def default_variant(rows: int) -> str:
 # v7: v6's kernels merging the splits in decode_split (fused). v4-v7 take the wave rule's
 # splits; v8: the "sm" rule's, v7 above 32 splits (where they fit one wave), v6 up to 32; v9:
 # v8 with TMA and the ping-pong where they apply, the defaults; v10: v9 with decode_combine's
-# v4 (one round of loads); v9_w4: v9 on one warpgroup's
+# v4 (one round of loads); v9_s3: v9 with 3 stages of 128-key tiles (two tiles in flight, where
+# v9's 2 stages have one); v11: v9_s3 with the softmax beside the previous tile's P V (one tile in
+# flight, as v9); v9_w4: v9 on one warpgroup's
 # wgmma wherever (above 64 rows two 64-row chunks, each streaming the K/V, the second from the
 # L2 where the step's K/V fits it, on twice the blocks at half the splits, no ping-pong; below
 # 32 rows 64-row blocks of padding where the defaults run mma.sync; between, v9 itself).
@@ -259,7 +261,11 @@ VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wg
             "v9": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None),
             "v9_w4": dict(warps=4, wgmma=1, combine=3, split_rule="sm", pdl=None, fused=None,
                           tma=None, pingpong=None),
-            "v10": dict(combine=4, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None)}
+            "v10": dict(combine=4, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None),
+            "v9_s3": dict(wgmma=1, block_cols=128, stages=3, combine=3, split_rule="sm", pdl=None,
+                          fused=None, tma=None, pingpong=None),
+            "v11": dict(wgmma=1, block_cols=128, stages=3, overlap=1, combine=3, split_rule="sm",
+                        pdl=None, fused=None, tma=None, pingpong=None)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -291,6 +297,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     fused: int = 0                   # FUSED: v7, the merge in decode_split (no decode_combine)
     pingpong: int = 0                # PINGPONG: v9, two warpgroups take turns at the tensor cores
     tma: int = 0                     # TMA: v9, K/V tiles by the TMA unit (contiguous cache, wgmma)
+    overlap: int = 0                 # OVERLAP: v11, a tile's softmax beside the previous tile's P V
 
     @property
     def rows(self) -> int:
@@ -310,7 +317,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     def defines(self) -> dict[str, int]:
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
-                       self.pdl, self.fused, self.pingpong, self.tma)
+                       self.pdl, self.fused, self.pingpong, self.tma, self.overlap)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -394,7 +401,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     kv_heads=self.kv_heads, q_len=self.q_len, row_warps=self.row_warps,
                     warps=self.warps, combine=self.combine, stages=self.stages,
                     page_prefetch=self.page_prefetch, wgmma=self.wgmma, fused=self.fused,
-                    tma=self.tma, pingpong=self.pingpong)
+                    tma=self.tma, pingpong=self.pingpong, overlap=self.overlap)
 
     # ------------------------------------------------------------------ inputs
     def cache_shape_ok(self, shape: tuple) -> str | None:
@@ -699,7 +706,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
-              split_rule="sm", wgmma=None, pdl=None, fused=None, pingpong=None, tma=None) -> DecodeLaunch:
+              split_rule="sm", wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
+              overlap=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -716,7 +724,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     where there are splits and they fit; ``pdl`` None is then 0. ``tma``: 1 takes the wgmma
     loop's K/V tiles from the TMA unit (v9: TMA in the .cu file; a contiguous cache), 0 by
     cp.async, None: ``default_tma``; ``pingpong``: 1 lets two warpgroups take turns issuing S
-    (v9: PINGPONG; 8 warps on wgmma), 0 not, None: ``default_pingpong``."""
+    (v9: PINGPONG; 8 warps on wgmma), 0 not, None: ``default_pingpong``; ``overlap``: 1 runs a
+    tile's softmax while the previous tile's P V is on the tensor cores (v11: OVERLAP; wgmma,
+    3 stages or more), 0 not."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -788,6 +798,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         tma = default_tma(wgmma, page_size)
     if isinstance(tma, bool) or tma not in (0, 1) or (tma and (page_size is not None or not wgmma)):
         raise KernelInputError(f"tma = {tma!r}: 0, or 1 for a contiguous cache on wgmma (v5's loop)")
+    if isinstance(overlap, bool) or overlap not in (0, 1) or (overlap and (not wgmma or stages < 3)):
+        raise KernelInputError(f"overlap = {overlap!r}: 0, or 1 on wgmma (v5's loop) with 3 stages or "
+                               "more (V_j keeps its stage a tile longer)")
     n_tiles = cdiv(max(lens), Bc)
     # blocks resident at once (v9's mbarriers: static shared memory beside the dynamic)
     slots = sm_count * blocks_per_sm(smem + (MBARRIER_SMEM if tma else 0), head_dim, warps, wgmma)
@@ -817,7 +830,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         num_pages=None if not page_size else int(num_pages), splits=splits,
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
-                        wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma)
+                        wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap)
 
 
 def compile_variants():
@@ -893,6 +906,15 @@ def compile_variants():
                                                  wgmma=1, pdl=1, pingpong=default_pingpong(1, w),
                                                  tma=default_tma(1, page)),
                                 smem_bytes(d, w, *WGMMA_TILES, wgmma=1), HOT))
+    for d in HEAD_DIMS:                      # v9_s3 and v11: 3 stages of 128-key tiles, without and
+        for dtype in ("fp16", "bf16"):       # with the overlap (TMA; pages by cp.async)
+            for page in (0, 16) if (d, dtype) == (128, "fp16") else (0,):
+                for w in (4, 8):
+                    for ov in (0, 1):
+                        out.append((CU_FILE, defines(d, dtype, page, w, 128, 3, warps=w, wgmma=1, pdl=1,
+                                                     pingpong=default_pingpong(1, w),
+                                                     tma=default_tma(1, page), overlap=ov),
+                                    smem_bytes(d, w, 128, 3, wgmma=1), HOT))
     return out
 
 
