@@ -1,7 +1,7 @@
 """What the benchmark scripts share: the command line (``--out DIR``, ``--quiet``), writing
 the JSON file, a deadline after which remaining points are skipped (and recorded as
-skipped), and the progress bar over a script's points (``Progress``: tqdm on stderr, none
-with ``--quiet`` or when stderr is no terminal)."""
+skipped), the progress bar over a script's points (``Progress``: tqdm on stderr, none
+with ``--quiet`` or when stderr is no terminal), and ``ClockLog``: NVML's clocks through a run."""
 
 from __future__ import annotations
 
@@ -59,6 +59,69 @@ class Deadline:
 
     def elapsed(self) -> float:
         return time.time() - self.t0
+
+
+class ClockLog:
+    """NVML's view of GPU 0 while a run goes on: ``sample()`` once, or ``start()`` a thread
+    that samples every ``period_s`` until ``stop()``. A sample is (host ``time.perf_counter()``
+    seconds, SM MHz, memory MHz, the clock-event ("throttle") reasons bitmask, power in W,
+    temperature in C); without NVML (no pynvml, no driver) ``sample()`` is None and the log
+    stays empty. ``as_dict()`` is what a benchmark stores beside its timings, so that a slow
+    timing can be set beside what the GPU's clocks did meanwhile."""
+
+    FIELDS = ("t_s", "sm_mhz", "mem_mhz", "reasons", "power_w", "temp_c")
+    REASONS = ("GpuIdle", "ApplicationsClocksSetting", "SwPowerCap", "HwSlowdown", "SyncBoost",
+               "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown", "DisplayClockSetting")
+
+    def __init__(self, period_s: float = 0.02):
+        self.period_s, self.samples, self._thread, self._stop = period_s, [], None, None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nv, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:           # noqa: BLE001 - no NVML here: nothing is logged
+            self._nv = self._h = None
+
+    def sample(self) -> tuple | None:
+        if self._h is None:
+            return None
+        nv, h = self._nv, self._h
+        return (time.perf_counter(), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+                int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
+                nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+
+    def start(self) -> "ClockLog":
+        import threading
+
+        if self._h is not None and self._thread is None:
+            self._stop = threading.Event()
+
+            def loop():
+                while not self._stop.is_set():
+                    self.samples.append(self.sample())
+                    self._stop.wait(self.period_s)
+            self._thread = threading.Thread(target=loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def as_dict(self) -> dict:
+        bits = {}
+        if self._nv is not None:
+            for name in self.REASONS:
+                bit = getattr(self._nv, f"nvmlClocksThrottleReason{name}", None)
+                if bit is not None:
+                    bits[name] = int(bit)
+        return {"source": "NVML" if self._h is not None else "none (no NVML here)",
+                "period_s": self.period_s, "fields": list(self.FIELDS), "reason_bits": bits,
+                "samples": [list(x) for x in self.samples]}
 
 
 class Recorder:

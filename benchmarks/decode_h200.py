@@ -105,7 +105,7 @@ import traceback
 
 import numpy as np
 
-from benchmarks.common import Recorder, parser, write_json
+from benchmarks.common import ClockLog, Recorder, parser, write_json
 from gpu_kernels import harness
 from gpu_kernels.common import KernelInputError, Result, cdiv
 from gpu_kernels.cupy import decode
@@ -253,6 +253,9 @@ class Bench(Recorder):
         self._plain = cupy.RawKernel(PLAIN_READ, "plain_read")
         self._flag = cupy.zeros(1, cupy.uint32)
         self.failures = 0
+        # NVML's clocks and clock-event reasons through the run, beside each row's host times
+        # ("host_t"): what the GPU did during a slow timing (DIR/<name>_clocks.json)
+        self.clocks = ClockLog().start()
         try:
             import flashinfer  # noqa: F401
             self.results["notes"]["flashinfer"] = "importable, but not wired into this benchmark yet"
@@ -263,6 +266,7 @@ class Bench(Recorder):
     def record(self, what: dict, fn, check, repeats=None, into: str = "points") -> dict | None:
         """Check fn's output, then time fn (even if the check failed: check_ok false); the
         row goes to results[into] and is returned (None: it raised, recorded as skipped)."""
+        t_start = time.perf_counter()
         try:
             res = fn()
             self.torch.cuda.synchronize()
@@ -280,12 +284,19 @@ class Bench(Recorder):
         if not ok and what["impl"].startswith("cupy"):    # a peer's miss is recorded, not ours
             self.failures += 1
         row = {**what, "time_s": t.median_s, "tbps": tb, "check_ok": ok,
-               "repeats": len(t.times_s), "min_s": min(t.times_s), "check": verdict}
+               "repeats": len(t.times_s), "min_s": min(t.times_s), "check": verdict,
+               "host_t": [t_start, time.perf_counter()]}
         self.results[into].append(row)
         print(f"{what['impl']:>18} B={what['batch']:>2} kvh={what['kv_heads']:>2} n={what['kv_len']:>6} "
               f"q={what['q_len']} P={what['page_size']}: {t.median_s * 1e6:9.1f} us {tb:5.2f} TB/s"
               f"{'' if ok else '  CHECK FAILED'}", flush=True)
         return row
+
+    def finish(self, note: str = "") -> str:
+        self.clocks.stop()
+        write_json(self.args.out, self.name.replace(".json", "_clocks.json"), self.clocks.as_dict(),
+                   indent=None)
+        return super().finish(note)
 
     def due_points(self, points):
         """(B, kv_heads, kv_len, q_len, the point's row fields) of each of ``points`` while
@@ -1034,24 +1045,15 @@ def overheads_profile(out) -> int:
 
 # ---------------------------------------------------------------------- configurations at the misses
 
-def nvml_clocks():
-    """A function returning (SM MHz, memory MHz) of GPU 0 by NVML, or None without NVML."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return lambda: (pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                        pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM))
-    except Exception:          # no pynvml, or no driver: clocks not recorded
-        return lambda: None
-
-
 def clock_ramp(bench) -> int:
     """--clock-ramp (the module's docstring): the default step after host idle time, with
     three warm-ups, every repeat recorded."""
     cupy = bench.cupy
-    clocks = nvml_clocks()
     h = bench.harness
+
+    def clocks():                 # (SM MHz, memory MHz), or None without NVML
+        x = bench.clocks.sample()
+        return x and x[1:3]
     bench.results["config"] = {"points": [list(p) for p in CLOCK_POINTS], "idle_s": list(CLOCK_IDLE_S),
                                "warmups": list(CLOCK_WARMUPS), "warm_s": CLOCK_WARM_S,
                                "repeats": CLOCK_REPEATS, "cycles": CLOCK_CYCLES}

@@ -53,3 +53,41 @@ def test_all_runs_every_script():
                                                     "cupy_h200", "backward_h200"}
     total = sum(limit for _, _, limit, _ in run_all.steps(args))
     assert total <= 10 * 60           # the whole GPU run fits one 10-minute command
+
+
+def test_clock_log_without_nvml_logs_nothing(monkeypatch):
+    from benchmarks.common import ClockLog
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)       # import pynvml fails
+    log = ClockLog().start()
+    log.stop()
+    assert log.sample() is None
+    assert log.as_dict()["samples"] == [] and log.as_dict()["source"].startswith("none")
+
+
+def test_clock_log_samples_nvml_in_a_thread(monkeypatch):
+    """A stand-in pynvml whose SM clock drops: the thread's samples carry it, host-stamped,
+    with the reasons bitmask and the names of its bits."""
+    import time
+    import types
+
+    from benchmarks.common import ClockLog
+
+    sm = iter([1980, 1980, 1200] + [1200] * 10_000)
+    nv = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: "gpu0", NVML_CLOCK_SM=0,
+        NVML_CLOCK_MEM=1, NVML_TEMPERATURE_GPU=0,
+        nvmlDeviceGetClockInfo=lambda h, which: next(sm) if which == 0 else 3201,
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x8,
+        nvmlDeviceGetPowerUsage=lambda h: 700_000, nvmlDeviceGetTemperature=lambda h, s: 60,
+        nvmlClocksThrottleReasonHwSlowdown=0x8, nvmlClocksThrottleReasonGpuIdle=0x1)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    log = ClockLog(period_s=0.001).start()
+    time.sleep(0.05)
+    log.stop()
+    d = log.as_dict()
+    assert d["source"] == "NVML" and d["reason_bits"] == {"GpuIdle": 1, "HwSlowdown": 8}
+    s = d["samples"]
+    assert len(s) >= 3 and [x[1] for x in s[:3]] == [1980, 1980, 1200]
+    assert all(x[2:] == [3201, 8, 700.0, 60] for x in s)
+    assert all(a[0] <= b[0] for a, b in zip(s, s[1:]))      # host times, in order
