@@ -535,6 +535,34 @@ def decode_clock_ramp(k: dict) -> list[str]:
             f"after each timing: {seen}."]
 
 
+def decode_clocks(d: dict, log: dict) -> list[str]:
+    """NVML's samples through the table's run (decode_h200_clocks.json) over the whole run and
+    during its slow timings (rows whose median is above 1.3x their fastest repeat, by the host
+    times the row carries): clocks, power and the clock-event reasons seen, each with the share
+    of samples that had it."""
+    samples = log.get("samples") or []
+    if not samples:
+        return []
+    col = {f: i for i, f in enumerate(log["fields"])}
+
+    def seen(xs) -> str:
+        if not xs:
+            return "no sample"
+        reasons = [n for n, bit in log["reason_bits"].items()
+                   if any(x[col["reasons"]] & bit for x in xs)]
+        share = {n: sum(bool(x[col["reasons"]] & log["reason_bits"][n]) for x in xs) / len(xs)
+                 for n in reasons}
+        return (f"{len(xs)} samples, SM {_span([x[col['sm_mhz']] for x in xs], '.0f')} MHz, memory "
+                f"{_span([x[col['mem_mhz']] for x in xs], '.0f')} MHz, power "
+                f"{_span([x[col['power_w']] for x in xs], '.0f')} W, clock-event reasons "
+                + (", ".join(f"{n} {share[n]:.0%}" for n in reasons) if reasons else "none"))
+    slow = [p for p in d["points"] if p.get("host_t") and p["time_s"] > 1.3 * p["min_s"]]
+    during = [x for x in samples if any(a <= x[col["t_s"]] <= b for a, b in (p["host_t"] for p in slow))]
+    return [f"* NVML through the table's run (`decode_h200_clocks.json`, every {log['period_s'] * 1e3:.0f} ms): "
+            f"{seen(samples)}; during its {len(slow)} timings slower than 1.3x their fastest repeat: "
+            f"{seen(during)}."]
+
+
 def decode_v9_w4(d: dict) -> list[str]:
     """v9_w4 (one warpgroup's wgmma wherever) over the defaults' launch at the same point and
     layout: above 64 packed rows a KV head against v9's one 128-row block of two warpgroups
@@ -792,6 +820,8 @@ def decode_md_text() -> str:
     block += decode_configs_q4(c4) if c4 else []
     ck = _load("decode_clock_ramp_h200.json")
     block += decode_clock_ramp(ck) if ck else []
+    cl = _load("decode_h200_clocks.json")
+    block += decode_clocks(d, cl) if d and cl else []
     block += decode_model(d) if d else []
     return _with_block(DECODE_MD, block)
 
