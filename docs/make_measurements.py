@@ -556,11 +556,23 @@ def decode_clocks(d: dict, log: dict) -> list[str]:
                 f"{_span([x[col['mem_mhz']] for x in xs], '.0f')} MHz, power "
                 f"{_span([x[col['power_w']] for x in xs], '.0f')} W, clock-event reasons "
                 + (", ".join(f"{n} {share[n]:.0%}" for n in reasons) if reasons else "none"))
+    def within(rows):
+        return [x for x in samples if any(a <= x[col["t_s"]] <= b for a, b in (p["host_t"] for p in rows))]
     slow = [p for p in d["points"] if p.get("host_t") and p["time_s"] > 1.3 * p["min_s"]]
-    during = [x for x in samples if any(a <= x[col["t_s"]] <= b for a, b in (p["host_t"] for p in slow))]
+    # the points whose rows saw a clock-event reason other than an idle GPU, most first
+    busy = {k: within([p for p in d["points"] if p.get("host_t") and
+                       (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"]) == k])
+            for k in dict.fromkeys((p["batch"], p["kv_heads"], p["kv_len"], p["q_len"]) for p in d["points"])}
+    idle = log["reason_bits"].get("GpuIdle", 0)
+    capped = sorted(((sum(bool(x[col["reasons"]] & ~idle) for x in xs) / len(xs), k, xs)
+                     for k, xs in busy.items() if xs), key=lambda c: -c[0])
+    capped = [c for c in capped if c[0] > 0]
+    where = "; ".join(f"{_pt(k)}: {share:.0%} of its {len(xs)} samples, SM down to "
+                      f"{min(x[col['sm_mhz']] for x in xs):.0f} MHz" for share, k, xs in capped)
     return [f"* NVML through the table's run (`decode_h200_clocks.json`, every {log['period_s'] * 1e3:.0f} ms): "
             f"{seen(samples)}; during its {len(slow)} timings slower than 1.3x their fastest repeat: "
-            f"{seen(during)}."]
+            f"{seen(within(slow))}. Points whose timings saw a reason other than an idle GPU: "
+            + (where or "none") + "."]
 
 
 def decode_v9_w4(d: dict) -> list[str]:
