@@ -858,6 +858,21 @@ def profile_point(spec: str, torch) -> dict:
             "launches": [[x.kernel, list(x.grid)] for x in launch.launches()]}
 
 
+# The modes that write a file of their own beside the table: flag -> (file, what, run(bench, args))
+MODES = {
+    "splits-sweep": ("decode_splits_h200.json", "ours at split counts around both rules'",
+                     lambda bench, args: sweep(bench, args)),
+    "overheads": ("decode_overheads_h200.json", "a step, its kernels alone, an empty launch, after "
+                  "a dirty and a clean flush", lambda bench, args: overheads(bench)),
+    "configs": ("decode_configs_h200.json", "ours at other tiles, splits and merges where it fell "
+                "short of PyTorch's best, the peers timed before and after",
+                lambda bench, args: configs(bench, CONFIG_POINTS)),
+    "configs-q4": ("decode_configs_q4_h200.json", "--configs at the MQA points of q_len 4 below 0.9 "
+                   "of the plain read", lambda bench, args: configs(bench, CONFIG_POINTS_Q4)),
+    "clock-ramp": ("decode_clock_ramp_h200.json", "the default step after host idle time, three "
+                   "warm-ups, every repeat", lambda bench, args: clock_ramp(bench))}
+
+
 def main(argv=None) -> int:
     ap = parser(__doc__, deadline_s=200.0)
     ap.add_argument("--quick", action="store_true", help="the reference points only")
@@ -866,20 +881,8 @@ def main(argv=None) -> int:
                     help="B,kv_heads,kv_len,q_len,page (one or more): one NVTX-marked launch each")
     ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile time)")
     ap.add_argument("--no-tune", action="store_true", help="the default tiles, no tuning step")
-    ap.add_argument("--splits-sweep", action="store_true",
-                    help="ours at split counts around both rules' (decode_splits_h200.json)")
-    ap.add_argument("--overheads", action="store_true",
-                    help="a step, its kernels alone, an empty launch, after a dirty and a clean "
-                         "flush (decode_overheads_h200.json)")
-    ap.add_argument("--configs", action="store_true",
-                    help="ours at other tiles, splits and merges where it fell short of PyTorch's "
-                         "best, the peers timed before and after (decode_configs_h200.json)")
-    ap.add_argument("--configs-q4", action="store_true",
-                    help="--configs at the MQA points of q_len 4 below 0.9 of the plain read "
-                         "(decode_configs_q4_h200.json)")
-    ap.add_argument("--clock-ramp", action="store_true",
-                    help="the default step after host idle time, three warm-ups, every repeat "
-                         "(decode_clock_ramp_h200.json)")
+    for flag, (name, what, _) in MODES.items():
+        ap.add_argument(f"--{flag}", action="store_true", help=f"{what} ({name})")
     ap.add_argument("--configs-profile", action="store_true",
                     help="PyTorch's cuDNN call and our step at the --configs points in NVTX ranges, for ncu")
     ap.add_argument("--overheads-profile", action="store_true",
@@ -901,22 +904,13 @@ def main(argv=None) -> int:
         return overheads_profile(args.out)
     if args.configs_profile:
         return configs_profile(args.out)
-    name = ("decode_splits_h200.json" if args.splits_sweep else
-            "decode_overheads_h200.json" if args.overheads else
-            "decode_configs_h200.json" if args.configs else
-            "decode_configs_q4_h200.json" if args.configs_q4 else
-            "decode_clock_ramp_h200.json" if args.clock_ramp else "decode_h200.json")
+    flag = next((f for f in MODES if getattr(args, f.replace("-", "_"))), None)
+    name, _, run = MODES[flag] if flag else ("decode_h200.json", None, None)
     bench = Bench(args, name)
     bench.results["provenance"] = harness.provenance(
         extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
-    if args.splits_sweep:
-        return sweep(bench, args)
-    if args.overheads:
-        return overheads(bench)
-    if args.clock_ramp:
-        return clock_ramp(bench)
-    if args.configs or args.configs_q4:
-        return configs(bench, CONFIG_POINTS_Q4 if args.configs_q4 else CONFIG_POINTS)
+    if run is not None:
+        return run(bench, args)
     bench.results["configs"] = {"heads": H, "head_dim": D, "batches": list(BATCHES), "kv_lens": list(KV_LENS),
                                 "kv_heads": list(KV_HEADS), "q_lens": list(Q_LENS), "pages": list(PAGES),
                                 "max_cache_bytes": MAX_CACHE_BYTES}
