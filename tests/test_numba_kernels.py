@@ -340,3 +340,35 @@ def test_gpu_logits_near_1e4(alg):
     Q, K, V = big_logits((1, 2, 1000, 64), block_cols=launch.block_cols)
     O = attention(alg, Q, K, V, causal=True)
     assert_close(O, Q, K, V, True)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the CUDA simulator's shared memory")
+def test_simulated_shared_array_is_one_per_block_under_a_race():
+    """A block's threads that all reach one ``cuda.shared.array`` line first must share one
+    array. numba-cuda's simulator looks the line up and stores a new array in two steps; a
+    lookup that lets other threads in between (forced here) gave each thread its own array.
+    gpu_kernels.numba.common makes the two steps one, under a lock."""
+    import threading
+    import time
+
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    class SlowLookup(dict):
+        def get(self, key, default=None):
+            res = super().get(key, default)
+            time.sleep(0.002)                 # every other thread runs meanwhile
+            return res
+
+    shared = FakeCUDAShared(0)
+    shared._allocations = SlowLookup()
+    got, start = [], threading.Barrier(8)
+
+    def thread():
+        start.wait()
+        got.append(shared.array((4,), np.float32))
+    threads = [threading.Thread(target=thread) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and len({id(a) for a in got}) == 1

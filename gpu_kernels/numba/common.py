@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -62,6 +64,37 @@ NEG_INF = numpy.float32(-numpy.inf)    # a float32 constant inside kernels
 # Shared tiles are declared 16-byte aligned so that chunk loads vectorise. The CUDA
 # simulator refuses any alignment argument (and alignment means nothing there): None.
 ALIGN = None if numba.config.ENABLE_CUDASIM else 16
+
+
+def _simulator_shared_array(self, shape, dtype, alignment=None):
+    """numba-cuda's simulated ``cuda.shared.array``, its one allocation per (file, line) and
+    block made under a lock. The simulator runs a block's threads as Python threads, and its
+    own method looks the allocation up and stores a new one in two steps: two threads that
+    both miss get two arrays, and a block's shared tile silently splits in two (a rare wrong
+    answer in the simulated kernel tests; ``tests/test_numba_kernels.py`` forces the race)."""
+    from numba.cuda.simulator.kernelapi import numpy_support, types
+
+    if alignment is not None:
+        raise RuntimeError("Array alignment is not supported in cudasim")
+    if isinstance(dtype, types.Type):
+        dtype = numpy_support.as_dtype(dtype)
+    if shape == 0:                 # dynamic shared memory: one buffer, as numba-cuda has it
+        return numpy.frombuffer(self._dynshared.data, dtype=dtype,
+                                count=self._dynshared_size // dtype.itemsize)
+    frame = sys._getframe(1)
+    caller = (frame.f_code.co_filename, frame.f_lineno)
+    with _SHARED_LOCK:
+        res = self._allocations.get(caller)
+        if res is None:
+            res = self._allocations[caller] = numpy.empty(shape, dtype)
+    return res
+
+
+if numba.config.ENABLE_CUDASIM:    # the simulator only: compiled kernels never run this
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    _SHARED_LOCK = threading.Lock()
+    FakeCUDAShared.array = _simulator_shared_array
 
 
 @cuda.jit(device=True, inline="always")
