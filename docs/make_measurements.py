@@ -570,7 +570,8 @@ def decode_clocks(d: dict, log: dict) -> list[str]:
     where = "; ".join(f"{_pt(k)}: {share:.0%} of its {len(xs)} samples, SM down to "
                       f"{min(x[col['sm_mhz']] for x in xs):.0f} MHz" for share, k, xs in capped)
     return [f"* NVML through the table's run (`decode_h200_clocks.json`, every {log['period_s'] * 1e3:.0f} ms): "
-            f"{seen(samples)}; during its {len(slow)} timings slower than 1.3x their fastest repeat: "
+            f"{seen(samples)}; during its {len(slow)} timing{'' if len(slow) == 1 else 's'} slower than "
+            f"1.3x {'its' if len(slow) == 1 else 'their'} fastest repeat: "
             f"{seen(within(slow))}. Points whose timings saw a reason other than an idle GPU: "
             + (where or "none") + "."]
 
