@@ -1037,7 +1037,7 @@ def overheads_profile(out) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------- configurations at the misses
+# ---------------------------------------------------------------------- timings after host idle time
 
 def clock_ramp(bench) -> int:
     """--clock-ramp (the module's docstring): the default step after host idle time, with
@@ -1064,7 +1064,7 @@ def clock_ramp(bench) -> int:
             def fn(launch=launch, q=q, k=k, v=v):
                 return launch.run(q, k, v)
             fn()
-            cupy.cuda.Device().synchronize()
+            h.dev.synchronize()
             for cycle in range(CLOCK_CYCLES):
                 for idle in CLOCK_IDLE_S:
                     for warm in CLOCK_WARMUPS:
@@ -1076,7 +1076,7 @@ def clock_ramp(bench) -> int:
                             t0 = time.perf_counter()
                             while time.perf_counter() - t0 < CLOCK_WARM_S:
                                 fn()
-                                cupy.cuda.Device().synchronize()
+                                h.dev.synchronize()
                         t = h.time(fn, repeats=CLOCK_REPEATS)
                         rows.append({**point_row(B, kvh, n, ql), "splits": launch.splits,
                                      "cycle": cycle, "idle_s": idle, "warmup": warm,
@@ -1091,6 +1091,8 @@ def clock_ramp(bench) -> int:
     bench.finish("")
     return 0 if ok else 1
 
+
+# ---------------------------------------------------------------------- configurations at the misses
 
 def config_candidates(B, kvh, n, ql) -> list[tuple[str, dict]]:
     """(label, configure keywords) timed at one point by --configs: the defaults, then, where a

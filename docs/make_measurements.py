@@ -8,6 +8,7 @@ typed by hand. A test regenerates the page and fails if the committed copy diffe
 
 from __future__ import annotations
 
+import bisect
 import pathlib
 import statistics
 import sys
@@ -240,6 +241,18 @@ def _ours_times(d: dict) -> dict:
             for p in d["points"] if p["impl"] == "cupy_decode" and p["check_ok"]}
 
 
+def _over_by_rows(t: dict, var: str, base_of) -> list[tuple[int, list[float]]]:
+    """(packed rows a KV head, time ratios) of ``var`` over ``base_of(key)`` (a row of
+    ``_ours_times`` ``t``, or None) at the same point, layout and splits, by rows."""
+    by_rows: dict = {}
+    for key, (time_s, splits) in t.items():
+        B, H, kvh, n, ql, lay, v = key
+        base = base_of(key[:-1], splits) if v == var else None
+        if base and base[1] == splits:
+            by_rows.setdefault(ql * H // kvh, []).append(time_s / base[0])
+    return sorted(by_rows.items())
+
+
 def decode_v6(d: dict) -> list[str]:
     """v6 (the combine by programmatic dependent launch) over the same kernels
     launched one after the other (v4, v5_w4 or v5, whichever the defaults run), same layout."""
@@ -346,6 +359,20 @@ def decode_splits(sw: dict) -> list[str]:
             "tuned in that run): time over the fastest count timed: " + "; ".join(parts) + "."]
 
 
+def _key(p: dict) -> tuple:
+    """A row's decode point (B, kv_heads, kv_len, q_len)."""
+    return p["batch"], p["kv_heads"], p["kv_len"], p["q_len"]
+
+
+def _fastest(r: dict, over: str, ref_time: str) -> str:
+    """One point of a --configs summary: the fastest configuration's ratio ``over`` the
+    reference, the defaults' beside (the reference's time ``ref_time`` over theirs)."""
+    dflt = r[ref_time] / r["defaults_time_s"]
+    return f"{_pt(_key(r))}: {r[over]:.3f} (" + (
+        "the defaults" if r["best_config"] == "defaults" else
+        f"{r['best_config']}; the defaults {dflt:.3f}") + ")"
+
+
 def _pt(k) -> str:
     """A decode point (B, kv_heads, kv_len, q_len) as the lines name it."""
     return f"B {k[0]}, kv_heads {k[1]}, {k[2] // 1024}k" + (f", q_len {k[3]}" if k[3] != 1 else "")
@@ -358,12 +385,7 @@ def decode_configs(c: dict) -> list[str]:
     rows = c.get("summary") or []
     if not rows:
         return []
-    parts = []
-    for r in rows:
-        k = (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"])
-        dflt = r["best_peer_time_s"] / r["defaults_time_s"]
-        parts.append(f"{_pt(k)}: {r['best_over_peer']:.3f} (" + ("the defaults" if r["best_config"] == "defaults"
-                     else f"{r['best_config']}; the defaults {dflt:.3f}") + ")")
+    parts = [_fastest(r, "best_over_peer", "best_peer_time_s") for r in rows]
     pts = c["points"]
     key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"], p.get("pass"))  # noqa: E731
     chunked = []
@@ -393,8 +415,8 @@ def decode_configs_ncu() -> list[str]:
         return " + ".join(f"{x['time_s'] * 1e6:.1f} us on {x['grid']} blocks of {x['block']}"
                           for x in c["kernels"])
     parts = []
-    for k in dict.fromkeys((c["batch"], c["kv_heads"], c["kv_len"], c["q_len"]) for c in calls):
-        here = {c["what"]: c for c in calls if (c["batch"], c["kv_heads"], c["kv_len"], c["q_len"]) == k}
+    for k in dict.fromkeys(_key(c) for c in calls):
+        here = {c["what"]: c for c in calls if _key(c) == k}
         parts.append(f"{_pt(k)}: cuDNN {kernels(here['peer'])}; ours {kernels(here['ours'])}")
     return ["* What each runs there (Nsight Compute, its cache flushed before each kernel, "
             "`decode_configs_ncu_h200.csv`; kernel durations, one call each): " + "; ".join(parts) + "."]
@@ -429,16 +451,9 @@ def decode_v9(d: dict) -> list[str]:
     from gpu_kernels.cupy import decode as dk
 
     t = _ours_times(d)
-    by_rows: dict = {}
-    for (B, H, kvh, n, ql, lay, var), (time_s, splits) in t.items():
-        if var != "v9":
-            continue
-        v8 = t.get((B, H, kvh, n, ql, lay, "v8")) or \
-            t.get((B, H, kvh, n, ql, lay, "v7" if dk.default_fused(splits) else "v6"))
-        if v8 and v8[1] == splits:
-            by_rows.setdefault(ql * H // kvh, []).append(time_s / v8[0])
     out = []
-    for rows, r in sorted(by_rows.items()):
+    for rows, r in _over_by_rows(t, "v9", lambda k, splits: t.get(k + ("v8",)) or t.get(
+            k + ("v7" if dk.default_fused(splits) else "v6",))):
         what = ("two warpgroups: the TMA unit's loads and the ping-pong" if rows > 64 else
                 "one warpgroup: the TMA unit's loads")
         out.append(f"* v9 ({what}) over v8's launch, {rows} packed rows a KV head, same splits "
@@ -474,13 +489,9 @@ def decode_v11(d: dict) -> list[str]:
             "v11": "the softmax of S_j beside P_{j-1} V_{j-1}, one tile loading as in v9"}
     out = []
     for var in ("v9_s3", "v11"):
-        by_rows: dict = {}
-        for (B, H, kvh, n, ql, lay, v), (time_s, splits) in t.items():
-            v9 = t.get((B, H, kvh, n, ql, lay, "v9"))
-            if v == var and v9 and v9[1] == splits:
-                by_rows.setdefault(ql * H // kvh, []).append(time_s / v9[0])
         out += [f"* {var} ({what[var]}) over v9, {rows} packed rows a KV head, same splits and "
-                f"layout, {len(r)} timings: {_over(r, var + ' ')}." for rows, r in sorted(by_rows.items())]
+                f"layout, {len(r)} timings: {_over(r, var + ' ')}."
+                for rows, r in _over_by_rows(t, var, lambda k, splits: t.get(k + ("v9",)))]
     return out
 
 
@@ -492,15 +503,11 @@ def decode_configs_q4(c: dict) -> list[str]:
     rows = c.get("summary") or []
     if not rows:
         return []
-    parts, rates = [], []
+    parts = [_fastest(r, "best_over_plain_read", "plain_read_time_s") for r in rows]
+    rates = []
     for r in rows:
-        k = (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"])
-        p = next(p for p in c["points"] if (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"]) == k)
+        p = next(p for p in c["points"] if _key(p) == _key(r))
         R, kv_bytes = r["q_len"] * p["heads"] // r["kv_heads"], p["kv_bytes"]
-        dflt = r["plain_read_time_s"] / r["defaults_time_s"]
-        parts.append(f"{_pt(k)}: {r['best_over_plain_read']:.3f} (" + (
-            "the defaults" if r["best_config"] == "defaults" else
-            f"{r['best_config']}; the defaults {dflt:.3f}") + ")")
         rates.append((R * kv_bytes / r["best_time_s"] / 1e12,
                       0.9 * R * kv_bytes / r["plain_read_time_s"] / 1e12))
     n = sum(p["impl"] == "cupy_decode" for p in c["points"])
@@ -556,13 +563,17 @@ def decode_clocks(d: dict, log: dict) -> list[str]:
                 f"{_span([x[col['mem_mhz']] for x in xs], '.0f')} MHz, power "
                 f"{_span([x[col['power_w']] for x in xs], '.0f')} W, clock-event reasons "
                 + (", ".join(f"{n} {share[n]:.0%}" for n in reasons) if reasons else "none"))
+    ts = [x[col["t_s"]] for x in samples]       # in order: the log's thread appends them so
+
     def within(rows):
-        return [x for x in samples if any(a <= x[col["t_s"]] <= b for a, b in (p["host_t"] for p in rows))]
-    slow = [p for p in d["points"] if p.get("host_t") and p["time_s"] > 1.3 * p["min_s"]]
+        """The samples inside any of the rows' host times, in order."""
+        idx = {i for p in rows for i in range(bisect.bisect_left(ts, p["host_t"][0]),
+                                               bisect.bisect_right(ts, p["host_t"][1]))}
+        return [samples[i] for i in sorted(idx)]
+    timed = [p for p in d["points"] if p.get("host_t")]
+    slow = [p for p in timed if p["time_s"] > 1.3 * p["min_s"]]
     # the points whose rows saw a clock-event reason other than an idle GPU, most first
-    busy = {k: within([p for p in d["points"] if p.get("host_t") and
-                       (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"]) == k])
-            for k in dict.fromkeys((p["batch"], p["kv_heads"], p["kv_len"], p["q_len"]) for p in d["points"])}
+    busy = {k: within([p for p in timed if _key(p) == k]) for k in dict.fromkeys(map(_key, d["points"]))}
     idle = log["reason_bits"].get("GpuIdle", 0)
     capped = sorted(((sum(bool(x[col["reasons"]] & ~idle) for x in xs) / len(xs), k, xs)
                      for k, xs in busy.items() if xs), key=lambda c: -c[0])
