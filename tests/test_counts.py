@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import flashsim
-from flashsim import nest
+from flashsim import nest, reference
 
 from _checks import assert_count_is_closed_form, assert_grid_reaches_the_hard_cases
 
@@ -45,6 +45,33 @@ def test_standard_passes_and_row_fit_match_closed_form(passes, sram):
                       extra_passes=passes)
     assert (p.softmax_rows == 0) == (sram == "6KiB")
     assert p.count().per_tensor == p.closed_form().per_tensor
+
+
+# Tiles smaller than a row of S: the softmax streams (ragged N, B_r != B_c, 1-wide tiles).
+STREAMED = [(100, 2, 4, 6), (97, 1, 5, 7), (130, 2, 8, 8), (64, 1, 4, 8), (33, 1, 3, 4),
+            (200, 2, 8, 12), (150, 3, 1, 7), (77, 2, 5, 3), (61, 1, 7, 2), (129, 2, 16, 4)]
+
+
+@pytest.mark.parametrize("N,d,Br,Bc", STREAMED)
+@pytest.mark.parametrize("causal", [False, True])
+def test_streaming_softmax_matches_closed_form_and_reference(N, d, Br, Bc, causal):
+    """Rows of S that do not fit: the softmax streams tiles, and under the causal mask reads
+    only those with a visible element (stores P = 0 for the rest): counts, non-matmul work
+    and values over the ragged grid."""
+    p = flashsim.plan("standard", N, d, block_rows=Br, block_cols=Bc, causal=causal,
+                      sram=4 * N + 7, batch=2, heads=3)
+    assert p.softmax_rows == 0
+    assert_count_is_closed_form(p)
+    counted, formula = p.count(), p.closed_form()
+    assert (counted.exp_ops, counted.nonmatmul_flops) == (formula.exp_ops,
+                                                          formula.nonmatmul_flops)
+    skipped = causal and any((j + 1) * Bc <= i * Br for i in range(-(-N // Br))
+                             for j in range(-(-N // Bc)))
+    assert (counted.per_tensor["S"]["read_bytes"] < 6 * 2 * N * N * 4) == skipped
+    rng = np.random.default_rng(N)
+    Q, K, V = (rng.standard_normal((2, 3, N, d)) for _ in range(3))
+    O, _ = p.run(Q, K, V)
+    np.testing.assert_allclose(O, reference.attention(Q, K, V, causal=causal), atol=1e-12)
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import flashsim
 from flashsim import masks, nest, reference
+from flashsim.algorithms import standard
 from flashsim.algorithms._common import block_extent
 
 # Every family, on N = 53 (ragged against every tile below).
@@ -101,15 +102,25 @@ def test_causal_mask_at_the_h200_tiles_and_long_n(causal):
 
 
 def test_standard_with_a_mask_adds_the_dense_mask_and_nothing_else():
+    """A dense causal mask reads the mask and, where the softmax streams without a mask
+    pass, every tile of S: the causal flag's fused softmax skips the tiles above the
+    diagonal (2 V b bytes of S in place of 2 N^2 b), and nothing else differs."""
     for passes in [(), ("mask",)]:
         for sram in ["1MiB", "6KiB"]:            # whole rows, then rows that do not fit
             kw = dict(block_rows=32, block_cols=32, sram=sram, extra_passes=passes)
             plain = flashsim.plan("standard", 2000, 8, causal=True, **kw)
             masked = flashsim.plan("standard", 2000, 8, mask="causal", **kw)
             assert (masked.softmax_rows == 0) == (sram == "6KiB")
+            skips = sram == "6KiB" and not passes
+            V = standard.streamed(plain)[0]
+            assert (V < 2000**2) == (not passes)      # the mask pass: the softmax reads all
             plain, masked = plain.count().per_tensor, masked.count().per_tensor
-            reads = 2 if sram == "6KiB" and not passes else 1
+            reads = 2 if skips else 1
             assert masked.pop("mask") == {"read_bytes": reads * 2000**2, "write_bytes": 0}
+            if skips:
+                assert masked["S"]["read_bytes"] == 2 * 2000**2 * 4
+                assert plain["S"]["read_bytes"] == 2 * V * 4
+                plain["S"] = masked["S"]
             assert masked == plain
 
 

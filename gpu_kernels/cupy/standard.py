@@ -1,7 +1,8 @@
 """Standard attention in fp32 on CUDA cores: three launches (``cuda/standard.cu``).
 
 Versions: one. Kernel 1 writes S = tau Q K^T (B, H, N, N) to HBM, kernel 2 the row softmax P
-(R whole rows per block, or B_r x B_c tiles read twice when a row does not fit: R = 0),
+(R whole rows per block, or B_r x B_c tiles read twice when a row does not fit: R = 0;
+under a causal mask those tiles' visible elements only),
 kernel 3 O = P V: the schedule of ``flashsim.plan("standard", ...)`` with its tiles (B_r, B_c)
 and softmax rows R for ``SRAM`` bytes of shared memory (the tile policy's ``sram_rule``).
 

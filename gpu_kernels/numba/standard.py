@@ -18,11 +18,15 @@ Versions: one, three launches, as eager frameworks run attention. Read it beside
                                read N^2 + T_r N d, write N d
 
 HBM traffic: flashsim.standard's closed form (``predicted_traffic`` asks flashsim); the
-only difference is the rare N for which flashsim fits a row of S in 48 KiB but this kernel,
-which also keeps 2 x 128 reduction words, does not (12033 <= N <= 12286): there it streams.
+differences are the rare N for which flashsim fits a row of S in 48 KiB but this kernel,
+which also keeps 2 x 128 reduction words, does not (12033 <= N <= 12286): there it streams;
+and, when it streams under a causal mask, the hidden keys of the tiles on the diagonal:
+row r reads keys 0..r, where flashsim reads every tile with a visible element whole (at
+most B_c / N more of S).
 kernel 2 holds one row per block where flashsim's model holds R = floor(M / (4N + 8))
-rows per block: the same bytes, since rows are independent. A causal mask changes no
-traffic: S is computed in full and masked inside the softmax, as eager code does.
+rows per block: the same bytes, since rows are independent. Under a causal mask S is
+computed in full and masked inside the softmax, as eager code does; a streaming softmax
+reads only the keys a row sees.
 
 Kernels 1 and 3 use ``numba.common.tile_ops``' register-tiled device functions, each with
 its own thread layout (a tiling for the Q_i, K_j^T arrays and one for P_ij^T, V_j). Tiles:
