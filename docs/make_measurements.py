@@ -1209,7 +1209,7 @@ def reruns(lines):
     for n in names:
         c = rr.compare(n)
         qs = [q for q in ("time_ratio", "dram_read_ratio", "dram_write_ratio",
-                          "l2_read_request_ratio") if c.get(q)]
+                          "l2_read_request_ratio", "coalescer_merged_ratio") if c.get(q)]
         for q in qs:
             lo, med, hi = c[q]
             rows.append([n, f"{c['points']} of {c['committed_points']}", q.replace("_", " "),
@@ -1218,6 +1218,29 @@ def reruns(lines):
     lines += _table(["dataset", "points shared", "quantity", "ratio", "dates (committed / re-run)"],
                     rows)
     lines.append("")
+    if "ncu_h200_heldout.json" in names:
+        lines += heldout_rerun_lines(rr)
+
+
+def heldout_rerun_lines(rr) -> list[str]:
+    """The held-out sweep measured again, scored as a prediction of the committed run with
+    issue 13's targets: how far the counters repeat themselves."""
+    from flashsim.measured import validation   # noqa: PLC0415 - only for these lines
+    s = rr.as_prediction()
+    out = ["The held-out sweep measured again (`ncu_h200_heldout_rerun.json`, the same "
+           "launches, `python -m benchmarks.ncu_sweep run --heldout`), scored as if it were a "
+           "model's prediction of the committed run, with issue 13's held-out targets: what "
+           "a model that reproduced the hardware up to its run-to-run noise would reach.", ""]
+    out += _table(["target", *(f"{k} ({v['points']})" for k, v in s.items()), "held-out target"],
+                  validation.summary_table(s))
+    pairs = rr.write_pairs()
+    if pairs:
+        out += ["", "Held-out points whose two runs' DRAM write bytes differ by more than 15 % "
+                "(committed / re-run): " + "; ".join(
+                    f"{p['kernel']} B {p['batch']}, H {p['heads']}, N {p['N']}, d {p['d']}"
+                    f"{', causal' if p['causal'] else ''}: {a:.0f} / {b:.0f} B"
+                    for p, a, b in pairs) + "."]
+    return out + [""]
 
 
 def _kernel_targets(kernel: str) -> str:
