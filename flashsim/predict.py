@@ -28,6 +28,11 @@ default tiles, the largest N <= 4096 of the 107-point dataset; for ``numba_flash
 Nsight Compute never profiled, of its harness-timed points in ``cupy_h200.json``,
 ``validation.TIMED``). A d never measured takes the nearest measured d of the same kernel,
 and says so; a kernel never measured gets no time (``predicted_time_s`` None), not a guess.
+A kernel whose thread layout follows its tiles (numba's FlashAttention: ``choose_tiling``)
+says how much of an SM's issue rate a layout turns into FLOPs (``Launch.issue_rate``); its
+efficiency is scaled by that over the layout at its reference launch (N = ``REFERENCE_N``,
+default tiles), so tiles the reference never ran keep the kernel's own account of them
+(``issue_rate_factor`` in the output). Latency hiding: ``timing.CUDA_CORE_RATES``.
 
 No GPU library is imported here. The numba kernels' launch rule (``choose_tiling``) lives
 in ``gpu_kernels.numba``, which imports numba (CPU-side, no device needed) when one of
@@ -46,13 +51,14 @@ MAX_WARPS_PER_SM = 64
 REGISTER_UNIT = 256           # registers are given to a warp in units of 256
 WARP_UNIT = 4                 # ... and warps to the four schedulers' register files
 RESERVED_SHARED = 1024        # bytes of shared memory the runtime keeps per block (cc 9.0)
+REFERENCE_N = 4096            # the efficiencies' reference launches: N <= this, default tiles
 
 # {(kernel, d): fraction of the SMs' peak}: fitted by validation.efficiencies on the
 # calibration points only (numba_flash1: on its harness-timed points, validation.TIMED);
 # tests/test_predict.py holds these equal to the fit.
 EFFICIENCY = {
     ('cupy_flash1', 64): 0.05924192850672414,
-    ('cupy_flash1', 128): 0.07055929827670793,
+    ('cupy_flash1', 128): 0.05992081882581965,
     ('cupy_flash2', 64): 0.12528977930093343,
     ('cupy_flash2', 128): 0.08317835703986631,
     ('cupy_flash2_tc', 64): 0.24651765633582653,
@@ -67,7 +73,7 @@ EFFICIENCY = {
     ('numba_flash2', 64): 0.40017060456400166,
     ('numba_flash2', 128): 0.2771118671068559,
     ('numba_standard', 64): 0.2326341493915804,
-    ('numba_standard', 128): 0.25779403651712,
+    ('numba_standard', 128): 0.24956317493569824,
 }
 
 
@@ -96,6 +102,17 @@ def efficiency_for(kernel: str, d: int) -> tuple[float | None, str]:
     return EFFICIENCY[(kernel, ds[0])], f"d = {d} never measured: the efficiency at d = {ds[0]}"
 
 
+def issue_rate_factor(entry, launch) -> float:
+    """``launch.issue_rate()`` over the same kernel's at its reference launch (N =
+    ``REFERENCE_N``, default tiles, same d and dtype); 1 where the kernel has one rate."""
+    rate = launch.issue_rate()
+    if rate is None:
+        return 1.0
+    ref = entry.launch(batch=1, heads=1, seq_len=REFERENCE_N, head_dim=launch.d,
+                       dtype=launch.dtype)
+    return rate / ref.issue_rate()
+
+
 def _kernel_launches(entry, launch, n: int) -> list:
     """The kernel launch that runs each of the nest's ``n`` launches, by position (a kernel
     launch's ``step``, or the registry's ``unlike_plan`` index; the last one listed when
@@ -117,12 +134,14 @@ def _kernel_launches(entry, launch, n: int) -> list:
 def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_dim: int, dtype=None,
             causal: bool = False, block_rows=None, block_cols=None, gpu: str | None = None,
             efficiency: float | None = None, work_limit: int | None = _l2.WORK_LIMIT,
-            **options) -> dict:
+            scheduler_rates: tuple | None = None, **options) -> dict:
     """The prediction for one launch of registry kernel ``kernel`` on preset ``gpu``.
 
-    ``efficiency`` overrides the stated one (the fit itself calls this with 1.0);
-    ``options`` go to the kernel's configure (e.g. ``sram`` for the CUDA C++ fp32 kernels).
-    Bad names, shapes or tiles raise a FlashsimError before any work is done."""
+    ``efficiency`` overrides the stated one (the fit itself calls this with 1.0), and
+    ``scheduler_rates`` the time model's latency hiding (``timing.CUDA_CORE_RATES``'s fit
+    calls it with candidates); ``options`` go to the kernel's configure (e.g. ``sram``
+    for the CUDA C++ fp32 kernels). Bad names, shapes or tiles raise a FlashsimError
+    before any work is done."""
     from gpu_kernels import registry
 
     if gpu is None:
@@ -159,11 +178,13 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
         efficiency, source = efficiency_for(kernel, launch.d)
     else:
         source = "given"
+    factor = issue_rate_factor(entry, launch)
     out = {
         "kernel": kernel, "gpu": gpu, "batch": batch, "heads": heads, "seq_len": launch.N,
         "head_dim": launch.d, "dtype": launch.dtype, "causal": launch.causal,
         "block_rows": launch.block_rows, "block_cols": launch.block_cols,
         "launches": list(rows.values()), "efficiency": efficiency, "efficiency_source": source,
+        "issue_rate_factor": factor,
         "two_level_bytes": p.count().hbm_bytes,
         "l2_read_bytes": rep.l2_read_bytes, "l2_write_bytes": rep.l2_write_bytes,
         "dram_read_bytes": rep.dram_read_bytes, "dram_write_bytes": rep.dram_write_bytes,
@@ -171,8 +192,8 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
         "predicted_time_s": None, "compute_s": None,
     }
     if efficiency is not None:
-        t = timing.predict(p, timing.Efficiency.for_dtype(p.dtype, efficiency), l2=rep,
-                           warps_per_block=wpb)
+        eff = timing.Efficiency.for_dtype(p.dtype, efficiency * factor, scheduler_rates)
+        t = timing.predict(p, eff, l2=rep, warps_per_block=wpb)
         out["predicted_time_s"] = sum(x.seconds for x in t)
         out["compute_s"] = sum(x.compute_s for x in t)
     return out

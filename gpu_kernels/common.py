@@ -350,6 +350,14 @@ class Launch:
         (FlashAttention's l and m); None where it has none."""
         return None
 
+    def issue_rate(self) -> float | None:
+        """The kernel's own estimate of how much of an SM's issue rate its thread layout
+        turns into useful FLOPs (relative units), where the layout varies with the tiles;
+        None where one rate holds for every launch of the compiled kernel. ``flashsim
+        predict`` scales the kernel's stated efficiency by this over its value at the
+        efficiency's reference launch."""
+        return None
+
     def plan(self, gpu: str = DEFAULT_GPU):
         """flashsim's plan for exactly this launch: same algorithm (and version:
         ``PLAN_OPTIONS``), pass, N, d, batch, heads, dtype, causal mask (or the launch's

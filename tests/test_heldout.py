@@ -107,10 +107,12 @@ def test_every_split_is_summarised_and_the_heldout_points_fitted_nothing(heldout
 # The held-out figures of the six kernels the sweep was drawn for, after issue 13's model
 # changes (owned sectors, the dirty line's home half, the chain of steps; then the streaming
 # softmax reading only the tiles a causal mask leaves visible, as both kernels do: 43 -> 44
-# DRAM): each change was made without fitting anything to these points. Held exact, as
-# validation.KNOWN_MISSES is: a change that moves a figure either way must say so here.
+# DRAM; then the SM's schedulers and the kernel's issue rate for its layout in the time
+# model, two rates fitted on calibration points: 41 -> 48 time): each change was made
+# without fitting anything to these points. Held exact, as validation.KNOWN_MISSES is: a
+# change that moves a figure either way must say so here.
 ISSUE_13_FLOOR = {"dram_within_10pct": 44, "dram_write_within_15pct": 30,
-                  "time_within_1_5x": 41, "l2_within_15pct": 24}
+                  "time_within_1_5x": 48, "l2_within_15pct": 24}
 SIX = ("numba_standard", "numba_flash2", "cupy_standard", "cupy_flash1", "cupy_flash2",
        "cupy_flash2_tc")
 

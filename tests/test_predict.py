@@ -114,6 +114,60 @@ def test_every_stated_efficiency_is_the_fit():
         assert math.isclose(v, P.EFFICIENCY[k], rel_tol=1e-12), k
 
 
+def test_the_stated_scheduler_rates_are_the_fit_on_the_calibration_points():
+    """timing.CUDA_CORE_RATES: fitted on the held-out sweep's calibration points only (the
+    fit stored beside its predictions, which the current inputs produced)."""
+    from flashsim.hardware import timing
+    reason = stale_predictions(validation.HELDOUT, validation.HELDOUT_PREDICTIONS)
+    if reason:
+        pytest.fail(reason)
+    with open(validation.HELDOUT_PREDICTIONS) as f:
+        fit = json.load(f)["fitted_scheduler_rates"]
+    assert len(fit) == len(timing.CUDA_CORE_RATES) == timing.SCHEDULERS
+    for a, b in zip(fit, timing.CUDA_CORE_RATES):
+        assert math.isclose(a, b, rel_tol=1e-12)
+    assert 0 < fit[0] < fit[1] < fit[2] < fit[3] == 1.0
+    assert math.isclose(fit[2], (fit[1] + 1) / 2)       # no calibration point holds three
+
+
+def test_latency_hiding_deals_warps_to_the_schedulers():
+    """An SM's warps go to its four schedulers in turn; each runs at its rate for its
+    count, the SM at their mean: idle schedulers below four warps, full from four a
+    scheduler (CUDA cores) or one (tensor cores)."""
+    from flashsim.hardware import timing
+    cuda, tc = timing.Efficiency.for_dtype("fp32"), timing.Efficiency.for_dtype("fp16")
+    g = timing.CUDA_CORE_RATES
+    h = timing.latency_hiding
+    assert [h(w, tc) for w in (1, 2, 3, 4, 8, 64)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert h(2, cuda) == g[0] / 2 and h(4, cuda) == g[0] and h(8, cuda) == g[1]
+    assert h(6, cuda) == (2 * g[1] + 2 * g[0]) / 4
+    assert h(15, cuda) == (3 * g[3] + g[2]) / 4 and h(16, cuda) == h(48, cuda) == 1.0
+    assert all(h(w, cuda) <= h(w + 1, cuda) for w in range(64))
+    given = timing.Efficiency.for_dtype("fp32", 1.0, (0.5, 0.75, 0.9, 1.0))
+    assert h(4, given) == 0.5 and h(12, given) == 0.9
+
+
+def test_the_issue_rate_scales_the_efficiency_by_the_kernels_own_layout():
+    """numba's FlashAttention picks a thread layout per tile (choose_tiling): a tile whose
+    layout issues fewer useful FMAs a cycle gets that share of the kernel's efficiency,
+    relative to its reference launch (1 there); kernels with one layout keep it."""
+    from gpu_kernels.numba.common import choose_tiling, issue_rate
+    from gpu_kernels.numba.flash2 import ARRAYS
+    entry = registry.get("numba_flash2")
+    ref = entry.launch(batch=1, heads=1, seq_len=P.REFERENCE_N, head_dim=64)
+    assert P.issue_rate_factor(entry, ref) == 1.0
+    small = entry.launch(batch=1, heads=1, seq_len=1024, head_dim=64, block_rows=16,
+                         block_cols=16)
+    want = issue_rate(choose_tiling(16, 16, 64, ARRAYS)) / issue_rate(ref.tiling)
+    assert P.issue_rate_factor(entry, small) == want < 1
+    r = P.predict("numba_flash2", seq_len=1024, head_dim=64, block_rows=16, block_cols=16,
+                  gpu="h200")
+    assert r["issue_rate_factor"] == want
+    for name in ("cupy_flash2", "numba_standard", "cupy_flash2_tc"):
+        e = registry.get(name)
+        assert P.issue_rate_factor(e, e.launch(batch=1, heads=1, seq_len=300, head_dim=64)) == 1
+
+
 def test_the_timed_kernels_efficiency_is_the_fit_on_its_calibration_points():
     """numba_flash1 has harness-timed points only: the same rule (no mask, default tiles,
     the largest N <= 4096) on cupy_h200.json's points picks one per d, N = 2048 without

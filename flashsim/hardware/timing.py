@@ -15,12 +15,15 @@ reasons, each a term here:
    instruction mix: loads, exponentials, shuffles beside the FMAs), not of the shape, so
    it is one stated number per kernel, never per point.
    **Latency hiding.** That fraction needs enough warps on the SM to hide each
-   instruction's latency: ``saturating_warps``, 16 for CUDA-core (SIMT) code (four per
-   scheduler, each waiting on its FMAs and shared-memory loads), 4 for tensor-core code
-   (one per scheduler: a warp's independent MMAs keep its pipe busy). An SM holding
-   fewer warps runs proportionally slower. It matters when a launch has fewer blocks
-   than slots: flash1's one block per head at batch x heads = 128 leaves each busy SM
-   with one block of 8 warps, half speed.
+   instruction's latency. An SM has four schedulers, each issuing from its own warps (a
+   warp stays on one; an SM's warps are dealt to them in turn), and a scheduler with k
+   resident warps reaches ``scheduler_rates[k - 1]`` of the fraction: for CUDA-core
+   (SIMT) code ``CUDA_CORE_RATES``, full at four warps a scheduler (16 an SM: each waits
+   on its FMAs and shared-memory loads), for tensor-core code full at one (a warp's
+   independent MMAs keep its pipe busy). The SM reaches the mean over its schedulers, so
+   fewer than four warps leave schedulers idle. It matters when a launch has fewer
+   blocks than slots: flash1's one block per head at batch x heads = 128 leaves each
+   busy SM with one block of 8 warps, two a scheduler.
 3. **Memory.** DRAM bytes (from the L2 model) at ``memory_efficiency`` of the datasheet
    bandwidth, and L2 request bytes at the L2's bandwidth.
 4. **Latency: the launch's chain of steps.** A thread block's steps (one iteration of its
@@ -65,19 +68,35 @@ DRAM_LATENCY_S = 1e-6
 STEP_LATENCY_S = DRAM_LATENCY_S
 
 
+# Latency hiding (term 2): what one of an SM's SCHEDULERS reaches, of a kernel's compute
+# efficiency, with 1, 2, 3, 4 or more resident warps. CUDA-core code: the rates at one and
+# two warps are fitted on the held-out sweep's calibration points of one launch whose busy
+# SMs hold at most that many a scheduler (``flashsim.measured.validation.
+# fit_scheduler_rates``: predicted over measured time at a geometric mean of 1; never a
+# held-out point), three the mean of its neighbours (no calibration point holds three),
+# four full. Until 2026-12-03 an SM ran at warps / 16 of its rate (docs/model.md, "Launch
+# latency and partial waves", says why that changed).
+SCHEDULERS = 4
+CUDA_CORE_RATES = (0.3804915707761256, 0.5887711454829468, 0.7943855727414735, 1.0)
+TENSOR_CORE_RATES = (1.0, 1.0, 1.0, 1.0)
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """Fractions of the datasheet rates one kernel reaches (stated, not fitted per point)."""
     compute: float = 1.0
     memory: float = 0.9          # of HBM bandwidth: a large copy reaches ~0.9 (4.3 of 4.8 TB/s)
     l2_bandwidth: float = 10e12  # bytes/s the L2 serves to the SMs (order of magnitude)
-    saturating_warps: int = 16   # resident warps an SM needs to reach ``compute``
+    scheduler_rates: tuple = CUDA_CORE_RATES   # a scheduler's rate with 1, 2, 3, 4+ warps
     sm_bandwidth: float = SM_BYTES_IN_FLIGHT / DRAM_LATENCY_S   # bytes/s one SM pulls
 
     @classmethod
-    def for_dtype(cls, dtype: str, compute: float = 1.0) -> "Efficiency":
-        """CUDA-core code for fp32, tensor-core code otherwise."""
-        return cls(compute=compute, saturating_warps=16 if dtype == "fp32" else 4)
+    def for_dtype(cls, dtype: str, compute: float = 1.0,
+                  cuda_core_rates: tuple | None = None) -> "Efficiency":
+        """CUDA-core code for fp32 (at ``cuda_core_rates``, default the stated ones),
+        tensor-core code otherwise."""
+        rates = (cuda_core_rates or CUDA_CORE_RATES) if dtype == "fp32" else TENSOR_CORE_RATES
+        return cls(compute=compute, scheduler_rates=tuple(rates))
 
 
 @dataclass
@@ -161,7 +180,7 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
         hiding = 1.0
         if warps:
             resident = min(bps, -(-blocks // g.sms))       # blocks on a busy SM at once
-            hiding = min(1.0, resident * warps / efficiency.saturating_warps)
+            hiding = latency_hiding(resident * warps, efficiency)
         dram = traffic.dram_read_bytes + traffic.dram_write_bytes
         l2_bytes = traffic.l2_read_bytes + traffic.l2_write_bytes
         out.append(LaunchTime(
@@ -169,6 +188,14 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
             dram / (g.hbm_bandwidth * efficiency.memory), l2_bytes / efficiency.l2_bandwidth,
             busiest, traffic.steps * STEP_LATENCY_S))
     return out
+
+
+def latency_hiding(warps: int, efficiency: Efficiency) -> float:
+    """The fraction of ``efficiency.compute`` an SM holding ``warps`` resident warps reaches:
+    the warps dealt to its schedulers in turn, each scheduler at its rate for its count."""
+    g = efficiency.scheduler_rates
+    per = [warps // SCHEDULERS + (s < warps % SCHEDULERS) for s in range(SCHEDULERS)]
+    return sum(g[min(k, len(g)) - 1] for k in per if k) / SCHEDULERS
 
 
 def predict_seconds(plan, efficiency: Efficiency = Efficiency(), **kw) -> float:

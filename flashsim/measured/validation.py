@@ -46,8 +46,9 @@ import pathlib
 import numpy as np
 
 from .. import predict as _predict
+from ..hardware import timing as _timing
 from ..hardware.l2 import SECTOR
-from ..hardware.presets import DEFAULT_GPU
+from ..hardware.presets import DEFAULT_GPU, gpu as _gpu
 from ..plan import plan as _plan
 from . import path
 
@@ -75,11 +76,8 @@ KNOWN_MISSES = {
         ("numba_flash2", 1024, 64, False, 16, 16):
             "block-size experiment: 16x16 tiles do more shared-memory loads and index "
             "arithmetic per FLOP than the 64x32 code whose efficiency is used, so the kernel "
-            "runs slower than one efficiency per kernel predicts.",
-        ("numba_flash2", 512, 64, True, 32, 16):
-            "under the mask at N = 512, fastest_blocks takes 32x16 tiles (smaller tiles "
-            "waste fewer FLOPs on the diagonal), a different compiled kernel from the 64x32 "
-            "code whose efficiency is used; per FLOP it runs slower.",
+            "runs slower than one efficiency per kernel predicts; the kernel's own issue "
+            "rate for the layout (predict's issue_rate_factor) accounts for part of it.",
         # (at d = 64 the launch's chain of steps, issue 13's time mechanism, now binds)
         ("cupy_flash3", 512, 128, True, 128, 128): _F3_BLOCK_START,
     },
@@ -115,7 +113,7 @@ HELDOUT_PREDICTIONS = path("ncu_h200_heldout_predictions.json")
 # Kernels profiled on their own after a dataset was committed (``benchmarks.ncu_sweep run
 # --kernels K`` writes NAME_K.json beside NAME.json): a dataset is its file and these parts
 PARTS = ("cupy_flash3",)
-REFERENCE_N = 4096
+REFERENCE_N = _predict.REFERENCE_N
 # Harness-timed points (median time, no counters) of kernels Nsight Compute never profiled:
 # a dataset of two files, its fit on the first file's points only
 TIMED = (path("cupy_h200.json"), path("measure_h200.json"))
@@ -258,6 +256,65 @@ def efficiencies(points: list[dict]) -> dict:
     (calibration data)."""
     return {key: min(1.0, predicted(pt, 1.0)["compute_s"] / measured_time(pt))
             for key, pt in reference_points(points).items()}
+
+
+def scheduler_counts(pt: dict) -> list[tuple[int, ...]]:
+    """Per launch of a point's prediction, the resident warps each of a busy SM's
+    schedulers holds (``timing.latency_hiding``'s deal)."""
+    out = []
+    for row in predict_point(pt, 1.0)["launches"]:
+        blocks = int(np.prod(row["grid"]))
+        busy = min(row["blocks_per_sm"], -(-blocks // _gpu(DEFAULT_GPU).sms))
+        warps = busy * -(-row["threads"] // 32)
+        out.append(tuple(warps // _timing.SCHEDULERS + (s < warps % _timing.SCHEDULERS)
+                         for s in range(_timing.SCHEDULERS)))
+    return out
+
+
+def fit_scheduler_rates(points: list[dict]) -> tuple:
+    """``timing.CUDA_CORE_RATES`` from ``points`` (the held-out sweep's calibration points):
+    the rate of a scheduler holding k = 1, 2, 3 warps, k in turn, from the CUDA-core points
+    of one launch whose busy SMs' schedulers hold at most k warps and some exactly k (the
+    lower rates fitted before): the rate at which their predicted times over the measured
+    ones have a geometric mean of 1 (bisection). A k no point holds takes the mean of its
+    neighbours' rates; four warps or more: 1. Only kernels whose efficiency was read off a
+    launch at full rate (four warps a scheduler) count: where the reference launch itself
+    holds fewer (cupy flash1's block per head), its efficiency already carries that rate,
+    and its points cannot tell one from the other."""
+    refs = reference_points(load(DATASET)["points"])
+    one = []
+    for pt in points:
+        if pt["plan"]["dtype"] != "fp32":
+            continue
+        ref = refs.get((pt["kernel"], pt["d"]))
+        if ref is None or min(min(c) for c in scheduler_counts(ref)) < _timing.SCHEDULERS:
+            continue
+        counts = scheduler_counts(pt)
+        if len(counts) == 1 and max(counts[0]) < _timing.SCHEDULERS:
+            one.append((pt, max(counts[0])))
+    rates = [None, None, None, 1.0]
+    for k in (1, 2, 3):
+        pts = [pt for pt, m in one if m == k]
+        if not pts:
+            continue
+        lo, hi = 0.01, 1.0
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            # rates above k never matter at these points: any value will do
+            g = tuple(mid if r is None else r for r in rates[:k - 1] + [mid] + rates[k:])
+            log_ratio = np.mean([np.log(_predict.predict(
+                pt["kernel"], batch=pt["batch"], heads=pt["heads"], seq_len=pt["N"],
+                head_dim=pt["d"], dtype=pt["plan"]["dtype"], causal=pt["causal"],
+                block_rows=pt["plan"]["block_rows"], block_cols=pt["plan"]["block_cols"],
+                gpu=DEFAULT_GPU, work_limit=None, scheduler_rates=g,
+                **launch_options(pt))["predicted_time_s"] / measured_time(pt)) for pt in pts])
+            lo, hi = (mid, hi) if log_ratio > 0 else (lo, mid)      # too slow: a higher rate
+        rates[k - 1] = (lo + hi) / 2
+    for k in (1, 2, 3):
+        if rates[k - 1] is None:
+            below = rates[k - 2] if k > 1 else 0.0
+            rates[k - 1] = (below + next(r for r in rates[k:] if r is not None)) / 2
+    return tuple(rates)
 
 
 def timed_points(dataset=TIMED) -> list[dict]:
@@ -516,11 +573,16 @@ def stored_split_summaries(kernel: str | None = None) -> dict:
 
 def store(dataset, predictions, fit: bool = False) -> dict:
     """Compute and write ``predictions`` for ``dataset`` (with ``fit``, also the efficiency
-    fit on its points, so a test can hold ``flashsim.predict.EFFICIENCY`` to it cheaply)."""
+    fit on its points, so a test can hold ``flashsim.predict.EFFICIENCY`` to it cheaply;
+    for a dataset with calibration points, the latency-hiding rates fitted on those,
+    ``timing.CUDA_CORE_RATES``'s)."""
     data = load(dataset)
     rows = compare(data)
     fitted = ({"fitted_efficiencies": [[k, d, e] for (k, d), e in sorted(efficiencies(
         [p for p in data["points"] if p["launches"]]).items())]} if fit else {})
+    if any(p.get("split") == "calibration" for p in data["points"]):
+        fitted["fitted_scheduler_rates"] = list(fit_scheduler_rates(
+            [p for p in data["points"] if p.get("split") == "calibration"]))
     files = inputs(dataset)
     out = {"note": f"Computed by `python -m flashsim.measured.validation` from "
                    f"{pathlib.Path(dataset).name}'s configurations through flashsim.predict; "

@@ -54,7 +54,7 @@ from ..common import (SHARED_DEFAULT, KernelInputError, KernelLaunch, Launch, cd
 
 __all__ = ["cuda", "float32", "int32", "uint32", "SHARED_LIMIT", "NEG_INF", "ALIGN", "cdiv", "own",
            "split", "tree",
-           "Tiling", "choose_tiling", "check_tiling", "tile_ops", "NumbaLaunch",
+           "Tiling", "choose_tiling", "check_tiling", "issue_rate", "tile_ops", "NumbaLaunch",
            "configure_launch", "plan_blocks", "fill"]
 
 SHARED_LIMIT = SHARED_DEFAULT  # bytes of static shared memory a numba kernel may use per block
@@ -248,14 +248,19 @@ class Tiling:
         return sum(size[a] for a in arrays)
 
 
-def _score(tl: Tiling, arrays) -> float:
-    """Estimated fraction of an SM's fp32 FMA rate doing useful work with this tiling.
+def issue_rate(tl: Tiling, arrays=("K", "V")) -> float:
+    """Estimated fraction of an SM's fp32 FMA rate doing useful work with this tiling, its
+    warps' latency hidden (``_score`` without its occupancy factor).
 
     Per K/V block a thread issues d' (RM/VR + CN/VC) shared loads for d' RM CN FMAs in
     S_ij = Q_i K_j^T (when K is among ``arrays``) and B_c' (RM/VR + DN/VD) loads for
     B_c' RM DN FMAs in P_ij V_j (when V is); an SM issues four warp-wide FMAs, or one
-    shared load, per cycle. Padding is waste; too few resident warps (shared memory and a
-    rough register count bound the blocks per SM) leave latency unhidden."""
+    shared load, per cycle. Padding is waste."""
+    return _issue(tl, arrays)[0]
+
+
+def _issue(tl: Tiling, arrays) -> tuple[float, int]:
+    """(``issue_rate``, a rough count of the registers a thread holds)."""
     c = tl.constants()
     Br_p, Bc_p, d_p = tl.padded
     rows = tl.RM // c["VR"]
@@ -271,14 +276,23 @@ def _score(tl: Tiling, arrays) -> float:
         fmas += Bc_p * tl.RM * tl.DN
         useful += tl.B_r * tl.B_c * tl.d
         regs += tl.RM * tl.DN + tl.DN
+    warps = cdiv(tl.threads, 32)
+    cycles = warps * max(fmas / 4, loads, (fmas + loads) / 4)
+    return useful / 128 / cycles, regs
+
+
+def _score(tl: Tiling, arrays) -> float:
+    """``issue_rate`` times the share of it the resident warps reach: too few of them
+    (shared memory and a rough register count bound the blocks per SM) leave latency
+    unhidden; -1 for a tiling that does not fit."""
+    rate, regs = _issue(tl, arrays)
     smem = WORD * tl.shared_words(arrays)
     if regs > 240 or smem > SHARED_LIMIT:
         return -1.0
     warps = cdiv(tl.threads, 32)
-    cycles = warps * max(fmas / 4, loads, (fmas + loads) / 4)
     blocks = min(32, (228 * 1024) // (smem + 1024),
                  65536 // (cdiv(regs, 8) * 8 * warps * 32))
-    return useful / 128 / cycles * min(1.0, blocks * warps / 16)
+    return rate * min(1.0, blocks * warps / 16)
 
 
 @functools.lru_cache(maxsize=None)      # a pure function of its arguments, asked again and again
@@ -537,6 +551,11 @@ class NumbaLaunch(Launch):
     last ``run`` launched, in order (what ``launches()`` promises)."""
     tiling: object = None
     launched: list = field(default_factory=list, repr=False)
+
+    def issue_rate(self) -> float | None:
+        """``issue_rate`` of the thread layout of a kernel with one (FlashAttention's); None
+        for standard attention's pair and the backward's."""
+        return issue_rate(self.tiling) if isinstance(self.tiling, Tiling) else None
 
     def buffer(self, name: str, shape: tuple):
         """A float32 device buffer kept for the next call of this launch."""
