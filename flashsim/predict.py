@@ -220,6 +220,8 @@ def format_prediction(r: dict) -> str:
     if r["predicted_time_s"] is None:
         lines.append(f"predicted_time_s    none ({r['efficiency_source']})")
     else:
+        layout = (f"; x {r['issue_rate_factor']:.3f}, this thread layout's issue rate"
+                  if r["issue_rate_factor"] != 1 else "")
         lines.append(f"predicted_time_s    {r['predicted_time_s']:.6g}  (efficiency "
-                     f"{r['efficiency']:.4f}, {r['efficiency_source']})")
+                     f"{r['efficiency']:.4f}, {r['efficiency_source']}{layout})")
     return "\n".join(lines)

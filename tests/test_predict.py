@@ -127,7 +127,7 @@ def test_the_stated_scheduler_rates_are_the_fit_on_the_calibration_points():
     for a, b in zip(fit, timing.CUDA_CORE_RATES):
         assert math.isclose(a, b, rel_tol=1e-12)
     assert 0 < fit[0] < fit[1] < fit[2] < fit[3] == 1.0
-    assert math.isclose(fit[2], (fit[1] + 1) / 2)       # no calibration point holds three
+    assert math.isclose(fit[2], (fit[1] + 1) / 2)       # no point of the fit holds three
 
 
 def test_latency_hiding_deals_warps_to_the_schedulers():
@@ -163,6 +163,9 @@ def test_the_issue_rate_scales_the_efficiency_by_the_kernels_own_layout():
     r = P.predict("numba_flash2", seq_len=1024, head_dim=64, block_rows=16, block_cols=16,
                   gpu="h200")
     assert r["issue_rate_factor"] == want
+    assert f"x {want:.3f}, this thread layout's issue rate" in P.format_prediction(r)
+    default = P.predict("numba_flash2", seq_len=1024, head_dim=64, gpu="h200")
+    assert "issue rate" not in P.format_prediction(default)
     for name in ("cupy_flash2", "numba_standard", "cupy_flash2_tc"):
         e = registry.get(name)
         assert P.issue_rate_factor(e, e.launch(batch=1, heads=1, seq_len=300, head_dim=64)) == 1

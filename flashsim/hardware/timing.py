@@ -73,7 +73,7 @@ STEP_LATENCY_S = DRAM_LATENCY_S
 # two warps are fitted on the held-out sweep's calibration points of one launch whose busy
 # SMs hold at most that many a scheduler (``flashsim.measured.validation.
 # fit_scheduler_rates``: predicted over measured time at a geometric mean of 1; never a
-# held-out point), three the mean of its neighbours (no calibration point holds three),
+# held-out point), three the mean of its neighbours (no such point holds three),
 # four full. Until 2026-12-03 an SM ran at warps / 16 of its rate (docs/model.md, "Launch
 # latency and partial waves", says why that changed).
 SCHEDULERS = 4
