@@ -142,37 +142,12 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
     calls it with candidates); ``options`` go to the kernel's configure (e.g. ``sram``
     for the CUDA C++ fp32 kernels). Bad names, shapes or tiles raise a FlashsimError
     before any work is done."""
-    from gpu_kernels import registry
-
-    if gpu is None:
-        raise PredictError("flashsim predict needs --gpu NAME (the preset the launch runs on)")
-    g = _gpu(gpu)
-    if kernel in registry.DECODE_KERNELS:
-        raise PredictError(f"{kernel} is a decode kernel: flashsim.predict_decode."
-                           "predict_decode answers for it (--q-len, --kv-len)")
-    entry = registry.get(kernel)
-    launch = entry.launch(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim,
-                          dtype=dtype, causal=causal, block_rows=block_rows,
-                          block_cols=block_cols, **options)
-    p = launch.plan(gpu)
-    labels = [x.label for x in _nest_launches(p.nest())]
-    runs = _kernel_launches(entry, launch, len(labels))
-    rows, bps, wpb = {}, {}, {}
-    for label, kl in zip(labels, runs):
-        if label in rows:           # one row per label: launches sharing one run one kernel
-            rows[label]["count"] += 1
-            continue
-        res = registry.compiled(kernel, kl.kernel, launch.d, launch.block_rows,
-                                launch.block_cols, launch.causal, kl.threads)
-        regs, static = res if res else (None, launch.static_smem)
-        occ = occupancy(kl.threads, regs, static + kl.dynamic_smem, g)
-        if occ["blocks_per_sm"] < 1:
-            raise PredictError(f"{kernel}: launch {kl.kernel} needs more of an SM than "
-                               f"{g.name} has ({occ['limits']})")
-        bps[label], wpb[label] = occ["blocks_per_sm"], kl.threads // 32
-        rows[label] = {"label": label, "kernel": kl.kernel, "grid": list(kl.grid), "count": 1,
-                       "threads": kl.threads, "registers": regs,
-                       "shared_bytes": static + kl.dynamic_smem, **occ}
+    entry, launch, p, rows = _configured(kernel, gpu, batch=batch, heads=heads,
+                                         seq_len=seq_len, head_dim=head_dim, dtype=dtype,
+                                         causal=causal, block_rows=block_rows,
+                                         block_cols=block_cols, **options)
+    bps = {label: r["blocks_per_sm"] for label, r in rows.items()}
+    wpb = {label: r["threads"] // 32 for label, r in rows.items()}
     rep = _l2.simulate(p, blocks_per_sm=bps, work_limit=work_limit)
     if efficiency is None:
         efficiency, source = efficiency_for(kernel, launch.d)
@@ -197,6 +172,51 @@ def predict(kernel: str, *, batch: int = 1, heads: int = 1, seq_len: int, head_d
         out["predicted_time_s"] = sum(x.seconds for x in t)
         out["compute_s"] = sum(x.compute_s for x in t)
     return out
+
+
+def launch_rows(kernel: str, *, gpu: str | None = None, **shape) -> list[dict]:
+    """``predict``'s ``launches`` (each kernel launch's grid, threads, registers, shared
+    memory and occupancy) without the L2 and time models' work; ``shape`` as ``predict``
+    takes it."""
+    return list(_configured(kernel, gpu, **shape)[3].values())
+
+
+def _configured(kernel: str, gpu: str | None, *, batch: int = 1, heads: int = 1,
+                seq_len: int, head_dim: int, dtype=None, causal: bool = False,
+                block_rows=None, block_cols=None, **options) -> tuple:
+    """(registry entry, launch, flashsim plan, ``{nest launch label: launch row}``), every
+    input checked: one row per label, launches sharing one run one kernel (``count``)."""
+    from gpu_kernels import registry
+
+    if gpu is None:
+        raise PredictError("flashsim predict needs --gpu NAME (the preset the launch runs on)")
+    g = _gpu(gpu)
+    if kernel in registry.DECODE_KERNELS:
+        raise PredictError(f"{kernel} is a decode kernel: flashsim.predict_decode."
+                           "predict_decode answers for it (--q-len, --kv-len)")
+    entry = registry.get(kernel)
+    launch = entry.launch(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim,
+                          dtype=dtype, causal=causal, block_rows=block_rows,
+                          block_cols=block_cols, **options)
+    p = launch.plan(gpu)
+    labels = [x.label for x in _nest_launches(p.nest())]
+    runs = _kernel_launches(entry, launch, len(labels))
+    rows: dict = {}
+    for label, kl in zip(labels, runs):
+        if label in rows:
+            rows[label]["count"] += 1
+            continue
+        res = registry.compiled(kernel, kl.kernel, launch.d, launch.block_rows,
+                                launch.block_cols, launch.causal, kl.threads)
+        regs, static = res if res else (None, launch.static_smem)
+        occ = occupancy(kl.threads, regs, static + kl.dynamic_smem, g)
+        if occ["blocks_per_sm"] < 1:
+            raise PredictError(f"{kernel}: launch {kl.kernel} needs more of an SM than "
+                               f"{g.name} has ({occ['limits']})")
+        rows[label] = {"label": label, "kernel": kl.kernel, "grid": list(kl.grid), "count": 1,
+                       "threads": kl.threads, "registers": regs,
+                       "shared_bytes": static + kl.dynamic_smem, **occ}
+    return entry, launch, p, rows
 
 
 def format_prediction(r: dict) -> str:

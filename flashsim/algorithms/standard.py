@@ -215,10 +215,9 @@ def build(plan) -> Nest:
                                         0.0)
 
         mload = (Load("M_ij", "mask", rows="i", cols="j"),) if fused_mask else ()
-        # A fused causal softmax reads only the tiles with a visible element; P = 0 is
-        # stored for the rest without reading them (both kernels; cupy_standard at B 2, H 2,
-        # N 15661 read 0.70x of what reading every tile predicts).
-        skip = causal and mask is None and "mask" not in passes
+        # P = 0 stored for the tiles the causal mask hides, without reading them (both
+        # kernels: docs/model.md, the DRAM misses)
+        skip = skips_hidden_tiles(plan)
         visible = (lambda ctx: causal_stop_j(ctx.idx["i"], Br, Bc, N)) if skip else None
         hidden = (Loop("j", Bc, N, start=visible, body=(
             Alloc("S_ij", "i", "j", b, 0.0),
@@ -305,15 +304,20 @@ def closed_form_nonmatmul(plan) -> tuple[int, int]:
     return 2 * V + tiles, nn + 7 * V + 3 * tiles + drop
 
 
+def skips_hidden_tiles(plan) -> bool:
+    """Whether the streaming softmax leaves unread the tiles the mask hides: a fused causal
+    softmax does; a dense mask or the ``mask`` pass leaves the softmax reading every tile."""
+    return (plan.causal and getattr(plan, "mask", None) is None
+            and "mask" not in plan.extra_passes)
+
+
 def streamed(plan) -> tuple[int, int]:
     """(V, t) of the streaming softmax, per head and pass: the elements of the tiles it reads
     and the sum over them of their rows (N^2 and N T_c; causal: only the tiles with a
     visible element, those before ``causal_stop_j``)."""
     N, Br, Bc = plan.seq_len, plan.block_rows, plan.block_cols
-    Tc = cdiv(N, Bc)
-    if not (plan.causal and getattr(plan, "mask", None) is None
-            and "mask" not in plan.extra_passes):
-        return N * N, N * Tc
+    if not skips_hidden_tiles(plan):
+        return N * N, N * cdiv(N, Bc)
     i = np.arange(cdiv(N, Br))
     rows = block_extent(i, Br, N)
     stop = np.array([causal_stop_j(int(k), Br, Bc, N) for k in i])

@@ -179,8 +179,7 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
         bps = _per_launch(l2.blocks_per_sm, label)
         hiding = 1.0
         if warps:
-            resident = min(bps, -(-blocks // g.sms))       # blocks on a busy SM at once
-            hiding = latency_hiding(resident * warps, efficiency)
+            hiding = latency_hiding(resident_warps(bps, blocks, warps, g.sms), efficiency)
         dram = traffic.dram_read_bytes + traffic.dram_write_bytes
         l2_bytes = traffic.l2_read_bytes + traffic.l2_write_bytes
         out.append(LaunchTime(
@@ -190,12 +189,21 @@ def predict(plan, efficiency: Efficiency = Efficiency(), l2: L2Report | None = N
     return out
 
 
+def resident_warps(blocks_per_sm: int, blocks: int, warps_per_block: int, sms: int) -> int:
+    """The warps a busy SM of a launch of ``blocks`` holds at once."""
+    return min(blocks_per_sm, -(-blocks // sms)) * warps_per_block
+
+
+def deal(warps: int) -> tuple[int, ...]:
+    """An SM's ``warps`` dealt to its schedulers in turn: the count each holds."""
+    return tuple(warps // SCHEDULERS + (s < warps % SCHEDULERS) for s in range(SCHEDULERS))
+
+
 def latency_hiding(warps: int, efficiency: Efficiency) -> float:
     """The fraction of ``efficiency.compute`` an SM holding ``warps`` resident warps reaches:
-    the warps dealt to its schedulers in turn, each scheduler at its rate for its count."""
+    the warps dealt to its schedulers (``deal``), each scheduler at its rate for its count."""
     g = efficiency.scheduler_rates
-    per = [warps // SCHEDULERS + (s < warps % SCHEDULERS) for s in range(SCHEDULERS)]
-    return sum(g[min(k, len(g)) - 1] for k in per if k) / SCHEDULERS
+    return sum(g[min(k, len(g)) - 1] for k in deal(warps) if k) / SCHEDULERS
 
 
 def predict_seconds(plan, efficiency: Efficiency = Efficiency(), **kw) -> float:

@@ -207,15 +207,21 @@ def measured(pt: dict) -> dict:
     return out
 
 
-def predict_point(pt: dict, efficiency: float | None = None) -> dict:
-    """``flashsim.predict.predict`` for a point's configuration (kernel, shape, dtype, mask,
-    tiles, :func:`launch_options`), no work limit: nothing from its counters."""
+def _configuration(pt: dict) -> dict:
+    """A point's configuration as ``flashsim.predict`` takes it (kernel, shape, dtype, mask,
+    tiles, :func:`launch_options`, the GPU): nothing from its counters."""
     c = pt["plan"]
-    return _predict.predict(pt["kernel"], batch=pt["batch"], heads=pt["heads"],
-                            seq_len=pt["N"], head_dim=pt["d"], dtype=c["dtype"],
-                            causal=pt["causal"], block_rows=c["block_rows"],
-                            block_cols=c["block_cols"], gpu=DEFAULT_GPU,
-                            efficiency=efficiency, work_limit=None, **launch_options(pt))
+    return dict(kernel=pt["kernel"], batch=pt["batch"], heads=pt["heads"], seq_len=pt["N"],
+                head_dim=pt["d"], dtype=c["dtype"], causal=pt["causal"],
+                block_rows=c["block_rows"], block_cols=c["block_cols"], gpu=DEFAULT_GPU,
+                **launch_options(pt))
+
+
+def predict_point(pt: dict, efficiency: float | None = None,
+                  scheduler_rates: tuple | None = None) -> dict:
+    """``flashsim.predict.predict`` for a point's configuration, no work limit."""
+    return _predict.predict(**_configuration(pt), efficiency=efficiency, work_limit=None,
+                            scheduler_rates=scheduler_rates)
 
 
 def predicted(pt: dict, efficiency: float | None = None) -> dict:
@@ -261,14 +267,10 @@ def efficiencies(points: list[dict]) -> dict:
 def scheduler_counts(pt: dict) -> list[tuple[int, ...]]:
     """Per launch of a point's prediction, the resident warps each of a busy SM's
     schedulers holds (``timing.latency_hiding``'s deal)."""
-    out = []
-    for row in predict_point(pt, 1.0)["launches"]:
-        blocks = int(np.prod(row["grid"]))
-        busy = min(row["blocks_per_sm"], -(-blocks // _gpu(DEFAULT_GPU).sms))
-        warps = busy * -(-row["threads"] // 32)
-        out.append(tuple(warps // _timing.SCHEDULERS + (s < warps % _timing.SCHEDULERS)
-                         for s in range(_timing.SCHEDULERS)))
-    return out
+    sms = _gpu(DEFAULT_GPU).sms
+    return [_timing.deal(_timing.resident_warps(row["blocks_per_sm"], int(np.prod(row["grid"])),
+                                                row["threads"] // 32, sms))
+            for row in _predict.launch_rows(**_configuration(pt))]
 
 
 def fit_scheduler_rates(points: list[dict]) -> tuple:
@@ -302,12 +304,8 @@ def fit_scheduler_rates(points: list[dict]) -> tuple:
             mid = (lo + hi) / 2
             # rates above k never matter at these points: any value will do
             g = tuple(mid if r is None else r for r in rates[:k - 1] + [mid] + rates[k:])
-            log_ratio = np.mean([np.log(_predict.predict(
-                pt["kernel"], batch=pt["batch"], heads=pt["heads"], seq_len=pt["N"],
-                head_dim=pt["d"], dtype=pt["plan"]["dtype"], causal=pt["causal"],
-                block_rows=pt["plan"]["block_rows"], block_cols=pt["plan"]["block_cols"],
-                gpu=DEFAULT_GPU, work_limit=None, scheduler_rates=g,
-                **launch_options(pt))["predicted_time_s"] / measured_time(pt)) for pt in pts])
+            log_ratio = np.mean([np.log(predict_point(pt, scheduler_rates=g)["predicted_time_s"]
+                                        / measured_time(pt)) for pt in pts])
             lo, hi = (mid, hi) if log_ratio > 0 else (lo, mid)      # too slow: a higher rate
         rates[k - 1] = (lo + hi) / 2
     for k in (1, 2, 3):
