@@ -205,6 +205,21 @@ def test_sm_rule_fills_each_sm_once(B, kvh, n, wave, sm):
     assert launch.splits == 1 or B * kvh * launch.splits <= 132
 
 
+@pytest.mark.parametrize("B,kvh,n,wave,sm", [(1, 8, 32768, 32, 16), (8, 8, 32768, 4, 2),
+                                            (1, 32, 4096, 8, 4), (64, 8, 4096, 1, 1)])
+@pytest.mark.parametrize("P", [1, 16, 64])
+def test_paged_cache_takes_the_wave_rule(B, kvh, n, wave, sm, P):
+    """Over a paged cache the defaults (v12) fill both resident slots of an SM, the wave rule,
+    where a contiguous cache keeps the "sm" rule's one block an SM; a rule given is kept."""
+    bt = np.arange(B * cdiv(n, P), dtype=np.int32).reshape(B, -1)
+    paged = dict(kv_lens=[n] * B, page_size=P, block_table=bt, num_pages=bt.size)
+    launch = decode.configure(B, 32, kvh, 128, **paged)
+    assert (launch.splits, launch.split_rule) == (wave, "wave")
+    assert decode.configure(B, 32, kvh, 128, kv_lens=[n] * B).splits == sm
+    assert decode.configure(B, 32, kvh, 128, **paged, split_rule="sm").splits == sm
+    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v9"
+
+
 @pytest.mark.parametrize("q_len", [1, 4, 16])
 @pytest.mark.parametrize("kv_heads", [32, 8, 4, 1])
 def test_launch_covers_every_row_once(q_len, kv_heads):

@@ -49,7 +49,9 @@ launched cooperatively: ``launch_ex``); v8: v6 or v7 with the splits of the ``"s
 (one block per SM where two fit; v4-v7 keep the wave rule's); v9, the defaults since
 2026-12-03: v8 whose wgmma loop takes its K/V tiles from the TMA unit over a contiguous cache
 (``tma=1``, ``default_tma``; ``launch.tensor_maps``) and, with two warpgroups, lets them take
-turns at the tensor cores (``pingpong=1``, ``default_pingpong``).
+turns at the tensor cores (``pingpong=1``, ``default_pingpong``); v12, the defaults over a
+paged cache since 2026-12-03: v9's kernels with the wave rule's splits
+(``default_split_rule``).
 Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
@@ -148,13 +150,28 @@ def one_wave_splits(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX
     return cdiv(n_tiles, cdiv(n_tiles, top))
 
 
-# "sm" (v8, the default): one_wave_splits over the SMs instead of the resident-block slots,
+# "sm" (v8, the default over a contiguous cache): one_wave_splits over the SMs instead of the resident-block slots,
 # one block per SM where two could be resident (configure passes sm_count as the slots). Why:
 # at B = 1, 4k keys the wave rule's 32 splits of 2 tiles each pay a split's fixed costs (the
 # prologue's first loads, the partial's write and the combine's read of it) twice as often as
 # 16 splits of 4 (decode_h200.json times v8 beside v6 and v7, which keep the wave rule:
 # docs/decode.md's measured lines say where it is faster and where not).
 SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic, "sm": one_wave_splits}
+
+
+def default_split_rule(page_size) -> str:
+    """The rule configure takes when given none: "sm" (v8) over a contiguous cache, "wave"
+    (v12) over a paged one. Why: a paged tile's copies wait on its block-table entries (and
+    on the TLB for pages scattered through the pool), so one block an SM leaves too few bytes
+    in flight; the second resident block's loads cover the wait. The sweep over a paged cache
+    (pages of 16, decode_splits_p16_h200.json; docs/decode.md's measured lines) holds the two
+    rules against each other."""
+    return "wave" if page_size else "sm"
+
+
+def default_version(page_size) -> str:
+    """The version configure's defaults are, as the benchmark's rows name it."""
+    return "v12" if page_size else "v9"
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
@@ -706,12 +723,12 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               dtype: str = "fp16", causal: bool = True, page_size=None, block_table=None,
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
-              split_rule="sm", wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
+              split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
-    "fa2") for ``sm_count`` SMs.
+    "fa2"; None: ``default_split_rule``) for ``sm_count`` SMs.
     ``block_cols`` (B_c) and ``stages``: the tile and the tiles in flight (None: BLOCK_C,
     STAGES[d]; v5: WGMMA_TILES). ``warps``: decode_split's warps, 4 or 8 (None: ``default_warps``);
     ``combine``: decode_combine's version, 1 to 4 (the .cu file's header); ``page_prefetch``
@@ -767,6 +784,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         raise KernelInputError(f"warps = {warps!r}, combine = {combine!r}, page_prefetch = "
                                f"{page_prefetch!r}: the kernel has warps in {WARPS}, combine in "
                                f"{COMBINES}, page_prefetch 0 or 1")
+    if split_rule is None:
+        split_rule = default_split_rule(page_size)
     if split_rule not in SPLIT_RULES:
         raise KernelInputError(f"split_rule = {split_rule!r}: one of {', '.join(SPLIT_RULES)}")
     rw = warps if wgmma else row_warps(rows, warps, Bc)  # v5: one or two warpgroups of 64 rows
