@@ -50,7 +50,7 @@ skipped). Implementations per point, all on the same K/V values:
   torch_efficient    tried; it refuses enable_gqa (recorded in "skipped")
   torch_flex         flex_attention, compiled once per shape, at two points after the table
                      (its compile time)
-  flashinfer         if importable (it is not on the H200 image: noted)
+  flashinfer         not in the table (--flashinfer times it: it is not on the H200 image)
   plain_read         a kernel that reads every byte of the same K and V once: the limit
 Bandwidth = the K and V bytes a step must read (2 B kv_len kv_heads d 2) / time.
 
@@ -71,8 +71,10 @@ control (what the timed call writes back of the flush's dirty lines):
 fell short of PyTorch's best, ours at other splits, merges and tiles (``config_candidates``) between
 two timings of PyTorch's cuDNN and flash backends, the plain read and a chunked plain read (each
 block one contiguous run of K and of V). --configs-q4 (DIR/decode_configs_q4_h200.json): the same
-at CONFIG_POINTS_Q4, the MQA points of q_len 4 (128 rows a block on wgmma). --configs-profile runs PyTorch's cuDNN call and our step
-once each in NVTX ranges "peer" and "ours", for Nsight Compute:
+at CONFIG_POINTS_Q4, the MQA points of q_len 4 (128 rows a block on wgmma); --configs-mqa
+(DIR/decode_configs_mqa_h200.json) at CONFIG_POINTS_MQA, MQA at q_len 1, B 8, 32k and 128k.
+--configs-profile runs PyTorch's cuDNN call and our step once each in NVTX ranges "peer" and
+"ours", for Nsight Compute:
     ncu --clock-control none --nvtx --nvtx-include peer/ --nvtx-include ours/ --metrics \
         gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,... \
         --csv --page raw --log-file DIR/decode_configs_ncu_h200.csv \
@@ -89,11 +91,26 @@ the calls) and "calls_for" (the step itself for CLOCK_WARM_S, then the calls), i
 CLOCK_CYCLES rounds; every repeat's time and NVML's SM and memory clocks just before and
 after each timing are recorded (the launches are those the table checks; none checked here).
 
+--flashinfer (DIR/decode_flashinfer_h200.json, ~3 min): FlashInfer's decode and paged kernels
+at every point of the table (the reference points first), on pages of each of FI_PAGES in the
+same random order: BatchDecodeWithPagedKVCacheWrapper at q_len 1, on CUDA cores
+("flashinfer_decode") and on tensor cores ("flashinfer_decode_tc", use_tensor_cores=True: its
+prefill kernel), and BatchPrefillWithPagedKVCacheWrapper at q_len > 1 ("flashinfer_prefill",
+causal, which FlashInfer aligns bottom-right: the decode rows' mask), each backend built
+(``flashinfer_calls``); beside them in the same run, on the same pages, ours (the defaults),
+and ours on the contiguous cache, PyTorch's cuDNN and flash backends and the plain read. Each
+wrapper is planned once before its check and timing, as a server plans once a step for all
+its layers; the timed call is ``run``. FlashInfer is not on the H200 image and nothing can
+be downloaded or compiled for it there: benchmarks/flashinfer_aot.py says how its wheels and
+its modules (built on a machine without a GPU, for sm_90a) travel, and the run loads them
+with FLASHINFER_DISABLE_JIT=1.
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
 holds the rules (decode.SPLIT_RULES: the default "sm", the wave rule, FlashAttention-2's; no
-constant in any is fitted) against each other.
+constant in any is fitted) against each other. With --sweep-page P the same on the rows in
+pages of P tokens (DIR/decode_splits_p<P>_h200.json): the rules for a paged cache.
 """
 
 from __future__ import annotations
@@ -143,10 +160,18 @@ CONFIG_TILES_WGMMA = ((128, 2), (64, 2), (64, 3), (64, 4), (128, 3))   # of wgmm
 # 128 rows on wgmma) in decode_h200.json of 2026-12-03, and B 64 at 4k beside them
 CONFIG_POINTS_Q4 = [(8, 1, 32768, 4), (8, 1, 131072, 4), (64, 1, 32768, 4), (64, 1, 131072, 4),
                     (64, 1, 4096, 4)]
+# --configs-mqa: the q_len-1 point with B >= 8 and kv_len >= 32k below 0.9 of the plain read in
+# decode_h200.json of 2026-12-03 (MQA, 32 rows a KV head on wgmma), and the same at 128k beside it
+CONFIG_POINTS_MQA = [(8, 1, 32768, 1), (8, 1, 131072, 1)]
 # --clock-ramp: (B, kv_heads, kv_len, q_len), the first where the table's slow timings fell
 CLOCK_POINTS = [(1, 32, 32768, 4), (8, 1, 32768, 1)]
 CLOCK_IDLE_S, CLOCK_WARMUPS, CLOCK_WARM_S = (0.0, 2.0), ("calls", "spin", "calls_for"), 0.1
 CLOCK_REPEATS, CLOCK_CYCLES = 10, 4
+# --flashinfer: FlashInfer's page sizes (its usual 16 first: the deadline cuts the rest); its
+# float workspace (the split-KV partials; its examples take 128 MB)
+FI_PAGES = (16, 1, 64)
+FI_WORKSPACE_BYTES = 2 << 30     # its fa2 prefill at MQA, q_len 4 (128 rows a KV head) took > 0.5 GB
+FI_BACKENDS = ("fa2", "fa3")        # the prefill kernel at q_len > 1; fa3 where its module is there
 # the chunked plain read's launches: (blocks, threads), one resident wave each
 PLAIN_READ_CHUNKED_GRIDS = ((132 * 8, 256), (132 * 2, 1024))
 EMPTY = r"""
@@ -256,11 +281,7 @@ class Bench(Recorder):
         # NVML's clocks and clock-event reasons through the run, beside each row's host times
         # ("host_t"): what the GPU did during a slow timing (DIR/<name>_clocks.json)
         self.clocks = ClockLog().start()
-        try:
-            import flashinfer  # noqa: F401
-            self.results["notes"]["flashinfer"] = "importable, but not wired into this benchmark yet"
-        except ImportError as exc:
-            self.results["notes"]["flashinfer"] = f"not installed here ({exc}): no FlashInfer points"
+        self.results["notes"]["flashinfer"] = "timed by --flashinfer (decode_flashinfer_h200.json)"
 
     # ------------------------------------------------------------------ recording
     def record(self, what: dict, fn, check, repeats=None, into: str = "points") -> dict | None:
@@ -465,8 +486,8 @@ class Bench(Recorder):
     def paged(self, base, k, v, run_ours, ours_check, layout: str):
         """Ours on the same rows in pages of each of PAGES, in random order: "NHD" pages
         (num_pages, P, kvh, d) (``layout`` token_major) or "HND" (num_pages, kvh, P, d) seen
-        through transposed views (head_major); the defaults (recorded as v9), and v1
-        too at PAGED_V1, q_len 1, token_major."""
+        through transposed views (head_major); the defaults (recorded as v12: v9's kernels, the
+        wave rule's splits), and v1 too at PAGED_V1, q_len 1, token_major."""
         torch = self.torch
         B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
         for P in PAGES:
@@ -482,8 +503,8 @@ class Bench(Recorder):
                     self.skip({"impl": "cupy_decode_paged", **base, "page_size": P,
                                "variant": name, "layout": layout}, str(exc))
                     continue
-                if name == "defaults":          # v9: v6's or v7's kernels ("fused"), the "sm" splits
-                    name = "v9"
+                if name == "defaults":          # v12: v9's kernels, the wave rule's splits
+                    name = decode.default_version(P)
                 self.record({"impl": "cupy_decode_paged", **base, "page_size": P, "layout": layout,
                              "splits": lp.splits, "variant": name, "warps": lp.warps,
                              "combine": lp.combine, "page_prefetch": lp.page_prefetch,
@@ -558,16 +579,22 @@ class Bench(Recorder):
         self.record(what, fn, lambda o: decode.check_rows(launch, refs[True],
                                                           o.transpose(1, 2).float().cpu().numpy()))
 
-    def sweep_point(self, B, kvh, n, ql):
-        """Ours at ``sweep_splits`` of this point, each checked, then timed."""
-        base = point_row(B, kvh, n, ql, page_size=0)
+    def sweep_point(self, B, kvh, n, ql, page_size: int = 0):
+        """Ours at ``sweep_splits`` of this point, each checked, then timed; ``page_size``: on
+        the same rows in pages of that many tokens ("NHD", random order, as the table's)."""
+        base = point_row(B, kvh, n, ql, page_size=page_size)
         q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
         tl = self.tiles(decode.default_wgmma(ql * H // kvh))     # the default kernels' tiles
-        rules = {r: decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **tl,
+        paged = {}
+        if page_size:
+            k, v, bt = paged_copy(self.torch, k, v, page_size, seed=page_size)
+            paged = dict(page_size=page_size, block_table=bt, num_pages=k.shape[0])
+        rules = {r: decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **tl, **paged,
                                      split_rule=r).splits for r in decode.SPLIT_RULES}
         for S in sweep_splits(rules, cdiv(n, launch.block_cols)):
-            ls = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **tl, splits=S)
-            self.record({"impl": "cupy_decode", **base, "variant": decode.default_variant(ls.rows),
+            ls = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **tl, **paged, splits=S)
+            self.record({"impl": "cupy_decode_paged" if page_size else "cupy_decode", **base,
+                         "variant": decode.default_variant(ls.rows),
                          "splits": S, "rules": [r for r, x in rules.items() if x == S], "warps": ls.warps,
                          "block_cols": ls.block_cols, "stages": ls.stages},
                         run_ours(ls, k, v), ours_check)
@@ -869,8 +896,12 @@ MODES = {
                 lambda bench, args: configs(bench, CONFIG_POINTS)),
     "configs-q4": ("decode_configs_q4_h200.json", "--configs at the MQA points of q_len 4 below 0.9 "
                    "of the plain read", lambda bench, args: configs(bench, CONFIG_POINTS_Q4)),
+    "configs-mqa": ("decode_configs_mqa_h200.json", "--configs at the MQA points of q_len 1 with B >= 8 "
+                    "and kv_len >= 32k", lambda bench, args: configs(bench, CONFIG_POINTS_MQA)),
     "clock-ramp": ("decode_clock_ramp_h200.json", "the default step after host idle time, three "
-                   "warm-ups, every repeat", lambda bench, args: clock_ramp(bench))}
+                   "warm-ups, every repeat", lambda bench, args: clock_ramp(bench)),
+    "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
+                   "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 
 
 def main(argv=None) -> int:
@@ -881,6 +912,8 @@ def main(argv=None) -> int:
                     help="B,kv_heads,kv_len,q_len,page (one or more): one NVTX-marked launch each")
     ap.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile time)")
     ap.add_argument("--no-tune", action="store_true", help="the default tiles, no tuning step")
+    ap.add_argument("--sweep-page", type=int, default=0, metavar="P",
+                    help="--splits-sweep on pages of P tokens (DIR/decode_splits_p<P>_h200.json)")
     for flag, (name, what, _) in MODES.items():
         ap.add_argument(f"--{flag}", action="store_true", help=f"{what} ({name})")
     ap.add_argument("--configs-profile", action="store_true",
@@ -906,6 +939,8 @@ def main(argv=None) -> int:
         return configs_profile(args.out)
     flag = next((f for f in MODES if getattr(args, f.replace("-", "_"))), None)
     name, _, run = MODES[flag] if flag else ("decode_h200.json", None, None)
+    if flag == "splits-sweep" and args.sweep_page:
+        name = name.replace("_h200", f"_p{args.sweep_page}_h200")
     bench = Bench(args, name)
     bench.results["provenance"] = harness.provenance(
         extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
@@ -1261,6 +1296,157 @@ def configs_summary(bench):
     bench.results["summary"] = rows
 
 
+# ---------------------------------------------------------------------- FlashInfer
+
+def flashinfer_calls(fi, torch, q, kp, vp, bt, n: int, workspace) -> list[tuple]:
+    """(impl, fields, plan, fn) of FlashInfer's kernels for q (B, q_len, H, d) on the NHD pages kp, vp
+    (num_pages, P, kv_heads, d) that block table bt (B, pages) lists, each sequence n keys:
+    q_len 1, BatchDecodeWithPagedKVCacheWrapper on CUDA cores and on tensor cores (its prefill
+    kernel, ``use_tensor_cores``); q_len > 1,
+    BatchPrefillWithPagedKVCacheWrapper (causal, bottom-right) on each of FI_BACKENDS. Each is
+    planned by its ``plan()``, once; fn is the timed ``run`` and returns O as (B, q_len, H, d). A backend
+    whose module is missing or that refuses the shape raises from plan: the caller skips it."""
+    B, ql, _, _ = q.shape
+    P, kvh, per = kp.shape[1], kp.shape[2], bt.shape[1]
+    i32 = dict(dtype=torch.int32, device=q.device)
+    indptr = torch.arange(0, B * per + 1, per, **i32)
+    indices = torch.as_tensor(np.ascontiguousarray(bt).reshape(-1), **i32)
+    last = torch.full((B,), n - (per - 1) * P, **i32)       # keys on each sequence's last page
+    rows = q.reshape(B * ql, H, D)                          # FlashInfer's (tokens, heads, d)
+    if ql == 1:
+        wrappers = [("flashinfer_decode", {"use_tensor_cores": tc},
+                     fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tc))
+                    for tc in (False, True)]
+        plan = lambda w: w.plan(indptr, indices, last, H, kvh, D, P,  # noqa: E731
+                                q_data_type=torch.float16)
+    else:
+        qo = torch.arange(0, B * ql + 1, ql, **i32)
+        wrappers = [("flashinfer_prefill", {"backend": b},
+                     fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=b))
+                    for b in FI_BACKENDS]
+        plan = lambda w: w.plan(qo, indptr, indices, last, H, kvh, D, P,  # noqa: E731
+                                causal=True, q_data_type=torch.float16)
+    return [(impl, fields, lambda w=w: plan(w), lambda w=w: w.run(rows, (kp, vp)).reshape(B, ql, H, D))
+            for impl, fields, w in wrappers]
+
+
+def flashinfer_table(bench, args) -> int:
+    """--flashinfer: the module docstring's. Rows as the table's; "summary" per point: the
+    fastest FlashInfer kernel and page size, ours (the defaults) on the same pages and on the
+    contiguous cache, PyTorch's best backend and the plain read."""
+    try:
+        import flashinfer as fi
+    except ImportError as exc:
+        print(f"decode_h200: --flashinfer needs flashinfer-python ({exc}); "
+              "benchmarks/flashinfer_aot.py says how it travels to the GPU machine", file=sys.stderr)
+        return 2
+    import os
+
+    torch = bench.torch
+    bench.results["provenance"]["packages"]["flashinfer-python"] = fi.__version__
+    bench.results["configs"] = {"pages": list(FI_PAGES), "workspace_bytes": FI_WORKSPACE_BYTES,
+                                "prefill_backends": list(FI_BACKENDS),
+                                "flashinfer_jit_disabled": bool(os.environ.get("FLASHINFER_DISABLE_JIT")),
+                                "flashinfer_modules": "benchmarks/flashinfer_aot.py (nvcc, sm_90a)"}
+    workspace = torch.empty(FI_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+    def point(B, kvh, n, ql, base):
+        q, k, v, launch, refs, ours_check, run_ours = bench.inputs(B, kvh, n, ql)
+
+        def peer_check(o):
+            return decode.check_rows(launch, refs[True], o.float().cpu().numpy())
+        dflt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)      # the defaults
+        bench.record({"impl": "cupy_decode", **base, "page_size": 0, "layout": "token_major",
+                      "variant": decode.default_version(0), "splits": dflt.splits},
+                     run_ours(dflt, k, v), ours_check)
+        bench.plain_read({**base, "page_size": 0}, k, v)
+        for P in FI_PAGES:
+            kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
+            lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
+                                  block_table=bt, num_pages=kp.shape[0])
+            pbase = {**base, "page_size": P, "layout": "token_major"}
+            bench.record({"impl": "cupy_decode_paged", **pbase, "variant": decode.default_version(P),
+                          "splits": lp.splits},
+                         run_ours(lp, kp, vp), ours_check)
+            for impl, fields, plan, fn in flashinfer_calls(fi, torch, q, kp, vp, bt, n, workspace):
+                try:
+                    plan()
+                except Exception as exc:  # a module not built, a shape it refuses: recorded
+                    bench.skip({"impl": impl, **pbase, **fields},
+                               f"plan: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+                    continue
+                bench.record({"impl": impl, **pbase, **fields}, fn, peer_check)
+            del kp, vp
+            torch.cuda.empty_cache()
+        qt = q.transpose(1, 2).contiguous()
+        kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        del k, v
+        torch.cuda.empty_cache()
+        for impl, backend in (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTENTION")):
+            what = {"impl": impl, **base, "page_size": 0, "layout": "head_major"}
+            fn, masked = bench.sdpa(backend, qt, kt, vt)
+            if fn is None:
+                bench.skip(what, masked)
+                continue
+            bench.record({**what, "mask": masked}, fn, lambda o, c=masked != "none" or ql == 1:
+                         decode.check_rows(launch, refs[c], o.transpose(1, 2).float().cpu().numpy()))
+        del q, qt, kt, vt
+        torch.cuda.empty_cache()
+        bench.save()
+
+    def run():
+        for B, kvh, n, ql, base in bench.due_points(grid_points(args.quick)):
+            try:
+                point(B, kvh, n, ql, base)
+            except Exception as exc:  # one point's failure (OOM, ...) does not stop the rest
+                traceback.print_exc()
+                bench.skip(base, f"{type(exc).__name__}: {str(exc)[:300]}")
+                bench.failures += 1
+                torch.cuda.empty_cache()
+
+    ok = bench.guarded(run)
+    flashinfer_summary(bench)
+    bench.results["failed_checks"] = bench.failures
+    bench.finish(f"; {bench.failures} failed checks")
+    return 0 if ok and not bench.failures else 1
+
+
+def flashinfer_summary(bench):
+    """Per point: FlashInfer's fastest correct kernel and page size, ours (the defaults) at
+    that page size and on the contiguous cache, PyTorch's best backend and the plain read
+    (TB/s of the K/V bytes), and ours over each."""
+    pts = [p for p in bench.results["points"] if p["check_ok"]]
+    key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
+    rows = []
+    for k in dict.fromkeys(key(p) for p in pts):
+        here = [p for p in pts if key(p) == k]
+        fi = [p for p in here if p["impl"].startswith("flashinfer")]
+        if not fi:
+            continue
+        best = max(fi, key=lambda p: p["tbps"])
+        mine = lambda pred: max((p["tbps"] for p in here if pred(p)), default=None)  # noqa: E731
+        row = {"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
+               "flashinfer_tbps": best["tbps"], "flashinfer_impl": best["impl"],
+               "flashinfer_page_size": best["page_size"],
+               "flashinfer_backend": best.get("backend"),
+               "ours_paged_tbps": mine(lambda p: p["impl"] == "cupy_decode_paged"
+                                       and p["page_size"] == best["page_size"]),
+               "ours_tbps": mine(lambda p: p["impl"] == "cupy_decode"),
+               "best_torch_tbps": mine(lambda p: p["impl"].startswith("torch")),
+               "plain_read_tbps": mine(lambda p: p["impl"] == "plain_read")}
+        for who in ("ours_paged", "ours"):
+            row[f"{who}_over_flashinfer"] = row[f"{who}_tbps"] / best["tbps"] if row[f"{who}_tbps"] else None
+        row["flashinfer_over_plain_read"] = (best["tbps"] / row["plain_read_tbps"]
+                                             if row["plain_read_tbps"] else None)
+        rows.append(row)
+        f = lambda x: "   -" if x is None else f"{x:4.2f}"  # noqa: E731
+        print(f"B={k[0]:>2} kvh={k[1]:>2} n={k[2]:>6} q={k[3]}: flashinfer {f(best['tbps'])} TB/s "
+              f"({best['impl']}, P {best['page_size']}); ours paged x{f(row['ours_paged_over_flashinfer'])}, "
+              f"contiguous x{f(row['ours_over_flashinfer'])}; flashinfer / plain read "
+              f"{f(row['flashinfer_over_plain_read'])}", flush=True)
+    bench.results["summary"] = rows
+
+
 def sweep(bench, args) -> int:
     """--splits-sweep: the tuned tiles (as the table), then ``sweep_point`` at ``sweep_points``."""
     def run():
@@ -1269,7 +1455,7 @@ def sweep(bench, args) -> int:
         for B, kvh, n, ql in sweep_points():
             what = {"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql}
             if bench.due(what):
-                bench.sweep_point(B, kvh, n, ql)
+                bench.sweep_point(B, kvh, n, ql, args.sweep_page)
 
     ok = bench.guarded(run)
     bench.sweep_summary()
