@@ -336,27 +336,35 @@ def decode_ncu(d: dict) -> list[str]:
             "stay in the L2 and never reach DRAM): " + "; ".join(parts) + "."]
 
 
-def decode_splits(sw: dict) -> list[str]:
-    """What the splits sweep (decode_splits_h200.json) says of the split rules: each rule's
-    time over the fastest count timed, the default ("sm") first."""
+def decode_splits(sw: dict, name: str = "decode_splits_h200.json", role: str = "") -> list[str]:
+    """What a splits sweep (decode_splits_h200.json; on pages, decode_splits_p<P>_h200.json)
+    says of the split rules: each rule's time over the fastest count timed, the default for
+    that cache (``default_split_rule``) first; ``role``: what the sweep was to the choice."""
     from gpu_kernels.cupy import decode as dk
 
-    names = {"sm": '"sm" (one block per SM, the default)', "wave": "one-wave",
-             "fa2": "FlashAttention-2's"}
+    P = next((p["page_size"] for p in sw["points"] if p.get("page_size")), 0)
+    default = dk.default_split_rule(P)
+    names = {"sm": '"sm" (one block per SM)', "wave": "one-wave", "fa2": "FlashAttention-2's"}
+    names[default] = names[default][:-1] + ", the default)" if default == "sm" else \
+        names[default] + " (the default)"
     rules = [r for r in dk.SPLIT_RULES if all(x.get(f"{r}_over_best") for x in sw["summary"])]
     if not rules:
         return []
-    rules.sort(key=lambda r: r != "sm")
+    rules.sort(key=lambda r: r != default)
     n = len(sw["summary"])
     parts = []
     for r in rules:
         over = [x[f"{r}_over_best"] for x in sw["summary"]]
         parts.append(f"{names.get(r, r)} median {statistics.median(over):.3f}, worst {max(over):.3f}, "
                      f"the fastest count at {sum(o == 1 for o in over)}")
-    return [f"* The split rules, from `flashsim/measured/data/decode_splits_h200.json` (ours at "
-            f"split counts around each rule's choice, {n} points with B <= 8 where splits are "
-            f"chosen, tiles {sw['config']['block_cols']} x {sw['config']['stages']} stages as "
-            "tuned in that run): time over the fastest count timed: " + "; ".join(parts) + "."]
+    cfg = sw.get("config") or {}
+    tiles = (f"tiles {cfg['block_cols']} x {cfg['stages']} stages as tuned in that run"
+             if "block_cols" in cfg else "the default tiles")
+    cache = f"on pages of {P} (\"NHD\", random order)" if P else "on the contiguous cache"
+    return [f"* The split rules {cache}, from `flashsim/measured/data/{name}` ("
+            f"{role + '; ' if role else ''}ours at split counts around each rule's choice, "
+            f"{n} points with B <= 8 where splits are chosen, {tiles}): time over the fastest "
+            "count timed: " + "; ".join(parts) + "."]
 
 
 def _key(p: dict) -> tuple:
@@ -503,20 +511,81 @@ def decode_configs_q4(c: dict) -> list[str]:
     rows = c.get("summary") or []
     if not rows:
         return []
-    parts = [_fastest(r, "best_over_plain_read", "plain_read_time_s") for r in rows]
     rates = []
     for r in rows:
         p = next(p for p in c["points"] if _key(p) == _key(r))
         R, kv_bytes = r["q_len"] * p["heads"] // r["kv_heads"], p["kv_bytes"]
         rates.append((R * kv_bytes / r["best_time_s"] / 1e12,
                       0.9 * R * kv_bytes / r["plain_read_time_s"] / 1e12))
-    n = sum(p["impl"] == "cupy_decode" for p in c["points"])
-    return [f"* MQA at q_len 4 (`decode_configs_q4_h200.json`, {c['provenance'].get('date', '')[:10]}; "
-            f"{n} timings of ours at {len(rows)} points, on PyTorch's own tensors, between two "
-            "timings of the plain read): the fastest configuration's bandwidth over the plain read's: "
-            + "; ".join(parts) + f". At 128 packed rows a KV head a step does 128 FLOPs per byte "
+    line = decode_configs_over_read(c, "MQA at q_len 4", "decode_configs_q4_h200.json")
+    return [line[:-1] + f". At 128 packed rows a KV head a step does 128 FLOPs per byte "
             f"of K and V: the fastest configurations ran the tensor cores at {_span([a for a, _ in rates], '.0f')} "
             f"TFLOP/s, where 0.9 of the plain read would take {_span([b for _, b in rates], '.0f')}."]
+
+
+def decode_configs_over_read(c: dict, what: str, name: str) -> str:
+    """One line of a --configs run whose points fell short of 0.9 of the plain read: per point
+    the fastest configuration over the plain read (the faster of its two timings), the
+    defaults beside."""
+    parts = [_fastest(r, "best_over_plain_read", "plain_read_time_s") for r in c["summary"]]
+    n = sum(p["impl"] == "cupy_decode" for p in c["points"])
+    return (f"* {what} (`{name}`, {c['provenance'].get('date', '')[:10]}; {n} timings of ours at "
+            f"{len(c['summary'])} points, on PyTorch's own tensors, between two timings of the plain "
+            "read): the fastest configuration's bandwidth over the plain read's: " + "; ".join(parts) + ".")
+
+
+def decode_flashinfer(f: dict) -> list[str]:
+    """FlashInfer beside ours (``--flashinfer``, decode_flashinfer_h200.json): per point its
+    fastest kernel and page size; ours (the defaults, one configuration chosen before timing)
+    on the contiguous cache and on the same pages over it, against the issue's targets'
+    split of the points, and FlashInfer over the plain read where the issue asks 0.9 of ours."""
+    rows = f.get("summary") or []
+    if not rows:
+        return []
+    version = f["provenance"].get("packages", {}).get("flashinfer-python", "?")
+    out = [f"* FlashInfer (`decode_flashinfer_h200.json`, {f['provenance'].get('date', '')[:10]}; "
+           f"flashinfer-python {version}, its modules built for sm_90a by "
+           "`benchmarks/flashinfer_aot.py`; its decode kernel on CUDA and on tensor cores at q_len 1, "
+           "its prefill kernel at q_len 4; pages of "
+           + ", ".join(str(P) for P in f["configs"]["pages"]) + ", the fastest of them; "
+           f"{len(rows)} points, {f.get('failed_checks', 0)} failed checks of ours; FlashInfer's "
+           f"checks failed at {sum(not p['check_ok'] for p in f['points'] if p['impl'].startswith('flashinfer'))} "
+           "of its timings):"]
+    for what, pick in (("q_len = 1", lambda r: r["q_len"] == 1), ("q_len = 4", lambda r: r["q_len"] == 4)):
+        here = [r for r in rows if pick(r)]
+        for who, name in (("ours", "ours (the defaults, contiguous)"),
+                          ("ours_paged", "ours (the defaults) on FlashInfer's fastest page size")):
+            vals = [(r[f"{who}_over_flashinfer"], r) for r in here if r.get(f"{who}_over_flashinfer")]
+            if not vals:
+                continue
+            xs = sorted(v for v, _ in vals)
+            worst, r = min(vals, key=lambda v: v[0])
+            out.append(f"  * {what}, {name} over FlashInfer: median {xs[len(xs) // 2]:.3f}, "
+                       f"{xs[0]:.3f} to {xs[-1]:.3f}; at least 1 at {sum(x >= 1 for x in xs)} of "
+                       f"{len(xs)} points (the lowest at {_pt(_key(r))}).")
+    big = [r for r in rows if r["batch"] >= 8 and r["kv_len"] >= 32768 and r.get("flashinfer_over_plain_read")]
+    if big:
+        xs = [r["flashinfer_over_plain_read"] for r in big]
+        out.append(f"  * FlashInfer over the plain read, B >= 8 and kv_len >= 32k: {_span(xs, '.3f')}; "
+                   f"at least 0.9 at {sum(x >= 0.9 for x in xs)} of {len(xs)} points ("
+                   + "; ".join(f"{_pt(_key(r))}: {r['flashinfer_over_plain_read']:.3f}"
+                               for r in big if r["flashinfer_over_plain_read"] < 0.9) + ").")
+    return out
+
+
+def decode_flashinfer_table(f: dict) -> list[str]:
+    """The whole FlashInfer comparison, a row a point (TB/s); its kernel as the fastest row
+    of the point ran it (the decode kernel on CUDA or tensor cores, the prefill's backend)."""
+    def kernel(r):
+        p = next(p for p in f["points"] if _key(p) == _key(r) and p["impl"] == r["flashinfer_impl"]
+                 and p["page_size"] == r["flashinfer_page_size"] and p["tbps"] == r["flashinfer_tbps"])
+        how = p.get("backend") or ("tensor cores" if p.get("use_tensor_cores") else "CUDA cores")
+        return f"{p['impl'].replace('flashinfer_', '')} ({how}), {p['page_size']}"
+    return _table(["B", "kv_heads", "kv_len", "q_len", "FlashInfer", "its kernel, page", "ours paged",
+                   "ours contiguous", "PyTorch's best", "plain read"],
+                  [[r["batch"], r["kv_heads"], r["kv_len"], r["q_len"], _f(r["flashinfer_tbps"]),
+                    kernel(r), _f(r["ours_paged_tbps"]), _f(r["ours_tbps"]), _f(r["best_torch_tbps"]),
+                    _f(r["plain_read_tbps"])] for r in f["summary"]])
 
 
 def decode_clock_ramp(k: dict) -> list[str]:
@@ -809,6 +878,15 @@ def decode(lines):
         lines += ["### MQA at q_len 4: other configurations", "",
                   f"Provenance: {_prov(c4['provenance'])}.", ""]
         lines += decode_configs_q4(c4) + [""]
+    cm = _load("decode_configs_mqa_h200.json")
+    if cm and cm.get("summary"):
+        lines += ["### MQA at q_len 1, B 8: other configurations", "",
+                  f"Provenance: {_prov(cm['provenance'])}.", "",
+                  decode_configs_over_read(cm, "MQA at q_len 1, B 8", "decode_configs_mqa_h200.json"), ""]
+    fi = _load("decode_flashinfer_h200.json")
+    if fi:
+        lines += ["### FlashInfer beside ours", "", f"Provenance: {_prov(fi['provenance'])}.", ""]
+        lines += decode_flashinfer(fi) + [""] + decode_flashinfer_table(fi) + [""]
 
 
 def _with_block(md: pathlib.Path, block: list[str]) -> str:
@@ -832,6 +910,9 @@ def decode_md_text() -> str:
                         "107 registers, 4 blocks an SM") if v10a else []
     sw = _load("decode_splits_h200.json")
     block += decode_splits(sw) if sw else []
+    for P, role in ((16, "the paged default's rule chosen here"), (1, "held out"), (64, "held out")):
+        swp = _load(f"decode_splits_p{P}_h200.json")
+        block += decode_splits(swp, f"decode_splits_p{P}_h200.json", role) if swp else []
     nc = _load("decode_ncu_h200.json")
     block += decode_ncu(nc) if nc else []
     o = _load("decode_overheads_h200.json")
@@ -842,6 +923,11 @@ def decode_md_text() -> str:
     block += decode_configs_ncu()
     c4 = _load("decode_configs_q4_h200.json")
     block += decode_configs_q4(c4) if c4 else []
+    cm = _load("decode_configs_mqa_h200.json")
+    block += [decode_configs_over_read(cm, "MQA at q_len 1, B 8", "decode_configs_mqa_h200.json")] \
+        if cm and cm.get("summary") else []
+    fi = _load("decode_flashinfer_h200.json")
+    block += decode_flashinfer(fi) if fi else []
     ck = _load("decode_clock_ramp_h200.json")
     block += decode_clock_ramp(ck) if ck else []
     cl = _load("decode_h200_clocks.json")
