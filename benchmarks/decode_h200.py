@@ -50,7 +50,9 @@ skipped). Implementations per point, all on the same K/V values:
   torch_efficient    tried; it refuses enable_gqa (recorded in "skipped")
   torch_flex         flex_attention, compiled once per shape, at two points after the table
                      (its compile time)
-  flashinfer         not in the table (--flashinfer times it: it is not on the H200 image)
+  flashinfer         where it is installed (not on the H200's image: benchmarks/peers/flashinfer_aot.py
+                     says how it travels): on the token-major pages of each page size, after
+                     ours on them, as --flashinfer's (``Bench.flashinfer``)
   plain_read         a kernel that reads every byte of the same K and V once: the limit
 Bandwidth = the K and V bytes a step must read (2 B kv_len kv_heads d 2) / time.
 
@@ -100,10 +102,11 @@ causal, which FlashInfer aligns bottom-right: the decode rows' mask), each backe
 (``flashinfer_calls``); beside them in the same run, on the same pages, ours (the defaults),
 and ours on the contiguous cache, PyTorch's cuDNN and flash backends and the plain read. Each
 wrapper is planned once before its check and timing, as a server plans once a step for all
-its layers; the timed call is ``run``. FlashInfer is not on the H200 image and nothing can
-be downloaded or compiled for it there: benchmarks/flashinfer_aot.py says how its wheels and
-its modules (built on a machine without a GPU, for sm_90a) travel, and the run loads them
-with FLASHINFER_DISABLE_JIT=1.
+its layers; the timed call is ``run``. The table times FlashInfer the same way where it is
+installed (``Bench.flashinfer``); this is the shorter run of it. FlashInfer is not on the H200
+image and nothing can be downloaded or compiled for it there: benchmarks/peers/flashinfer_aot.py
+says how its wheels and its modules (built on a machine without a GPU, for sm_90a) travel, and
+the run loads them with FLASHINFER_DISABLE_JIT=1.
 
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
@@ -281,7 +284,14 @@ class Bench(Recorder):
         # NVML's clocks and clock-event reasons through the run, beside each row's host times
         # ("host_t"): what the GPU did during a slow timing (DIR/<name>_clocks.json)
         self.clocks = ClockLog().start()
-        self.results["notes"]["flashinfer"] = "timed by --flashinfer (decode_flashinfer_h200.json)"
+        self._fi_workspace = None
+        try:                  # not on the H200's image: benchmarks/peers/flashinfer_aot.py
+            import flashinfer
+            self.fi = flashinfer
+            self.results["notes"]["flashinfer"] = f"flashinfer-python {flashinfer.__version__}"
+        except ImportError as exc:
+            self.fi = None
+            self.results["notes"]["flashinfer"] = f"not installed here ({exc}): no FlashInfer points"
 
     # ------------------------------------------------------------------ recording
     def record(self, what: dict, fn, check, repeats=None, into: str = "points") -> dict | None:
@@ -411,7 +421,8 @@ class Bench(Recorder):
         q, k, v, launch, refs, ours_check, run_ours = self.inputs(B, kvh, n, ql)
 
         self.ours(base, k, v, run_ours, ours_check, "token_major")
-        self.paged(base, k, v, run_ours, ours_check, "token_major")
+        self.paged(base, k, v, run_ours, ours_check, "token_major", peers=self.fi and (
+            lambda kp, vp, bt: self.flashinfer(base, q, kp, vp, bt, launch, refs)))
         self.plain_read(base, k, v)
 
         # PyTorch's layouts: (B, H, q_len, d) and (B, kv_heads, kv_len, d)
@@ -483,11 +494,12 @@ class Bench(Recorder):
         if seen.get(defaults) is not None:
             seen[defaults]["defaults"] = True
 
-    def paged(self, base, k, v, run_ours, ours_check, layout: str):
+    def paged(self, base, k, v, run_ours, ours_check, layout: str, peers=None):
         """Ours on the same rows in pages of each of PAGES, in random order: "NHD" pages
         (num_pages, P, kvh, d) (``layout`` token_major) or "HND" (num_pages, kvh, P, d) seen
         through transposed views (head_major); the defaults (recorded as v12: v9's kernels, the
-        wave rule's splits), and v1 too at PAGED_V1, q_len 1, token_major."""
+        wave rule's splits), and v1 too at PAGED_V1, q_len 1, token_major; then
+        ``peers(kp, vp, block_table)`` on the same pages (FlashInfer's, where it is installed)."""
         torch = self.torch
         B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
         for P in PAGES:
@@ -510,6 +522,8 @@ class Bench(Recorder):
                              "combine": lp.combine, "page_prefetch": lp.page_prefetch,
                              "block_cols": lp.block_cols, "stages": lp.stages, "fused": lp.fused},
                             run_ours(lp, kp, vp), ours_check)
+            if peers is not None:
+                peers(kp, vp, bt)
             del kp, vp
             torch.cuda.empty_cache()
 
@@ -517,6 +531,25 @@ class Bench(Recorder):
         """The plain read of the same K and V bytes (the physical limit)."""
         self.record({"impl": "plain_read", **base, "page_size": 0},
                     plain_read_call(self._plain, k, v, self._flag), None)
+
+    def flashinfer(self, base, q, kp, vp, bt, launch, refs):
+        """FlashInfer's kernels (``flashinfer_calls``) on the NHD pages kp, vp of block table
+        bt, each planned, checked against the causal float64 reference, then timed; one that
+        does not plan (a module not built, a shape it refuses) is recorded as skipped."""
+        torch = self.torch
+        if self._fi_workspace is None:
+            self._fi_workspace = torch.empty(FI_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+        pbase = {**base, "page_size": kp.shape[1], "layout": "token_major"}
+        for impl, fields, plan, fn in flashinfer_calls(self.fi, torch, q, kp, vp, bt, base["kv_len"],
+                                                       self._fi_workspace):
+            try:
+                plan()
+            except Exception as exc:  # a module not built, a shape it refuses: recorded
+                self.skip({"impl": impl, **pbase, **fields},
+                          f"plan: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+                continue
+            self.record({"impl": impl, **pbase, **fields}, fn, lambda o: decode.check_rows(
+                launch, refs[True], o.float().cpu().numpy()))
 
     def sdpa(self, backend, q, k, v):
         """(fn, mask) for one SDPA backend, or (None, why) if it refuses. No mask, also at
@@ -644,6 +677,7 @@ class Bench(Recorder):
             dflt = best(lambda p: p.get("defaults") and p.get("layout") == "token_major")
             paged = best(lambda p: p["impl"] == "cupy_decode_paged")
             peer = best(lambda p: p["impl"].startswith("torch"))
+            fi = best(lambda p: p["impl"].startswith("flashinfer"))
             read = best(lambda p: p["impl"] == "plain_read")
             rows.append({"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
                          "ours_tbps": ours,
@@ -658,7 +692,11 @@ class Bench(Recorder):
                          "ours_over_plain_read": ours / read if ours and read else None,
                          "defaults_tbps": dflt,
                          "defaults_over_best_torch": dflt / peer if dflt and peer else None,
-                         "defaults_over_plain_read": dflt / read if dflt and read else None})
+                         "defaults_over_plain_read": dflt / read if dflt and read else None,
+                         # FlashInfer's fastest kernel and page size, where it ran
+                         "flashinfer_tbps": fi,
+                         "ours_over_flashinfer": ours / fi if ours and fi else None,
+                         "ours_paged_over_flashinfer": paged / fi if paged and fi else None})
         for r in rows:
             q1 = next((x for x in rows if (x["batch"], x["kv_heads"], x["kv_len"], x["q_len"]) ==
                        (r["batch"], r["kv_heads"], r["kv_len"], 1)), None)
@@ -944,6 +982,10 @@ def main(argv=None) -> int:
     bench = Bench(args, name)
     bench.results["provenance"] = harness.provenance(
         extra={"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()})
+    if bench.fi is not None:
+        import os
+        bench.results["provenance"]["packages"]["flashinfer-python"] = bench.fi.__version__
+        bench.results["provenance"]["flashinfer_jit_disabled"] = bool(os.environ.get("FLASHINFER_DISABLE_JIT"))
     if run is not None:
         return run(bench, args)
     bench.results["configs"] = {"heads": H, "head_dim": D, "batches": list(BATCHES), "kv_lens": list(KV_LENS),
@@ -1334,27 +1376,17 @@ def flashinfer_table(bench, args) -> int:
     """--flashinfer: the module docstring's. Rows as the table's; "summary" per point: the
     fastest FlashInfer kernel and page size, ours (the defaults) on the same pages and on the
     contiguous cache, PyTorch's best backend and the plain read."""
-    try:
-        import flashinfer as fi
-    except ImportError as exc:
-        print(f"decode_h200: --flashinfer needs flashinfer-python ({exc}); "
-              "benchmarks/flashinfer_aot.py says how it travels to the GPU machine", file=sys.stderr)
+    if bench.fi is None:
+        print(f"decode_h200: --flashinfer needs flashinfer-python ({bench.results['notes']['flashinfer']}); "
+              "benchmarks/peers/flashinfer_aot.py says how it travels to the GPU machine", file=sys.stderr)
         return 2
-    import os
-
     torch = bench.torch
-    bench.results["provenance"]["packages"]["flashinfer-python"] = fi.__version__
     bench.results["configs"] = {"pages": list(FI_PAGES), "workspace_bytes": FI_WORKSPACE_BYTES,
                                 "prefill_backends": list(FI_BACKENDS),
-                                "flashinfer_jit_disabled": bool(os.environ.get("FLASHINFER_DISABLE_JIT")),
-                                "flashinfer_modules": "benchmarks/flashinfer_aot.py (nvcc, sm_90a)"}
-    workspace = torch.empty(FI_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+                                "flashinfer_modules": "benchmarks/peers/flashinfer_aot.py (nvcc, sm_90a)"}
 
     def point(B, kvh, n, ql, base):
         q, k, v, launch, refs, ours_check, run_ours = bench.inputs(B, kvh, n, ql)
-
-        def peer_check(o):
-            return decode.check_rows(launch, refs[True], o.float().cpu().numpy())
         dflt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)      # the defaults
         bench.record({"impl": "cupy_decode", **base, "page_size": 0, "layout": "token_major",
                       "variant": decode.default_version(0), "splits": dflt.splits},
@@ -1368,14 +1400,7 @@ def flashinfer_table(bench, args) -> int:
             bench.record({"impl": "cupy_decode_paged", **pbase, "variant": decode.default_version(P),
                           "splits": lp.splits},
                          run_ours(lp, kp, vp), ours_check)
-            for impl, fields, plan, fn in flashinfer_calls(fi, torch, q, kp, vp, bt, n, workspace):
-                try:
-                    plan()
-                except Exception as exc:  # a module not built, a shape it refuses: recorded
-                    bench.skip({"impl": impl, **pbase, **fields},
-                               f"plan: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
-                    continue
-                bench.record({"impl": impl, **pbase, **fields}, fn, peer_check)
+            bench.flashinfer(base, q, kp, vp, bt, launch, refs)
             del kp, vp
             torch.cuda.empty_cache()
         qt = q.transpose(1, 2).contiguous()

@@ -184,6 +184,26 @@ def decode_done_when(d: dict) -> list[str]:
     return out
 
 
+def decode_vs_flashinfer(d: dict) -> list[str]:
+    """Ours against FlashInfer's fastest kernel and page size where the table's run timed it
+    (the same run, the same inputs): the fastest of ours, and ours on pages."""
+    rows = [r for r in d["summary"] if r.get("flashinfer_tbps")]
+    if not rows:
+        return []
+    out = []
+    for ql in sorted({r["q_len"] for r in rows}):
+        parts = []
+        for key, name in (("ours_over_flashinfer", "ours"), ("ours_paged_over_flashinfer", "ours on pages")):
+            xs = sorted(r[key] for r in rows if r["q_len"] == ql and r.get(key))
+            if xs:
+                parts.append(f"{name} median {statistics.median(xs):.3f}, {xs[0]:.3f} to {xs[-1]:.3f}, "
+                             f"at least 1 at {sum(x >= 1 for x in xs)} of {len(xs)} points")
+        out.append(f"* over FlashInfer's fastest kernel and page size in the same run "
+                   f"(flashinfer-python {d['provenance'].get('packages', {}).get('flashinfer-python', '?')}), "
+                   f"q_len = {ql}: " + "; ".join(parts) + ".")
+    return out
+
+
 def decode_v5_w4(d: dict) -> list[str]:
     """How v5_w4 (one warpgroup) did where it is timed: MQA at q_len = 1 (32 rows), against
     the split kernels of v1-v5 (v6-v9 run v5_w4's kernel there, with another combine, splits
@@ -545,7 +565,7 @@ def decode_flashinfer(f: dict) -> list[str]:
     version = f["provenance"].get("packages", {}).get("flashinfer-python", "?")
     out = [f"* FlashInfer (`decode_flashinfer_h200.json`, {f['provenance'].get('date', '')[:10]}; "
            f"flashinfer-python {version}, its modules built for sm_90a by "
-           "`benchmarks/flashinfer_aot.py`; its decode kernel on CUDA and on tensor cores at q_len 1, "
+           "`benchmarks/peers/flashinfer_aot.py`; its decode kernel on CUDA and on tensor cores at q_len 1, "
            "its prefill kernel at q_len 4; pages of "
            + ", ".join(str(P) for P in f["configs"]["pages"]) + ", the fastest of them; "
            f"{len(rows)} points, {f.get('failed_checks', 0)} failed checks of ours; FlashInfer's "
@@ -692,20 +712,22 @@ def decode_v9_w4(d: dict) -> list[str]:
 
 
 def decode_table(d: dict) -> list[str]:
-    """Per point: our kernel (its fastest correct configuration), paged, PyTorch, the read."""
+    """Per point: our kernel (its fastest correct configuration), paged, PyTorch, FlashInfer
+    (a column where the run has it), the read."""
     rows = d["summary"]
+    fi = any(r.get("flashinfer_tbps") for r in rows)
     return _table(["B", "kv_heads", "kv_len", "q_len", "ours TB/s", "configuration",
                    "token-major TB/s", "head-major TB/s",
-                   "paged best TB/s", "best PyTorch TB/s", "plain read TB/s", "ours / PyTorch",
-                   "ours / read", "ours / q_len 1"],
+                   "paged best TB/s", "best PyTorch TB/s"] + (["FlashInfer TB/s"] if fi else [])
+                  + ["plain read TB/s", "ours / PyTorch", "ours / read", "ours / q_len 1"],
                   [[r["batch"], r["kv_heads"], r["kv_len"], r["q_len"], _f(r["ours_tbps"]),
                     " ".join(x for x in (r.get("ours_variant") or "v1",
                                          (r.get("ours_layout") or "").replace("_", "-")) if x),
                     _f(r.get("ours_token_major_tbps")), _f(r.get("ours_head_major_tbps")),
-                    _f(r["ours_paged_best_tbps"]),
-                    _f(r["best_torch_tbps"]), _f(r["plain_read_tbps"]),
-                    _f(r["ours_over_best_torch"]), _f(r["ours_over_plain_read"]),
-                    _f(r["ours_over_q1"])]
+                    _f(r["ours_paged_best_tbps"]), _f(r["best_torch_tbps"])]
+                   + ([_f(r.get("flashinfer_tbps"))] if fi else [])
+                   + [_f(r["plain_read_tbps"]), _f(r["ours_over_best_torch"]),
+                      _f(r["ours_over_plain_read"]), _f(r["ours_over_q1"])]
                    for r in sorted(rows, key=lambda r: (r["q_len"], r["kv_heads"], r["batch"],
                                                         r["kv_len"]))])
 
@@ -856,7 +878,7 @@ def decode(lines):
               "`cupy_decode_paged` (pages of 1, 16, 64, \"NHD\" and \"HND\"), PyTorch SDPA's flash, cuDNN and math "
               "backends and flex_attention where they ran; every implementation checked against "
               f"a float64 reference first ({d.get('failed_checks', 0)} failed checks).", ""]
-    lines += decode_done_when(d) + decode_layouts(d) + [""]
+    lines += decode_done_when(d) + decode_vs_flashinfer(d) + decode_layouts(d) + [""]
     lines += decode_table(d)
     lines.append("")
     o = _load("decode_overheads_h200.json")
@@ -901,7 +923,7 @@ def decode_md_text() -> str:
     d = _load("decode_h200.json")
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
-    block += (decode_done_when(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
+    block += (decode_done_when(d) + decode_vs_flashinfer(d) + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
               + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d) + decode_v10(d)
               + decode_v11(d)) if d \
         else ["Not measured yet."]

@@ -1,7 +1,7 @@
 """FlashInfer for the GPU machine, which can neither download nor (in its time budget) build it:
 its modules built here, on a machine without a GPU, for sm_90a.
 
-    python -m benchmarks.flashinfer_aot --out .whl/aot      # needs torch, flashinfer-python, nvcc
+    python -m benchmarks.peers.flashinfer_aot --out .whl/aot      # needs torch, flashinfer-python, nvcc
 
 builds the modules that ``decode_h200 --flashinfer`` calls (fp16, d = 128, int32 indices, no
 positional encoding, sliding window or soft cap): the batch decode kernel on CUDA cores, and
