@@ -1184,6 +1184,10 @@ def config_candidates(B, kvh, n, ql) -> list[tuple[str, dict]]:
             out += [(f"splits {s}, fused {f}", dict(splits=s, fused=f)) for f in (0, 1)]
         out += [(f"B_c {bc}, stages {st}", dict(block_cols=bc, stages=st))
                 for bc, st in CONFIG_TILES_WGMMA[1:]]
+        # 64-key tiles at 2 stages fit two blocks an SM: the wave rule's splits fill both slots,
+        # so one block's prologue and partial write overlap the other's stream
+        out += [(f"B_c 64, stages 2, wave rule, fused {f}",
+                 dict(block_cols=64, stages=2, split_rule="wave", fused=f)) for f in (0, 1)]
         out.append(("v9_w4", decode.VARIANTS["v9_w4"]))
         v11 = decode.VARIANTS["v11"]            # the overlap, at its tiles and at 64-key tiles
         out += [("v11", v11), ("v11, B_c 64, stages 4", dict(v11, block_cols=64, stages=4))]
