@@ -95,11 +95,10 @@ after each timing are recorded (the launches are those the table checks; none ch
 
 --flashinfer (DIR/decode_flashinfer_h200.json, ~3 min): FlashInfer's decode and paged kernels
 at every point of the table (the reference points first), on pages of each of FI_PAGES in the
-same random order: BatchDecodeWithPagedKVCacheWrapper at q_len 1, on CUDA cores
-("flashinfer_decode") and on tensor cores ("flashinfer_decode_tc", use_tensor_cores=True: its
-prefill kernel), and BatchPrefillWithPagedKVCacheWrapper at q_len > 1 ("flashinfer_prefill",
-causal, which FlashInfer aligns bottom-right: the decode rows' mask), each backend built
-(``flashinfer_calls``); beside them in the same run, on the same pages, ours (the defaults),
+same random order: BatchDecodeWithPagedKVCacheWrapper at q_len 1 ("flashinfer_decode", on
+CUDA cores and, "use_tensor_cores" true, on tensor cores: its prefill kernel), and
+BatchPrefillWithPagedKVCacheWrapper at q_len > 1 ("flashinfer_prefill", causal, which FlashInfer
+aligns bottom-right: the decode rows' mask), each of FI_BACKENDS (``flashinfer_calls``); beside them in the same run, on the same pages, ours (the defaults),
 and ours on the contiguous cache, PyTorch's cuDNN and flash backends and the plain read. Each
 wrapper is planned once before its check and timing, as a server plans once a step for all
 its layers; the timed call is ``run``. The table times FlashInfer the same way where it is
