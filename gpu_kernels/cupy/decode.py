@@ -150,8 +150,9 @@ def one_wave_splits(blocks: int, slots: int, n_tiles: int, max_splits: int = MAX
     return cdiv(n_tiles, cdiv(n_tiles, top))
 
 
-# "sm" (v8, the default over a contiguous cache): one_wave_splits over the SMs instead of the resident-block slots,
-# one block per SM where two could be resident (configure passes sm_count as the slots). Why:
+# "sm" (v8, the default over a contiguous cache): one_wave_splits over the SMs instead of the
+# resident-block slots, one block per SM where two could be resident (configure passes
+# sm_count as the slots). Why:
 # at B = 1, 4k keys the wave rule's 32 splits of 2 tiles each pay a split's fixed costs (the
 # prologue's first loads, the partial's write and the combine's read of it) twice as often as
 # 16 splits of 4 (decode_h200.json times v8 beside v6 and v7, which keep the wave rule:
@@ -161,11 +162,12 @@ SPLIT_RULES = {"wave": one_wave_splits, "fa2": num_splits_heuristic, "sm": one_w
 
 def default_split_rule(page_size) -> str:
     """The rule configure takes when given none: "sm" (v8) over a contiguous cache, "wave"
-    (v12) over a paged one. Why: a paged tile's copies wait on its block-table entries (and
-    on the TLB for pages scattered through the pool), so one block an SM leaves too few bytes
-    in flight; the second resident block's loads cover the wait. The sweep over a paged cache
-    (pages of 16, decode_splits_p16_h200.json; docs/decode.md's measured lines) holds the two
-    rules against each other."""
+    (v12) over a paged one. The sweeps over paged caches (decode_splits_p16_h200.json, where
+    the rule was chosen, and pages of 1 and 64 held out; docs/decode.md's measured lines) hold
+    the rules against each other. The explanation we hold, not measured directly: a paged
+    tile's copies wait on its block-table entries (and on the TLB for pages scattered through
+    the pool), so one block an SM leaves too few bytes in flight, and a second resident
+    block's loads cover the wait."""
     return "wave" if page_size else "sm"
 
 
