@@ -339,6 +339,17 @@ class Bench(Recorder):
                    indent=None)
         return super().finish(note)
 
+    def conclude(self, step, summary=None) -> int:
+        """Run ``step`` (``guarded``), then ``summary()`` over what it recorded, and write the
+        file with its failed checks: the exit status of a mode (0: it ran and every check of
+        ours passed)."""
+        ok = self.guarded(step)
+        if summary is not None:
+            summary()
+        self.results["failed_checks"] = self.failures
+        self.finish(f"; {self.failures} failed checks")
+        return 0 if ok and not self.failures else 1
+
     def due_points(self, points):
         """(B, kv_heads, kv_len, q_len, the point's row fields) of each of ``points`` while
         time is left (``due``: the rest are recorded as skipped)."""
@@ -1022,11 +1033,7 @@ def main(argv=None) -> int:
         if not args.no_flex:
             bench.flex_points()
 
-    ok = bench.guarded(table)
-    bench.summary()
-    bench.results["failed_checks"] = bench.failures
-    bench.finish(f"; {bench.failures} failed checks")
-    return 0 if ok and not bench.failures else 1
+    return bench.conclude(table, bench.summary)
 
 
 def plain_read_call(kernel, k, v, flag, grid=(132 * 16, 256)):
@@ -1080,10 +1087,7 @@ def overheads(bench) -> int:
             torch.cuda.empty_cache()
             bench.save()
 
-    ok = bench.guarded(run)
-    bench.results["failed_checks"] = bench.failures
-    bench.finish(f"; {bench.failures} failed checks")
-    return 0 if ok and not bench.failures else 1
+    return bench.conclude(run)
 
 
 def overheads_profile(out) -> int:
@@ -1272,11 +1276,7 @@ def configs(bench, points=CONFIG_POINTS) -> int:
             torch.cuda.empty_cache()
             bench.save()
 
-    ok = bench.guarded(run)
-    configs_summary(bench)
-    bench.results["failed_checks"] = bench.failures
-    bench.finish(f"; {bench.failures} failed checks")
-    return 0 if ok and not bench.failures else 1
+    return bench.conclude(run, lambda: configs_summary(bench))
 
 
 def configs_profile(out) -> int:
@@ -1386,11 +1386,7 @@ def ties(bench) -> int:
             torch.cuda.empty_cache()
             bench.save()
 
-    ok = bench.guarded(run)
-    ties_summary(bench)
-    bench.results["failed_checks"] = bench.failures
-    bench.finish(f"; {bench.failures} failed checks")
-    return 0 if ok and not bench.failures else 1
+    return bench.conclude(run, lambda: ties_summary(bench))
 
 
 def ties_summary(bench):
@@ -1510,11 +1506,7 @@ def flashinfer_table(bench, args) -> int:
                 bench.failures += 1
                 torch.cuda.empty_cache()
 
-    ok = bench.guarded(run)
-    flashinfer_summary(bench)
-    bench.results["failed_checks"] = bench.failures
-    bench.finish(f"; {bench.failures} failed checks")
-    return 0 if ok and not bench.failures else 1
+    return bench.conclude(run, lambda: flashinfer_summary(bench))
 
 
 def flashinfer_summary(bench):
@@ -1563,11 +1555,7 @@ def sweep(bench, args) -> int:
             if bench.due(what):
                 bench.sweep_point(B, kvh, n, ql, args.sweep_page)
 
-    ok = bench.guarded(run)
-    bench.sweep_summary()
-    bench.results["failed_checks"] = bench.failures
-    bench.finish(f"; {bench.failures} failed checks")
-    return 0 if ok and not bench.failures else 1
+    return bench.conclude(run, bench.sweep_summary)
 
 
 if __name__ == "__main__":
