@@ -245,6 +245,16 @@ def point_row(B, kvh, n, ql, **extra) -> dict:
             "dtype": "float16", "kv_bytes": cache_bytes(B, kvh, n), **extra}
 
 
+def by_point(points, checked: bool = True) -> dict[tuple, list[dict]]:
+    """The rows of each point (B, kv_heads, kv_len, q_len), in the order first recorded; with
+    ``checked``, only those whose check passed."""
+    out: dict[tuple, list[dict]] = {}
+    for p in points:
+        if p["check_ok"] or not checked:
+            out.setdefault((p["batch"], p["kv_heads"], p["kv_len"], p["q_len"]), []).append(p)
+    return out
+
+
 def grid_points(quick: bool) -> list[tuple]:
     pts = list(REFERENCE_POINTS)
     if not quick:
@@ -658,11 +668,8 @@ class Bench(Recorder):
 
     def sweep_summary(self):
         """Per point: the fastest split count, and each rule's time over the fastest's."""
-        pts = [p for p in self.results["points"] if p["check_ok"]]
-        key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
         rows = []
-        for k in dict.fromkeys(key(p) for p in pts):
-            here = [p for p in pts if key(p) == k]
+        for k, here in by_point(self.results["points"]).items():
             best = min(here, key=lambda p: p["time_s"])
             row = {"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3],
                    "best_splits": best["splits"], "best_time_s": best["time_s"]}
@@ -680,11 +687,8 @@ class Bench(Recorder):
                   flush=True)
 
     def summary(self, show: bool = True):
-        pts = self.results["points"]
-        key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
         rows = []
-        for k in dict.fromkeys(key(p) for p in pts):
-            here = [p for p in pts if key(p) == k]
+        for k, here in by_point(self.results["points"], checked=False).items():
 
             def best(pred):
                 c = [p["tbps"] for p in here if pred(p) and p["check_ok"]]
@@ -1324,11 +1328,8 @@ def configs_profile(out) -> int:
 def configs_summary(bench):
     """Per point: the fastest configuration of ours, the defaults, the best peer (the faster
     pass of each) and the fastest plain read, with ours over each."""
-    pts = [p for p in bench.results["points"] if p["check_ok"]]
-    key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
     rows = []
-    for k in dict.fromkeys(key(p) for p in pts):
-        here = [p for p in pts if key(p) == k]
+    for k, here in by_point(bench.results["points"]).items():
         ours = [p for p in here if p["impl"] == "cupy_decode"]
         peer = [p for p in here if p["impl"].startswith("torch")]
         plain = [p for p in here if p["impl"].startswith("plain_read")]
@@ -1390,11 +1391,8 @@ def ties(bench) -> int:
 
 
 def ties_summary(bench):
-    pts = [p for p in bench.results["points"] if p["check_ok"]]
-    key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
     rows = []
-    for k in dict.fromkeys(key(p) for p in pts):
-        here = [p for p in pts if key(p) == k]
+    for k, here in by_point(bench.results["points"]).items():
         rounds = sorted({p["round"] for p in here})
         per = []                        # per round: PyTorch's best time over ours' best
         for r in rounds:
@@ -1513,11 +1511,8 @@ def flashinfer_summary(bench):
     """Per point: FlashInfer's fastest correct kernel and page size, ours (the defaults) at
     that page size and on the contiguous cache, PyTorch's best backend and the plain read
     (TB/s of the K/V bytes), and ours over each."""
-    pts = [p for p in bench.results["points"] if p["check_ok"]]
-    key = lambda p: (p["batch"], p["kv_heads"], p["kv_len"], p["q_len"])  # noqa: E731
     rows = []
-    for k in dict.fromkeys(key(p) for p in pts):
-        here = [p for p in pts if key(p) == k]
+    for k, here in by_point(bench.results["points"]).items():
         fi = [p for p in here if p["impl"].startswith("flashinfer")]
         if not fi:
             continue
