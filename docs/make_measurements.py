@@ -204,7 +204,7 @@ def decode_vs_flashinfer(d: dict) -> list[str]:
     return out
 
 
-def decode_ties(t: dict) -> list[str]:
+def decode_ties(t: dict, name: str = "decode_ties_h200.json", what: str = "") -> list[str]:
     """``--ties``: per point, ours (the defaults, the faster layout of a round) over PyTorch's
     best in each interleaved round: the median, the range, and the rounds ours was faster."""
     rows = t.get("summary") or []
@@ -215,10 +215,19 @@ def decode_ties(t: dict) -> list[str]:
         xs = sorted(r["ours_over_best_torch_by_round"])
         parts.append(f"{_pt(_key(r))}: {statistics.median(xs):.3f} ({xs[0]:.3f} to {xs[-1]:.3f}), "
                      f"ours faster in {r['ours_faster_rounds']} of {len(xs)}")
-    return [f"* Where the table had ours just below PyTorch's best at q_len = 1 (`decode_ties_h200.json`, "
+    return [f"* Where the table had ours just below PyTorch's best at q_len = 1{what} (`{name}`, "
             f"{t['provenance'].get('date', '')[:10]}; the defaults on both layouts, cuDNN and flash, "
             "one timing of each a round, in turn): ours over PyTorch's best, by round: "
             + "; ".join(parts) + "."]
+
+
+def decode_ties_runs() -> list[str]:
+    """The --ties runs: the first, and the second (another process, its first points only)."""
+    out = []
+    for name, what in (("decode_ties_h200.json", ""), ("decode_ties_h200_rerun.json", ", again in another run")):
+        t = _load(name)
+        out += decode_ties(t, name, what) if t else []
+    return out
 
 
 def decode_v5_w4(d: dict) -> list[str]:
@@ -895,9 +904,8 @@ def decode(lines):
               "`cupy_decode_paged` (pages of 1, 16, 64, \"NHD\" and \"HND\"), PyTorch SDPA's flash, cuDNN and math "
               "backends and flex_attention where they ran; every implementation checked against "
               f"a float64 reference first ({d.get('failed_checks', 0)} failed checks).", ""]
-    ties = _load("decode_ties_h200.json")
-    lines += decode_done_when(d) + (decode_ties(ties) if ties else []) + decode_vs_flashinfer(d) \
-        + decode_layouts(d) + [""]
+    lines += decode_done_when(d) + decode_ties_runs() + decode_vs_flashinfer(d) + decode_layouts(d) \
+        + [""]
     lines += decode_table(d)
     lines.append("")
     o = _load("decode_overheads_h200.json")
@@ -942,8 +950,7 @@ def decode_md_text() -> str:
     d = _load("decode_h200.json")
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
-    ties = _load("decode_ties_h200.json")
-    block += (decode_done_when(d) + (decode_ties(ties) if ties else []) + decode_vs_flashinfer(d)
+    block += (decode_done_when(d) + decode_ties_runs() + decode_vs_flashinfer(d)
               + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
               + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d) + decode_v10(d)
               + decode_v11(d)) if d \
