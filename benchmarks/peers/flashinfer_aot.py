@@ -15,9 +15,16 @@ machine's driver provides the real one at load time. fa3's sources include cuRAN
 header: where the toolkit lacks it, the nvidia-curand wheel has it
 (``NVCC_APPEND_FLAGS=-I<its nvidia/cu13/include>``).
 
+Written against flashinfer-python 0.5.3, as the committed data ran it: a module's name follows
+the arguments its wrapper passes to these generators, which another version may change.
 On the GPU machine (the device tool's README: wheels travel in an ignored folder named in
-``carry``), with ``.whl`` holding flashinfer-python's and apache-tvm-ffi's wheels (pip
-download --no-deps --python-version 3.12 ...) and ``aot/``::
+``carry``; 0.7.4's wheel alone is over its 64 MiB), with ``.whl`` holding the wheels for its
+Python 3.12::
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d .whl flashinfer-python==0.5.3 apache-tvm-ffi==0.1.15.post2
+
+and ``.whl/aot`` this script's output, the run is::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
     mkdir -p /tmp/site/flashinfer/data/aot && cp -r .whl/aot/* /tmp/site/flashinfer/data/aot/
