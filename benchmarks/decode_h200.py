@@ -94,7 +94,7 @@ CLOCK_CYCLES rounds; every repeat's time and NVML's SM and memory clocks just be
 after each timing are recorded (the launches are those the table checks; none checked here).
 
 --flashinfer (DIR/decode_flashinfer_h200.json, ~3 min): FlashInfer's decode and paged kernels
-at every point of the table (the reference points first), on pages of each of FI_PAGES in the
+at every point of the table (the reference points first), on pages of each of PAGES in the
 same random order: BatchDecodeWithPagedKVCacheWrapper at q_len 1 ("flashinfer_decode", on
 CUDA cores and, "use_tensor_cores" true, on tensor cores: its prefill kernel), and
 BatchPrefillWithPagedKVCacheWrapper at q_len > 1 ("flashinfer_prefill", causal, which FlashInfer
@@ -152,6 +152,11 @@ W8_MIN_ROWS = 32              # _w8 and v5 where a KV head has this many packed 
 # head_major, PyTorch's (B, kv_heads, kv_len, d) tensors through transposed views (pages "HND")
 LAYOUTS = ("token_major", "head_major")
 MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: small points only
+# PyTorch's SDPA backends as the table times them (impl, SDPBackend name); the other modes
+# time the first two, the fastest
+TORCH_BACKENDS = (("torch_flash", "FLASH_ATTENTION"), ("torch_cudnn", "CUDNN_ATTENTION"),
+                  ("torch_efficient", "EFFICIENT_ATTENTION"), ("torch_math", "MATH"))
+FAST_BACKENDS = (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTENTION"))
 # --overheads: the points that miss the issue's targets (small steps, MQA) and large ones beside
 OVERHEAD_POINTS = [(1, 1, 4096, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 1, 32768, 1),
                    (8, 1, 32768, 1), (1, 8, 32768, 1), (8, 8, 32768, 1), (8, 1, 131072, 1),
@@ -180,9 +185,7 @@ TIE_ROUNDS = 8
 CLOCK_POINTS = [(1, 32, 32768, 4), (8, 1, 32768, 1)]
 CLOCK_IDLE_S, CLOCK_WARMUPS, CLOCK_WARM_S = (0.0, 2.0), ("calls", "spin", "calls_for"), 0.1
 CLOCK_REPEATS, CLOCK_CYCLES = 10, 4
-# --flashinfer: FlashInfer's page sizes (its usual 16 first: the deadline cuts the rest); its
-# float workspace (the split-KV partials; its examples take 128 MB)
-FI_PAGES = (16, 1, 64)
+# FlashInfer's float workspace (the split-KV partials; its examples take 128 MB)
 FI_WORKSPACE_BYTES = 2 << 30     # its fa2 prefill at MQA, q_len 4 (128 rows a KV head) took > 0.5 GB
 FI_BACKENDS = ("fa2", "fa3")        # the prefill kernel at q_len > 1; fa3 where its module is there
 # the chunked plain read's launches: (blocks, threads), one resident wave each
@@ -461,22 +464,9 @@ class Bench(Recorder):
         kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
         del k, v
         torch.cuda.empty_cache()
-        for name, backend in (("torch_flash", "FLASH_ATTENTION"), ("torch_cudnn", "CUDNN_ATTENTION"),
-                              ("torch_efficient", "EFFICIENT_ATTENTION"), ("torch_math", "MATH")):
-            what = {"impl": name, **base, "page_size": 0, "layout": "head_major"}
-            if name == "torch_math" and base["kv_bytes"] * (H // kvh) > MATH_MAX_BYTES:
-                self.skip(what, f"math backend run only up to {MATH_MAX_BYTES / 1e9:.0f} GB of K/V "
-                                "repeated per query head (it materialises them)")
-                continue
-            fn, masked = self.sdpa(backend, qt, kt, vt)
-            if fn is None:
-                self.skip(what, masked)
-                continue
-            what["mask"] = masked
-            causal = masked != "none"
-            self.record(what, fn, lambda o, c=causal: decode.check_rows(
-                launch, refs[c or ql == 1], o.transpose(1, 2).float().cpu().numpy()),
-                repeats=3 if name == "torch_math" else None)
+        for impl, fields, fn, check in self.sdpa_calls(base, qt, kt, vt, launch, refs):
+            self.record({"impl": impl, **base, **fields}, fn, check,
+                        repeats=3 if impl == "torch_math" else None)
         del qt
         # ours on PyTorch's very K and V: the head-major cache through its transposed view
         kh, vh = kt.transpose(1, 2), vt.transpose(1, 2)
@@ -525,17 +515,17 @@ class Bench(Recorder):
         if seen.get(defaults) is not None:
             seen[defaults]["defaults"] = True
 
-    def paged(self, base, k, v, run_ours, ours_check, layout: str, peers=None):
+    def paged(self, base, k, v, run_ours, ours_check, layout: str, peers=None, v1: bool = True):
         """Ours on the same rows in pages of each of PAGES, in random order: "NHD" pages
         (num_pages, P, kvh, d) (``layout`` token_major) or "HND" (num_pages, kvh, P, d) seen
         through transposed views (head_major); the defaults (recorded as v12: v9's kernels, the
-        wave rule's splits), and v1 too at PAGED_V1, q_len 1, token_major; then
+        wave rule's splits), and (``v1``) v1 too at PAGED_V1, q_len 1, token_major; then
         ``peers(kp, vp, block_table)`` on the same pages (FlashInfer's, where it is installed)."""
         torch = self.torch
         B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
         for P in PAGES:
             kp, vp, bt = paged_copy(torch, k, v, P, seed=P, head_major=layout == "head_major")
-            extra = P == PAGED_V1 and ql == 1 and layout == "token_major"
+            extra = v1 and P == PAGED_V1 and ql == 1 and layout == "token_major"
             for name in ("defaults", "v1") if extra else ("defaults",):
                 kw = {} if name == "defaults" else decode.VARIANTS[name]
                 try:
@@ -600,6 +590,28 @@ class Bench(Recorder):
             return fn, "none"
         except Exception as exc:  # a backend that refuses the shape or GQA
             return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+    def sdpa_calls(self, base, qt, kt, vt, launch, refs, backends=TORCH_BACKENDS) -> list[tuple]:
+        """(impl, fields, fn, check) of each PyTorch SDPA backend of ``backends`` on its own
+        (B, H, q_len, d) and (B, kv_heads, kv_len, d) tensors; one that refuses the shape, and
+        the math backend past MATH_MAX_BYTES, recorded as skipped. The check takes the causal
+        reference where the backend was masked or q_len is 1, else the unmasked one."""
+        out = []
+        for impl, backend in backends:
+            what = {"impl": impl, **base, "page_size": 0, "layout": "head_major"}
+            if impl == "torch_math" and base["kv_bytes"] * (H // base["kv_heads"]) > MATH_MAX_BYTES:
+                self.skip(what, f"math backend run only up to {MATH_MAX_BYTES / 1e9:.0f} GB of K/V "
+                                "repeated per query head (it materialises them)")
+                continue
+            fn, masked = self.sdpa(backend, qt, kt, vt)
+            if fn is None:
+                self.skip(what, masked)
+                continue
+            exact = masked != "none" or base["q_len"] == 1
+            out.append((impl, {"page_size": 0, "layout": "head_major", "mask": masked}, fn,
+                        lambda o, c=exact: decode.check_rows(launch, refs[c],
+                                                             o.transpose(1, 2).float().cpu().numpy())))
+        return out
 
     def flex_points(self):
         """flex_attention at FLEX_POINTS, after the table (its compile takes long): each
@@ -1235,15 +1247,8 @@ def configs(bench, points=CONFIG_POINTS) -> int:
                                 "plain_read_chunked_grids": [list(g) for g in PLAIN_READ_CHUNKED_GRIDS]}
 
     def peers(base, launch, refs, qt, kt, vt, kh, vh, npass):
-        for name, backend in (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTENTION")):
-            fn, masked = bench.sdpa(backend, qt, kt, vt)
-            what = {"impl": name, **base, "layout": "head_major", "pass": npass}
-            if fn is None:
-                bench.skip(what, masked)
-                continue
-            exact = masked != "none" or base["q_len"] == 1     # unmasked at q_len > 1: sdpa's note
-            bench.record({**what, "mask": masked}, fn, lambda o, c=exact: decode.check_rows(
-                launch, refs[c], o.transpose(1, 2).float().cpu().numpy()))
+        for impl, fields, fn, check in bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS):
+            bench.record({"impl": impl, **base, **fields, "pass": npass}, fn, check)
         bench.record({"impl": "plain_read", **base, "pass": npass, "grid": [132 * 16, 256]},
                      plain_read_call(bench._plain, kh, vh, bench._flag), None)
         for g in PLAIN_READ_CHUNKED_GRIDS:
@@ -1369,18 +1374,14 @@ def ties(bench) -> int:
             qt = q.transpose(1, 2).contiguous()
             kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
             dflt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)      # the defaults
-            calls = [("cupy_decode", {"layout": "head_major"},
+            calls = [("cupy_decode", {"page_size": 0, "layout": "head_major"},
                       run_ours(dflt, kt.transpose(1, 2), vt.transpose(1, 2)), ours_check),
-                     ("cupy_decode", {"layout": "token_major"}, run_ours(dflt, k, v), ours_check)]
-            for impl, backend in (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTENTION")):
-                fn, masked = bench.sdpa(backend, qt, kt, vt)
-                if fn is not None:
-                    calls.append((impl, {"layout": "head_major", "mask": masked}, fn,
-                                  lambda o: decode.check_rows(launch, refs[True],
-                                                              o.transpose(1, 2).float().cpu().numpy())))
+                     ("cupy_decode", {"page_size": 0, "layout": "token_major"}, run_ours(dflt, k, v),
+                      ours_check)]
+            calls += bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS)
             for rnd in range(TIE_ROUNDS):
                 for impl, fields, fn, check in calls:
-                    bench.record({"impl": impl, **base, "page_size": 0, **fields, "round": rnd,
+                    bench.record({"impl": impl, **base, **fields, "round": rnd,
                                   "splits": dflt.splits if impl == "cupy_decode" else None},
                                  fn, check if rnd == 0 else None)
             del q, k, v, qt, kt, vt, calls
@@ -1456,7 +1457,7 @@ def flashinfer_table(bench, args) -> int:
               "benchmarks/peers/flashinfer_aot.py says how it travels to the GPU machine", file=sys.stderr)
         return 2
     torch = bench.torch
-    bench.results["configs"] = {"pages": list(FI_PAGES), "workspace_bytes": FI_WORKSPACE_BYTES,
+    bench.results["configs"] = {"pages": list(PAGES), "workspace_bytes": FI_WORKSPACE_BYTES,
                                 "prefill_backends": list(FI_BACKENDS),
                                 "flashinfer_modules": "benchmarks/peers/flashinfer_aot.py (nvcc, sm_90a)"}
 
@@ -1467,29 +1468,14 @@ def flashinfer_table(bench, args) -> int:
                       "variant": decode.default_version(0), "splits": dflt.splits},
                      run_ours(dflt, k, v), ours_check)
         bench.plain_read({**base, "page_size": 0}, k, v)
-        for P in FI_PAGES:
-            kp, vp, bt = paged_copy(torch, k, v, P, seed=P)
-            lp = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, page_size=P,
-                                  block_table=bt, num_pages=kp.shape[0])
-            pbase = {**base, "page_size": P, "layout": "token_major"}
-            bench.record({"impl": "cupy_decode_paged", **pbase, "variant": decode.default_version(P),
-                          "splits": lp.splits},
-                         run_ours(lp, kp, vp), ours_check)
-            bench.flashinfer(base, q, kp, vp, bt, launch, refs)
-            del kp, vp
-            torch.cuda.empty_cache()
+        bench.paged(base, k, v, run_ours, ours_check, "token_major", v1=False,
+                    peers=lambda kp, vp, bt: bench.flashinfer(base, q, kp, vp, bt, launch, refs))
         qt = q.transpose(1, 2).contiguous()
         kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
         del k, v
         torch.cuda.empty_cache()
-        for impl, backend in (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTENTION")):
-            what = {"impl": impl, **base, "page_size": 0, "layout": "head_major"}
-            fn, masked = bench.sdpa(backend, qt, kt, vt)
-            if fn is None:
-                bench.skip(what, masked)
-                continue
-            bench.record({**what, "mask": masked}, fn, lambda o, c=masked != "none" or ql == 1:
-                         decode.check_rows(launch, refs[c], o.transpose(1, 2).float().cpu().numpy()))
+        for impl, fields, fn, check in bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS):
+            bench.record({"impl": impl, **base, **fields}, fn, check)
         del q, qt, kt, vt
         torch.cuda.empty_cache()
         bench.save()
