@@ -184,6 +184,13 @@ def decode_done_when(d: dict) -> list[str]:
     return out
 
 
+def _ratios(xs, at_least: float = 1.0) -> str:
+    """Ratios over points: their median, range, and how many reach ``at_least``."""
+    xs = sorted(xs)
+    return (f"median {statistics.median(xs):.3f}, {xs[0]:.3f} to {xs[-1]:.3f}, at least "
+            f"{at_least:g} at {sum(x >= at_least for x in xs)} of {len(xs)} points")
+
+
 def decode_vs_flashinfer(d: dict) -> list[str]:
     """Ours against FlashInfer's fastest kernel and page size where the table's run timed it
     (the same run, the same inputs): the fastest of ours, and ours on pages."""
@@ -194,10 +201,9 @@ def decode_vs_flashinfer(d: dict) -> list[str]:
     for ql in sorted({r["q_len"] for r in rows}):
         parts = []
         for key, name in (("ours_over_flashinfer", "ours"), ("ours_paged_over_flashinfer", "ours on pages")):
-            xs = sorted(r[key] for r in rows if r["q_len"] == ql and r.get(key))
+            xs = [r[key] for r in rows if r["q_len"] == ql and r.get(key)]
             if xs:
-                parts.append(f"{name} median {statistics.median(xs):.3f}, {xs[0]:.3f} to {xs[-1]:.3f}, "
-                             f"at least 1 at {sum(x >= 1 for x in xs)} of {len(xs)} points")
+                parts.append(f"{name} {_ratios(xs)}")
         out.append(f"* over FlashInfer's fastest kernel and page size in the same run "
                    f"(flashinfer-python {d['provenance'].get('packages', {}).get('flashinfer-python', '?')}), "
                    f"q_len = {ql}: " + "; ".join(parts) + ".")
@@ -569,6 +575,12 @@ def decode_configs_q4(c: dict) -> list[str]:
             f"TFLOP/s, where 0.9 of the plain read would take {_span([b for _, b in rates], '.0f')}."]
 
 
+def decode_configs_mqa(c: dict) -> list[str]:
+    """What ``--configs-mqa`` (decode_configs_mqa_h200.json) found: MQA at q_len 1, B 8."""
+    return [decode_configs_over_read(c, "MQA at q_len 1, B 8", "decode_configs_mqa_h200.json")] \
+        if c.get("summary") else []
+
+
 def decode_configs_over_read(c: dict, what: str, name: str) -> str:
     """One line of a --configs run whose points fell short of 0.9 of the plain read: per point
     the fastest configuration over the plain read (the faster of its two timings), the
@@ -604,11 +616,9 @@ def decode_flashinfer(f: dict) -> list[str]:
             vals = [(r[f"{who}_over_flashinfer"], r) for r in here if r.get(f"{who}_over_flashinfer")]
             if not vals:
                 continue
-            xs = sorted(v for v, _ in vals)
             worst, r = min(vals, key=lambda v: v[0])
-            out.append(f"  * {what}, {name} over FlashInfer: median {xs[len(xs) // 2]:.3f}, "
-                       f"{xs[0]:.3f} to {xs[-1]:.3f}; at least 1 at {sum(x >= 1 for x in xs)} of "
-                       f"{len(xs)} points (the lowest at {_pt(_key(r))}).")
+            out.append(f"  * {what}, {name} over FlashInfer: {_ratios([v for v, _ in vals])} "
+                       f"(the lowest at {_pt(_key(r))}).")
     big = [r for r in rows if r["batch"] >= 8 and r["kv_len"] >= 32768 and r.get("flashinfer_over_plain_read")]
     if big:
         xs = [r["flashinfer_over_plain_read"] for r in big]
@@ -930,8 +940,7 @@ def decode(lines):
     cm = _load("decode_configs_mqa_h200.json")
     if cm and cm.get("summary"):
         lines += ["### MQA at q_len 1, B 8: other configurations", "",
-                  f"Provenance: {_prov(cm['provenance'])}.", "",
-                  decode_configs_over_read(cm, "MQA at q_len 1, B 8", "decode_configs_mqa_h200.json"), ""]
+                  f"Provenance: {_prov(cm['provenance'])}.", ""] + decode_configs_mqa(cm) + [""]
     fi = _load("decode_flashinfer_h200.json")
     if fi:
         lines += ["### FlashInfer beside ours", "", f"Provenance: {_prov(fi['provenance'])}.", ""]
@@ -974,8 +983,7 @@ def decode_md_text() -> str:
     c4 = _load("decode_configs_q4_h200.json")
     block += decode_configs_q4(c4) if c4 else []
     cm = _load("decode_configs_mqa_h200.json")
-    block += [decode_configs_over_read(cm, "MQA at q_len 1, B 8", "decode_configs_mqa_h200.json")] \
-        if cm and cm.get("summary") else []
+    block += decode_configs_mqa(cm) if cm else []
     fi = _load("decode_flashinfer_h200.json")
     block += decode_flashinfer(fi) if fi else []
     ck = _load("decode_clock_ramp_h200.json")
