@@ -113,6 +113,12 @@ PyTorch's own tensors, and on the token-major cache) and PyTorch's cuDNN and fla
 timing of each a round in turn, each checked once first: is the difference larger than the
 spread between rounds of the same call? (A table's one timing of each cannot say.)
 
+--l2-hints (DIR/decode_l2_hints_h200.json, ~3 min): at L2_HINT_POINTS, ours (the defaults) with
+each of L2_HINTS (v13: an L2 prefetch size and the evict-first policy on the K/V copies), PyTorch's
+cuDNN and flash backends and the plain read, on PyTorch's own tensors, each checked once, then
+L2_HINT_ROUNDS rounds of one timing of each under the table's flush and under a clean one: does a
+hint move ours, and does what it gains survive an L2 without the flush's dirty lines?
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -181,6 +187,15 @@ CONFIG_POINTS_MQA = [(8, 1, 32768, 1), (8, 1, 131072, 1)]
 TIE_POINTS = [(64, 8, 4096, 1), (8, 32, 32768, 1), (1, 1, 32768, 1), (1, 32, 131072, 1),
               (8, 32, 4096, 1), (8, 32, 131072, 1), (64, 32, 4096, 1), (64, 1, 4096, 1)]
 TIE_ROUNDS = 8
+# --l2-hints: v13's L2 hints on the K/V copies (decode.configure's l2_prefetch, evict_first) at
+# TIE_POINTS (ours behind cuDNN there: one row a KV head streams at DRAM saturation), MQA at B 8
+# 32k (the TMA unit's copies, below 0.9 of the plain read) and points where ours led, under the
+# table's flush and a clean one (evict_first keeps the flush's dirty lines in the L2: under the
+# table's flush it saves their write-back, which a clean flush leaves nothing of)
+L2_HINT_POINTS = TIE_POINTS + [(8, 8, 32768, 1), (1, 8, 32768, 1), (8, 1, 32768, 1), (8, 8, 32768, 4)]
+L2_HINTS = (("none", {}), ("L2::128B", dict(l2_prefetch=128)), ("L2::256B", dict(l2_prefetch=256)),
+            ("evict_first", dict(evict_first=1)), ("L2::256B, evict_first", dict(l2_prefetch=256, evict_first=1)))
+L2_HINT_ROUNDS = 4
 # --clock-ramp: (B, kv_heads, kv_len, q_len), the first where the table's slow timings fell
 CLOCK_POINTS = [(1, 32, 32768, 4), (8, 1, 32768, 1)]
 CLOCK_IDLE_S, CLOCK_WARMUPS, CLOCK_WARM_S = (0.0, 2.0), ("calls", "spin", "calls_for"), 0.1
@@ -787,7 +802,8 @@ def tiny_cases():
     in a few small blocks: splits 1 and more, contiguous and pages of 1, 16, 64, q_len 1, 4,
     16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the four combines, row chunks, bf16,
     d = 64, v5 (wgmma; the default from 32 rows: one warpgroup up to 64), v9 (TMA, the
-    ping-pong; ragged last tiles, pages without TMA), v9_s3 and v11 (3 stages, the overlap), and head-major caches (the keyword ``head_major``, which goes to ``random_case``: ``case_options``)."""
+    ping-pong; ragged last tiles, pages without TMA), v9_s3 and v11 (3 stages, the overlap), v13's
+    L2 hints, and head-major caches (the keyword ``head_major``, which goes to ``random_case``: ``case_options``)."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
@@ -866,7 +882,15 @@ def tiny_cases():
                             (32, 1, 128, [70, 1300], 1, 0, "fp16", 3, decode.VARIANTS["v11"]),
                             (32, 1, 128, [70, 300], 4, 16, "bf16", 3, decode.VARIANTS["v11"]),
                             (16, 1, 128, [90, 20], 16, 0, "fp16", 2, decode.VARIANTS["v11"]),
-                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, decode.VARIANTS["v11"])]
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, decode.VARIANTS["v11"]),
+                            # v13's L2 hints: mma.sync (ragged, pages, d = 64), wgmma by TMA and
+                            # by cp.async (pages), each hint
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 3, dict(l2_prefetch=256, evict_first=1)),
+                            (8, 8, 64, [1, 64, 129], 1, 16, "bf16", 2, dict(l2_prefetch=128)),
+                            (8, 2, 128, [37, 300], 4, 1, "fp16", None, dict(evict_first=1, head_major=True)),
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(v9, evict_first=1, l2_prefetch=256)),
+                            (32, 1, 128, [70, 1300], 1, 0, "fp16", 3, dict(evict_first=1)),
+                            (32, 1, 128, [70, 300], 4, 16, "bf16", 3, dict(v9, l2_prefetch=64, evict_first=1))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -977,6 +1001,9 @@ MODES = {
                    "warm-ups, every repeat", lambda bench, args: clock_ramp(bench)),
     "ties": ("decode_ties_h200.json", "ours and PyTorch's backends in interleaved rounds where "
              "the table has them within 2 percent", lambda bench, args: ties(bench)),
+    "l2-hints": ("decode_l2_hints_h200.json", "ours with v13's L2 hints on the K/V copies, PyTorch's "
+                 "backends and the plain read in interleaved rounds, under both flushes",
+                 lambda bench, args: l2_hints(bench)),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 
@@ -1411,6 +1438,84 @@ def ties_summary(bench):
         print(f"B={k[0]:>2} kvh={k[1]:>2} n={k[2]:>6}: ours over PyTorch's best, by round: "
               + " ".join(f"{x:.3f}" for x in per) + f" (ours faster in {rows[-1]['ours_faster_rounds']})",
               flush=True)
+    bench.results["summary"] = rows
+
+
+def l2_hints(bench) -> int:
+    """--l2-hints: at L2_HINT_POINTS, on PyTorch's own K and V tensors (ours through transposed
+    views), ours (the defaults) with each of L2_HINTS, PyTorch's cuDNN and flash backends and the
+    plain read, each checked once, then timed in L2_HINT_ROUNDS rounds, one timing of each a
+    round under each flush ("dirty": the table's, "clean": ``harness.Harness(clean=True)``).
+    Rows as the table's with "hint", "flush" and "round"; "summary" per point and flush."""
+    torch = bench.torch
+    hs = {"dirty": bench.harness,
+          "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)}
+    bench.results["timing_clean"] = hs["clean"].method()
+    bench.results["configs"] = {"points": [list(p) for p in L2_HINT_POINTS],
+                                "hints": {name: kw for name, kw in L2_HINTS}, "rounds": L2_HINT_ROUNDS}
+
+    def run():
+        for B, kvh, n, ql, base in bench.due_points(L2_HINT_POINTS):
+            q, k, v, launch, refs, ours_check, run_ours = bench.inputs(B, kvh, n, ql)
+            qt = q.transpose(1, 2).contiguous()
+            kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            del k, v
+            torch.cuda.empty_cache()
+            kh, vh = kt.transpose(1, 2), vt.transpose(1, 2)
+            calls = []
+            for hint, kw in L2_HINTS:
+                lc = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw)
+                calls.append(("cupy_decode", {"page_size": 0, "layout": "head_major", "hint": hint,
+                                              "splits": lc.splits, "wgmma": lc.wgmma, "tma": lc.tma},
+                              run_ours(lc, kh, vh), ours_check))
+            calls += bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS)
+            calls.append(("plain_read", {"page_size": 0}, plain_read_call(bench._plain, kh, vh, bench._flag),
+                          None))
+            for rnd in range(L2_HINT_ROUNDS):
+                for flush, h in hs.items():
+                    bench.harness = h
+                    for impl, fields, fn, check in calls:
+                        bench.record({"impl": impl, **base, **fields, "flush": flush, "round": rnd}, fn,
+                                     check if (rnd, flush) == (0, "dirty") else None)
+            bench.harness = hs["dirty"]
+            del q, qt, kt, vt, kh, vh, calls
+            torch.cuda.empty_cache()
+            bench.save()
+
+    return bench.conclude(run, lambda: l2_hints_summary(bench))
+
+
+def l2_hints_summary(bench):
+    """Per point and flush: each implementation's (ours: each hint's) median time over the
+    rounds, and per round each hint's time over the no-hint one's and PyTorch's best over it."""
+    rows = []
+    for k, here in by_point(bench.results["points"], checked=False).items():
+        for flush in ("dirty", "clean"):
+            at = [p for p in here if p.get("flush") == flush]
+            rounds = sorted({p["round"] for p in at})
+
+            def t(pred, r):
+                ts = [p["time_s"] for p in at if p["round"] == r and pred(p)]
+                return min(ts) if ts else None
+            med = {}
+            for p in at:
+                med.setdefault(p["impl"] + (f" {p['hint']}" if "hint" in p else ""), []).append(p["time_s"])
+            row = {"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3], "flush": flush,
+                   "median_time_s": {name: float(np.median(ts)) for name, ts in med.items()},
+                   "hints": {}}
+            for hint, _ in L2_HINTS:
+                mine = [t(lambda p, h=hint: p.get("hint") == h, r) for r in rounds]
+                none = [t(lambda p: p.get("hint") == "none", r) for r in rounds]
+                peer = [t(lambda p: p["impl"].startswith("torch"), r) for r in rounds]
+                plain = [t(lambda p: p["impl"] == "plain_read", r) for r in rounds]
+                row["hints"][hint] = {
+                    "over_none_by_round": [b / a for a, b in zip(mine, none) if a and b],
+                    "best_torch_over_ours_by_round": [b / a for a, b in zip(mine, peer) if a and b],
+                    "plain_read_over_ours_by_round": [b / a for a, b in zip(mine, plain) if a and b]}
+            rows.append(row)
+            print(f"B={k[0]:>2} kvh={k[1]:>2} n={k[2]:>6} q={k[3]} {flush}: " + "; ".join(
+                f"{h} x{np.median(v['over_none_by_round']):.3f} vs torch {np.median(v['best_torch_over_ours_by_round']):.3f}"
+                for h, v in row["hints"].items() if v["over_none_by_round"]), flush=True)
     bench.results["summary"] = rows
 
 

@@ -86,6 +86,12 @@
 //       together, S_j waited for, masked and exponentiated, then P_{j-1} V_{j-1} waited for, O_i
 //       rescaled and P_j packed; the last tile's P V after the loop. V_{j-1} holds its stage one
 //       tile longer, so a tile is issued STAGES - 2 ahead (v5, v9: STAGES - 1): 3 stages or more.
+//  (v13) L2_PREFETCH, EVICT_FIRST: L2 hints on the K/V copies, for the last percent of DRAM
+//       bandwidth where one row a KV head streams at saturation. With L2_PREFETCH 128 or 256 a
+//       cp.async miss brings that many bytes into the L2 (FlashAttention-2's cp.async carries
+//       .L2::128B; the TMA unit's copies take it from the tensor map, decode.py); with
+//       EVICT_FIRST the K/V lines (cp.async and TMA), read once, are the L2's first candidates
+//       for eviction, so the lines already there (dirty ones too) stay.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -112,6 +118,8 @@
 //              CUtensorMaps as 4-D tensors (d, N, kv_heads, B), passed by value)
 //   PINGPONG   0, or 1: v9's turns of two warpgroups (WGMMA 1, NUM_WARPS 8)
 //   OVERLAP    0, or 1: v11's softmax beside the previous tile's P V (WGMMA 1, STAGES >= 3)
+//   L2_PREFETCH  0, 64, 128 or 256: v13's L2 prefetch size on the K/V cp.async copies
+//   EVICT_FIRST  0, or 1: v13's evict-first L2 policy on the K/V copies (cp.async and TMA)
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3, v4: one row per block).
@@ -164,6 +172,12 @@
 #ifndef OVERLAP
 #define OVERLAP 0
 #endif
+#ifndef L2_PREFETCH
+#define L2_PREFETCH 0
+#endif
+#ifndef EVICT_FIRST
+#define EVICT_FIRST 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
 #define COMBINE_THREADS (32 * COMBINE_WARPS)
@@ -195,6 +209,8 @@ static_assert(!WGMMA || ROW_WARPS == NUM_WARPS, "v5: one or two warpgroups of 64
 static_assert(!PINGPONG || (WGMMA && NUM_WARPS == 8), "v9: the ping-pong of two warpgroups");
 static_assert(!TMA || (WGMMA && PAGE_SIZE == 0), "v9 (TMA): the wgmma loop over a contiguous cache");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
+static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
+              "L2_PREFETCH is 0, 64, 128 or 256");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
 #include "common.cuh"
@@ -265,12 +281,41 @@ __device__ __forceinline__ size_t kv_row_off(const int* bt_row, const CacheRows&
 #endif
 }
 
+// One 16-byte K/V copy by cp.async, with v13's L2 hints (PTX: cp.async.cg.shared.global
+// {.L2::cache_hint}{.L2::<size>B}); src_size 0 zero-fills, as cp_async_16. ``policy``: from
+// kv_policy (EVICT_FIRST), else unused.
+#define KV_STR2(x) #x
+#define KV_STR(x) KV_STR2(x)
+#if L2_PREFETCH
+#define KV_PREFETCH ".L2::" KV_STR(L2_PREFETCH) "B"
+#else
+#define KV_PREFETCH ""
+#endif
+__device__ __forceinline__ unsigned long long kv_policy() {
+    unsigned long long p = 0;
+#if EVICT_FIRST
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));   // no side effect: hoisted
+#endif
+    return p;
+}
+__device__ __forceinline__ void kv_copy_16(u32 dst, const void* src, bool valid, unsigned long long policy) {
+#if EVICT_FIRST
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint" KV_PREFETCH " [%0], [%1], 16, %2, %3;\n"
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(policy));
+#else
+    (void)policy;
+    asm volatile("cp.async.cg.shared.global" KV_PREFETCH " [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+
 // K_j, V_j: keys key0 .. key0 + B_c - 1 of sequence b, KV head kvh, into one stage.
 // Keys >= kv_len are zero-filled (no bytes read; P is 0 there and 0 * 0 stays 0).
 // PAGE_PREFETCH: ``pages`` holds this tile's fetch_pages.
 __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, const u16* V,
                                         const int* bt_row, const CacheRows& cr, int key0, int kv_len,
                                         const Pages& pages) {
+    const unsigned long long policy = kv_policy();
 #pragma unroll
     for (int it = 0; it < LOAD_ITERS; ++it) {
         const int c = it * NUM_THREADS + threadIdx.x;
@@ -278,8 +323,8 @@ __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, cons
         const int p = key0 + r;            // key position in the sequence
         const bool valid = p < kv_len;
         const size_t off = valid ? kv_row_off(bt_row, cr, p, pages, it) : 0;
-        cp_async_16(smem_addr(K_st + tile_off(r, col)), K + off + col, valid);
-        cp_async_16(smem_addr(V_st + tile_off(r, col)), V + off + col, valid);
+        kv_copy_16(smem_addr(K_st + tile_off(r, col)), K + off + col, valid, policy);
+        kv_copy_16(smem_addr(V_st + tile_off(r, col)), V + off + col, valid, policy);
     }
 }
 
@@ -430,6 +475,7 @@ __device__ __forceinline__ void fused_combine(const float* O_part, const float* 
 __device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, const u16* V,
                                            const int* bt_row, const CacheRows& cr, int key0, int kv_len,
                                            const Pages& pages) {
+    const unsigned long long policy = kv_policy();
 #pragma unroll
     for (int it = 0; it < LOAD_ITERS; ++it) {
         const int c = it * NUM_THREADS + threadIdx.x;
@@ -437,8 +483,8 @@ __device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, con
         const int p = key0 + r;
         const bool valid = p < kv_len;
         const size_t off = valid ? kv_row_off(bt_row, cr, p, pages, it) : 0;
-        cp_async_16(K_st + tile_off(BLOCK_C, r, ch), K + off + ch * 8, valid);
-        cp_async_16(V_st + tile_off(BLOCK_C, r, ch), V + off + ch * 8, valid);
+        kv_copy_16(K_st + tile_off(BLOCK_C, r, ch), K + off + ch * 8, valid, policy);
+        kv_copy_16(V_st + tile_off(BLOCK_C, r, ch), V + off + ch * 8, valid, policy);
     }
 }
 
@@ -453,8 +499,14 @@ __device__ __forceinline__ void tma_kv(u32 K_st, u32 V_st, const TensorMap* map_
     mbar_expect_tx(bar, 2 * TILE_BYTES(BLOCK_C));
 #pragma unroll
     for (int p = 0; p < HEAD_DIM / 64; ++p) {
+#if EVICT_FIRST
+        const unsigned long long policy = kv_policy();
+        tma_load_4d_hint(K_st + p * PANEL_BYTES(BLOCK_C), map_k, p * 64, key0, kvh, b, bar, policy);
+        tma_load_4d_hint(V_st + p * PANEL_BYTES(BLOCK_C), map_v, p * 64, key0, kvh, b, bar, policy);
+#else
         tma_load_4d(K_st + p * PANEL_BYTES(BLOCK_C), map_k, p * 64, key0, kvh, b, bar);
         tma_load_4d(V_st + p * PANEL_BYTES(BLOCK_C), map_v, p * 64, key0, kvh, b, bar);
+#endif
     }
 }
 #endif

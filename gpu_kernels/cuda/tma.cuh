@@ -45,3 +45,13 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, int c
                  :: "r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
+
+// As tma_load_4d, with an L2 cache policy (createpolicy's 64-bit descriptor) on the copy's lines.
+__device__ __forceinline__ void tma_load_4d_hint(u32 dst, const TensorMap* map, int c0, int c1, int c2,
+                                                 int c3, u32 bar, unsigned long long policy) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n"
+                 :: "r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
+                    "l"(policy)
+                 : "memory");
+}

@@ -99,6 +99,7 @@ WGMMA_ARCH = "sm_90a"               # v5's target (wgmma.cuh)
 WGMMA_TILES = (128, 2)
 TUNING_V5 = (WGMMA_TILES, (64, 4), (64, 3))
 TMA_L2_PROMOTION = 128              # v9's tensor maps: the L2 fetch granularity of a TMA copy
+L2_PREFETCH_SIZES = (0, 64, 128, 256)   # v13: the K/V copies' L2 prefetch sizes (0: no hint)
 MBARRIER_SMEM = 128                 # v9's static shared memory: STAGES mbarriers (ptxas: 128 bytes)
 
 
@@ -179,12 +180,16 @@ def default_version(page_size) -> str:
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
             stages: int | None = None, warps: int = 4, combine: int = COMBINE,
             page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
-            pingpong: int = 0, tma: int = 0, overlap: int = 0) -> dict[str, int]:
-    return {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
-            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
-            "NUM_WARPS": warps, "COMBINE": combine,
-            "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma, "PDL": pdl,
-            "FUSED": fused, "PINGPONG": pingpong, "TMA": tma, "OVERLAP": overlap}
+            pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
+            evict_first: int = 0) -> dict[str, int]:
+    out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
+           "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
+           "NUM_WARPS": warps, "COMBINE": combine,
+           "PAGE_PREFETCH": int(bool(page_prefetch and page_size)), "WGMMA": wgmma, "PDL": pdl,
+           "FUSED": fused, "PINGPONG": pingpong, "TMA": tma, "OVERLAP": overlap}
+    if l2_prefetch or evict_first:    # v13's hints; absent otherwise, so earlier builds keep their keys
+        out |= {"L2_PREFETCH": l2_prefetch, "EVICT_FIRST": evict_first}
+    return out
 
 
 
@@ -317,6 +322,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     pingpong: int = 0                # PINGPONG: v9, two warpgroups take turns at the tensor cores
     tma: int = 0                     # TMA: v9, K/V tiles by the TMA unit (contiguous cache, wgmma)
     overlap: int = 0                 # OVERLAP: v11, a tile's softmax beside the previous tile's P V
+    l2_prefetch: int = 0             # L2_PREFETCH: v13, the L2 prefetch size of the K/V copies (bytes)
+    evict_first: int = 0             # EVICT_FIRST: v13, the K/V lines first out of the L2
 
     @property
     def rows(self) -> int:
@@ -336,7 +343,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     def defines(self) -> dict[str, int]:
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
-                       self.pdl, self.fused, self.pingpong, self.tma, self.overlap)
+                       self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
+                       self.evict_first)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -575,7 +583,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
             self.workspace["tensor_maps"] = tuple(
                 tensor_map(x.data.ptr, (self.d, self.N, x.shape[2], x.shape[0]),
                            (stride(x, 1), stride(x, 2), stride(x, 0)), (64, self.block_cols, 1, 1),
-                           self.dtype == "bf16", TMA_L2_PROMOTION) for x in (k, v))
+                           self.dtype == "bf16", self.l2_prefetch or TMA_L2_PROMOTION) for x in (k, v))
             self.workspace["tensor_maps_of"] = key
         return self.workspace["tensor_maps"]
 
@@ -726,7 +734,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
-              overlap=0) -> DecodeLaunch:
+              overlap=0, l2_prefetch=0, evict_first=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -745,7 +753,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     cp.async, None: ``default_tma``; ``pingpong``: 1 lets two warpgroups take turns issuing S
     (v9: PINGPONG; 8 warps on wgmma), 0 not, None: ``default_pingpong``; ``overlap``: 1 runs a
     tile's softmax while the previous tile's P V is on the tensor cores (v11: OVERLAP; wgmma,
-    3 stages or more), 0 not."""
+    3 stages or more), 0 not. ``l2_prefetch``: 64, 128 or 256, the L2 prefetch size of the K/V
+    copies (v13: L2_PREFETCH; the TMA unit's through its tensor maps), 0 none (the tensor maps:
+    TMA_L2_PROMOTION); ``evict_first``: 1 marks the K/V lines first out of the L2 (v13), 0 not."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -822,6 +832,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if isinstance(overlap, bool) or overlap not in (0, 1) or (overlap and (not wgmma or stages < 3)):
         raise KernelInputError(f"overlap = {overlap!r}: 0, or 1 on wgmma (v5's loop) with 3 stages or "
                                "more (V_j keeps its stage a tile longer)")
+    if l2_prefetch not in L2_PREFETCH_SIZES or evict_first not in (0, 1) or isinstance(evict_first, bool):
+        raise KernelInputError(f"l2_prefetch = {l2_prefetch!r}, evict_first = {evict_first!r}: "
+                               f"l2_prefetch in {L2_PREFETCH_SIZES}, evict_first 0 or 1")
     n_tiles = cdiv(max(lens), Bc)
     # blocks resident at once (v9's mbarriers: static shared memory beside the dynamic)
     slots = sm_count * blocks_per_sm(smem + (MBARRIER_SMEM if tma else 0), head_dim, warps, wgmma)
@@ -851,7 +864,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         num_pages=None if not page_size else int(num_pages), splits=splits,
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
-                        wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap)
+                        wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
+                        l2_prefetch=l2_prefetch, evict_first=evict_first)
 
 
 def compile_variants():
