@@ -118,6 +118,13 @@ each of L2_HINTS (v13: an L2 prefetch size and the evict-first policy on the K/V
 cuDNN and flash backends and the plain read, on PyTorch's own tensors, each checked once, then
 L2_HINT_ROUNDS rounds of one timing of each under the table's flush and under a clean one: does a
 hint move ours, and does what it gains survive an L2 without the flush's dirty lines?
+--l2-hints-profile runs, at L2_HINT_PROFILE_POINTS, the plain read and the step with each hint once
+after each flush in NVTX ranges, for Nsight Compute without its own cache control (what each
+reads and writes in DRAM):
+    ncu --cache-control none --clock-control none --nvtx --nvtx-include dirty/ \
+        --nvtx-include clean/ --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,\
+lts__t_sectors_srcunit_tex_op_read.sum --csv --page raw --log-file DIR/decode_l2_hints_ncu_h200.csv \
+        python -m benchmarks.decode_h200 --l2-hints-profile --out DIR
 
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
@@ -196,6 +203,8 @@ L2_HINT_POINTS = TIE_POINTS + [(8, 8, 32768, 1), (1, 8, 32768, 1), (8, 1, 32768,
 L2_HINTS = (("none", {}), ("L2::128B", dict(l2_prefetch=128)), ("L2::256B", dict(l2_prefetch=256)),
             ("evict_first", dict(evict_first=1)), ("L2::256B, evict_first", dict(l2_prefetch=256, evict_first=1)))
 L2_HINT_ROUNDS = 4
+# --l2-hints-profile: where a hint moved ours most in decode_l2_hints_h200.json (2026-12-03)
+L2_HINT_PROFILE_POINTS = [(8, 32, 4096, 1), (1, 8, 32768, 1), (8, 8, 32768, 1)]
 # --clock-ramp: (B, kv_heads, kv_len, q_len), the first where the table's slow timings fell
 CLOCK_POINTS = [(1, 32, 32768, 4), (8, 1, 32768, 1)]
 CLOCK_IDLE_S, CLOCK_WARMUPS, CLOCK_WARM_S = (0.0, 2.0), ("calls", "spin", "calls_for"), 0.1
@@ -1024,6 +1033,8 @@ def main(argv=None) -> int:
                     help="PyTorch's cuDNN call and our step at the --configs points in NVTX ranges, for ncu")
     ap.add_argument("--overheads-profile", action="store_true",
                     help="the plain read and the step after each flush, in NVTX ranges, for ncu")
+    ap.add_argument("--l2-hints-profile", action="store_true",
+                    help="the plain read and the step with each L2 hint after each flush, in NVTX ranges, for ncu")
     args = ap.parse_args(argv)
 
     if args.sanitize:
@@ -1039,6 +1050,8 @@ def main(argv=None) -> int:
         return profile_points(args.profile_point, torch, args.out)
     if args.overheads_profile:
         return overheads_profile(args.out)
+    if args.l2_hints_profile:
+        return l2_hints_profile(args.out)
     if args.configs_profile:
         return configs_profile(args.out)
     flag = next((f for f in MODES if getattr(args, f.replace("-", "_"))), None)
@@ -1133,26 +1146,22 @@ def overheads(bench) -> int:
     return bench.conclude(run)
 
 
-def overheads_profile(out) -> int:
-    """--overheads-profile: at OVERHEAD_PROFILE_POINTS the plain read, then the step (the
-    default launch), each once after the table's flush inside NVTX range "dirty" and once
-    after a clean flush inside "clean" (the flushes and a warm-up outside the ranges); the
-    order of the ranges' launches goes to out/decode_overheads_ncu_h200.json beside ncu's CSV."""
+def flush_profile(out, points, calls, name: str) -> int:
+    """For Nsight Compute without its own cache control: at each of ``points``, each call of
+    ``calls(B, kvh, n, ql, q, k, v)`` -> [(what, fields, fn, kernels)] once after the table's
+    flush inside NVTX range "dirty" and once after a clean flush inside "clean" (the flushes
+    and a warm-up outside the ranges); the order of the ranges' launches goes to out/``name``
+    beside ncu's CSV."""
     import cupy
     import torch
 
-    plain = cupy.RawKernel(PLAIN_READ, "plain_read")
-    flag = cupy.zeros(1, cupy.uint32)
     hs = {"dirty": harness.Harness("cupy"), "clean": harness.Harness("cupy", clean=True)}
     order = []
-    for B, kvh, n, ql in OVERHEAD_PROFILE_POINTS:
+    for B, kvh, n, ql in points:
         q = torch.randn((B, ql, H, D), device="cuda", dtype=torch.float16)
         k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
         v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
-        launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
-        steps = {"plain_read": plain_read_call(plain, k, v, flag),
-                 "step": lambda: launch.run(q, k, v)}
-        for what, fn in steps.items():
+        for what, fields, fn, kernels in calls(B, kvh, n, ql, q, k, v):
             fn()                                      # compiles, warms the launch path
             for flush, h in hs.items():
                 cupy.cuda.runtime.deviceSynchronize()
@@ -1162,17 +1171,50 @@ def overheads_profile(out) -> int:
                 fn()
                 cupy.cuda.runtime.deviceSynchronize()
                 cupy.cuda.nvtx.RangePop()
-                kernels = [kl.kernel for kl in launch.launches()] if what == "step" else [what]
                 order += [{"batch": B, "kv_heads": kvh, "kv_len": n, "q_len": ql, "flush": flush,
-                           "what": what, "kernel": name, "kv_bytes": cache_bytes(B, kvh, n),
-                           "l2_flush_bytes": h.flush_bytes} for name in kernels]
-        del q, k, v, steps
+                           "what": what, **fields, "kernel": kname, "kv_bytes": cache_bytes(B, kvh, n),
+                           "l2_flush_bytes": h.flush_bytes} for kname in kernels]
+        del q, k, v
         torch.cuda.empty_cache()
-    print("wrote " + write_json(out, "decode_overheads_ncu_h200.json", {
+    print("wrote " + write_json(out, name, {
         "note": "the launches inside NVTX ranges 'dirty' and 'clean', in order: the rows of the "
-                "run's ncu CSV (decode_overheads_ncu_h200.csv)",
+                f"run's ncu CSV ({name.replace('.json', '.csv')})",
         "provenance": harness.provenance(), "launches": order}))
     return 0
+
+
+def overheads_profile(out) -> int:
+    """--overheads-profile: at OVERHEAD_PROFILE_POINTS the plain read, then the step (the
+    default launch), each after either flush (``flush_profile``)."""
+    import cupy
+
+    plain = cupy.RawKernel(PLAIN_READ, "plain_read")
+    flag = cupy.zeros(1, cupy.uint32)
+
+    def calls(B, kvh, n, ql, q, k, v):
+        launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
+        return [("plain_read", {}, plain_read_call(plain, k, v, flag), ["plain_read"]),
+                ("step", {}, lambda: launch.run(q, k, v), [kl.kernel for kl in launch.launches()])]
+    return flush_profile(out, OVERHEAD_PROFILE_POINTS, calls, "decode_overheads_ncu_h200.json")
+
+
+def l2_hints_profile(out) -> int:
+    """--l2-hints-profile: at L2_HINT_PROFILE_POINTS the plain read, then the step (the
+    defaults) with each of L2_HINTS, each after either flush (``flush_profile``): what reaches
+    DRAM, read and written, under each hint."""
+    import cupy
+
+    plain = cupy.RawKernel(PLAIN_READ, "plain_read")
+    flag = cupy.zeros(1, cupy.uint32)
+
+    def calls(B, kvh, n, ql, q, k, v):
+        out = [("plain_read", {}, plain_read_call(plain, k, v, flag), ["plain_read"])]
+        for hint, kw in L2_HINTS:
+            launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw)
+            out.append(("step", {"hint": hint}, lambda lc=launch: lc.run(q, k, v),
+                        [kl.kernel for kl in launch.launches()]))
+        return out
+    return flush_profile(out, L2_HINT_PROFILE_POINTS, calls, "decode_l2_hints_ncu_h200.json")
 
 
 # ---------------------------------------------------------------------- timings after host idle time
