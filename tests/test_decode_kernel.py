@@ -394,6 +394,22 @@ def test_tma_and_ping_pong_where_v9_takes_them():
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_len=4, tma=True, match="tma")
 
 
+def test_l2_hints_reach_the_defines_only_when_asked():
+    """v13's hints are defines only when given (the builds without them keep their cache keys)
+    and change nothing else of the launch; other values are refused."""
+    plain = decode.configure(1, 32, 8, 128, kv_lens=[20])
+    assert "L2_PREFETCH" not in plain.defines() and "EVICT_FIRST" not in plain.defines()
+    for kvh in (32, 1):                                       # mma.sync, and wgmma by TMA
+        h = decode.configure(1, 32, kvh, 128, kv_lens=[20], l2_prefetch=256, evict_first=1)
+        assert (h.defines()["L2_PREFETCH"], h.defines()["EVICT_FIRST"]) == (256, 1)
+        assert {k: v for k, v in h.defines().items() if k not in ("L2_PREFETCH", "EVICT_FIRST")} \
+            == decode.configure(1, 32, kvh, 128, kv_lens=[20]).defines()
+    assert decode.configure(1, 32, 1, 128, kv_lens=[20], evict_first=1).defines()["L2_PREFETCH"] == 0
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], l2_prefetch=32, match="l2_prefetch")
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], evict_first=True, match="evict_first")
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], evict_first=2, match="evict_first")
+
+
 # ------------------------------------------------------------------ bad input (no GPU)
 
 def _refused(fn, *args, match=None, **kw):

@@ -51,7 +51,8 @@ launched cooperatively: ``launch_ex``); v8: v6 or v7 with the splits of the ``"s
 (``tma=1``, ``default_tma``; ``launch.tensor_maps``) and, with two warpgroups, lets them take
 turns at the tensor cores (``pingpong=1``, ``default_pingpong``); v12, the defaults over a
 paged cache since 2026-12-03: v9's kernels with the wave rule's splits
-(``default_split_rule``).
+(``default_split_rule``); v13 (``l2_prefetch``, ``evict_first``): L2 hints on the K/V copies,
+timed beside the defaults by the benchmark's --l2-hints, not taken by them.
 Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
@@ -77,7 +78,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
