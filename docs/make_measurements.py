@@ -236,6 +236,44 @@ def decode_ties_runs() -> list[str]:
     return out
 
 
+FLUSHES = {"dirty": "the table's flush", "clean": "a clean flush"}
+
+
+def decode_l2_hints(h: dict) -> list[str]:
+    """``--l2-hints``: per hint and flush, its time over none's (the median over rounds at
+    each point, then over the points), and at the points with one row a KV head (kv_heads 32,
+    q_len 1) ours with the hint over PyTorch's best (its time over ours)."""
+    rows = h.get("summary") or []
+    if not rows:
+        return []
+    parts = []
+    for hint in h["configs"]["hints"]:
+        if hint == "none":
+            continue
+        per = []
+        for flush in ("dirty", "clean"):
+            xs = [statistics.median(r["hints"][hint]["over_none_by_round"]) for r in rows
+                  if r["flush"] == flush and r["hints"][hint]["over_none_by_round"]]
+            if xs:
+                per.append(f"{FLUSHES[flush]} {_ratios(xs)}")
+        parts.append(f"{hint}: " + "; ".join(per))
+    mha = {}
+    for r in rows:
+        if r["kv_heads"] == 32 and r["q_len"] == 1 and r["flush"] == "dirty":
+            for hint, v in r["hints"].items():
+                if v["best_torch_over_ours_by_round"]:
+                    mha.setdefault(hint, []).append(statistics.median(v["best_torch_over_ours_by_round"]))
+    tail = "; ".join(f"{hint} {_ratios(xs)}" for hint, xs in mha.items())
+    return [f"* L2 hints on the K/V copies (v13, `decode_l2_hints_h200.json`, "
+            f"{h['provenance'].get('date', '')[:10]}; the defaults with each hint, on PyTorch's own "
+            f"tensors, beside cuDNN, flash and the plain read, {h['configs']['rounds']} rounds of one "
+            f"timing of each, under the table's flush and a clean one, {len(rows) // 2} points; "
+            f"{h.get('failed_checks', 0)} failed checks): the time without a hint over the time with it "
+            "(above 1: the hint is faster), the median over rounds at each point: "
+            + "; ".join(parts) + f". Ours over PyTorch's best (its time over ours, the --ties lines' ratio) "
+            f"at the points with one row a KV head (kv_heads 32, q_len 1), the table's flush: {tail}."]
+
+
 def decode_v5_w4(d: dict) -> list[str]:
     """How v5_w4 (one warpgroup) did where it is timed: MQA at q_len = 1 (32 rows), against
     the split kernels of v1-v5 (v6-v9 run v5_w4's kernel there, with another combine, splits
@@ -986,6 +1024,8 @@ def decode_md_text() -> str:
     block += decode_configs_mqa(cm) if cm else []
     fi = _load("decode_flashinfer_h200.json")
     block += decode_flashinfer(fi) if fi else []
+    lh = _load("decode_l2_hints_h200.json")
+    block += decode_l2_hints(lh) if lh else []
     ck = _load("decode_clock_ramp_h200.json")
     block += decode_clock_ramp(ck) if ck else []
     cl = _load("decode_h200_clocks.json")
