@@ -90,8 +90,10 @@
 //       bandwidth where one row a KV head streams at saturation. With L2_PREFETCH 128 or 256 a
 //       cp.async miss brings that many bytes into the L2 (FlashAttention-2's cp.async carries
 //       .L2::128B; the TMA unit's copies take it from the tensor map, decode.py); with
-//       EVICT_FIRST the K/V lines (cp.async and TMA), read once, are the L2's first candidates
-//       for eviction, so the lines already there (dirty ones too) stay.
+//       EVICT_FIRST the K/V lines, read once, are the L2's first candidates for eviction, so
+//       the lines already there (dirty ones too) stay. The mma.sync loop's cp.async copies and
+//       the wgmma loop's TMA copies take them; the wgmma loop's cp.async copies (pages, a ragged
+//       last tile) do not (load_kv_wg says why).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -118,8 +120,9 @@
 //              CUtensorMaps as 4-D tensors (d, N, kv_heads, B), passed by value)
 //   PINGPONG   0, or 1: v9's turns of two warpgroups (WGMMA 1, NUM_WARPS 8)
 //   OVERLAP    0, or 1: v11's softmax beside the previous tile's P V (WGMMA 1, STAGES >= 3)
-//   L2_PREFETCH  0, 64, 128 or 256: v13's L2 prefetch size on the K/V cp.async copies
-//   EVICT_FIRST  0, or 1: v13's evict-first L2 policy on the K/V copies (cp.async and TMA)
+//   L2_PREFETCH  0, 64, 128 or 256: v13's L2 prefetch size on the mma.sync loop's K/V copies
+//   EVICT_FIRST  0, or 1: v13's evict-first L2 policy on the mma.sync loop's K/V copies and
+//              the TMA unit's
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3, v4: one row per block).
@@ -472,10 +475,12 @@ __device__ __forceinline__ void fused_combine(const float* O_part, const float* 
 // ---------------------------------------------------------------- kernel 1: one split
 #if WGMMA
 // v5: as load_kv, into flash3's swizzled 64-column panels (wgmma.cuh's tile_off, bytes).
+// Without v13's hints: with the evict-first policy on these copies (a ragged last tile, two
+// warpgroups) the H200 raised an illegal instruction in decode_split (compute-sanitizer,
+// decode_h200_memcheck_v13a.log); why is not known.
 __device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, const u16* V,
                                            const int* bt_row, const CacheRows& cr, int key0, int kv_len,
                                            const Pages& pages) {
-    const unsigned long long policy = kv_policy();
 #pragma unroll
     for (int it = 0; it < LOAD_ITERS; ++it) {
         const int c = it * NUM_THREADS + threadIdx.x;
@@ -483,8 +488,8 @@ __device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, con
         const int p = key0 + r;
         const bool valid = p < kv_len;
         const size_t off = valid ? kv_row_off(bt_row, cr, p, pages, it) : 0;
-        kv_copy_16(K_st + tile_off(BLOCK_C, r, ch), K + off + ch * 8, valid, policy);
-        kv_copy_16(V_st + tile_off(BLOCK_C, r, ch), V + off + ch * 8, valid, policy);
+        cp_async_16(K_st + tile_off(BLOCK_C, r, ch), K + off + ch * 8, valid);
+        cp_async_16(V_st + tile_off(BLOCK_C, r, ch), V + off + ch * 8, valid);
     }
 }
 
