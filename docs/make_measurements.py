@@ -896,6 +896,38 @@ def decode_overheads_ncu() -> list[str]:
             f"{flush / 1e6:.0f} MB): " + "; ".join(parts) + "."]
 
 
+def decode_l2_hints_ncu() -> list[str]:
+    """Nsight Compute without its own cache control (``--l2-hints-profile``): per hint, the
+    split kernel's DRAM bytes read and L2 sectors requested over the K/V bytes, its DRAM
+    bytes written after the table's flush, and the no-hint time over its time after each."""
+    from flashsim.views import decode as dv
+
+    launches = [x for x in dv.flush_profile("decode_l2_hints_ncu_h200", ("dram__bytes_read.sum",
+                "lts__t_sectors_srcunit_tex_op_read.sum", "gpu__time_duration.sum"))
+                if x["what"] == "step" and x["kernel"] == "decode_split"]
+    if not launches:
+        return []
+    t = {(_key(x), x["flush"], x["hint"]): x["gpu__time_duration.sum"] for x in launches}
+
+    def span(xs, fmt="{:.3f}"):
+        return fmt.format(min(xs)) + ("" if round(min(xs), 3) == round(max(xs), 3) else " to " + fmt.format(max(xs)))
+    parts = []
+    for hint in dict.fromkeys(x["hint"] for x in launches):
+        mine = [x for x in launches if x["hint"] == hint]
+        part = (f"{hint}: DRAM read {span([x['dram__bytes_read.sum'] / x['kv_bytes'] for x in mine])}, "
+                f"L2 sectors requested {span([32 * x['lts__t_sectors_srcunit_tex_op_read.sum'] / x['kv_bytes'] for x in mine])}, "
+                f"written after the table's flush {span([x['dram_write_bytes'] / 1e6 for x in mine if x['flush'] == 'dirty'], '{:.1f}')} MB")
+        if hint != "none":
+            part += "; the time without a hint over the time with it, after " + ", after ".join(
+                f"{FLUSHES[f]} {span([t[(_key(x), f, 'none')] / t[(_key(x), f, hint)] for x in mine if x['flush'] == f])}"
+                for f in ("dirty", "clean"))
+        parts.append(part)
+    pts = "; ".join(_pt(k) for k in dict.fromkeys(_key(x) for x in launches))
+    return [f"* What the hints do to the split kernel's traffic (Nsight Compute, `--cache-control none`, "
+            f"`decode_l2_hints_ncu_h200.csv`; once after each flush at {pts}; bytes over the K/V bytes): "
+            + "; ".join(parts) + "."]
+
+
 DECODE_CALIBRATION_KV_LEN = 32768     # the decode time model's split, made before its change
 
 
@@ -1026,6 +1058,7 @@ def decode_md_text() -> str:
     block += decode_flashinfer(fi) if fi else []
     lh = _load("decode_l2_hints_h200.json")
     block += decode_l2_hints(lh) if lh else []
+    block += decode_l2_hints_ncu()
     ck = _load("decode_clock_ramp_h200.json")
     block += decode_clock_ramp(ck) if ck else []
     cl = _load("decode_h200_clocks.json")

@@ -158,23 +158,30 @@ def _measurements(load, stamp) -> tuple:
                  else {**pt, "block_cols": bc} for pt in data["points"])
 
 
-def overhead_profile() -> list[dict]:
-    """The launches ``benchmarks.decode_h200 --overheads-profile`` ran inside its NVTX ranges
-    (``decode_overheads_ncu_h200.json``), each with the DRAM bytes Nsight Compute counted it
-    writing (``dram_write_bytes``, from the run's CSV, whose launches must be the JSON's);
-    [] where that profile is not committed."""
+def flush_profile(stem: str, metrics: tuple = ("dram__bytes_write.sum",)) -> list[dict]:
+    """The launches a flush profile of ``benchmarks.decode_h200`` (--overheads-profile:
+    ``decode_overheads_ncu_h200``; --l2-hints-profile: ``decode_l2_hints_ncu_h200``) ran inside
+    its NVTX ranges (``stem``.json), each with ``metrics`` as Nsight Compute counted them (from
+    ``stem``.csv, whose launches must be the JSON's; ``dram_write_bytes``: the DRAM bytes
+    written); [] where that profile is not committed."""
     from .. import measured
     from gpu_kernels import ncu
 
+    metrics = tuple(dict.fromkeys(("dram__bytes_write.sum", *metrics)))
     try:
-        order = measured.load("decode_overheads_ncu_h200.json")["launches"]
-        rows = ncu.parse_csv(measured.path("decode_overheads_ncu_h200.csv").read_text(),
-                             ["dram__bytes_write.sum"])
+        order = measured.load(f"{stem}.json")["launches"]
+        rows = ncu.parse_csv(measured.path(f"{stem}.csv").read_text(), list(metrics))
     except FileNotFoundError:
         return []
     if [r["kernel_name"] for r in rows] != [x["kernel"] for x in order]:
-        raise FlashsimError("decode_overheads_ncu_h200.csv: its launches are not the JSON's")
-    return [{**x, "dram_write_bytes": int(r["dram__bytes_write.sum"])} for r, x in zip(rows, order)]
+        raise FlashsimError(f"{stem}.csv: its launches are not the JSON's")
+    return [{**x, **{m: r[m] for m in metrics}, "dram_write_bytes": int(r["dram__bytes_write.sum"])}
+            for r, x in zip(rows, order)]
+
+
+def overhead_profile() -> list[dict]:
+    """``flush_profile`` of --overheads-profile: the plain read and the default step."""
+    return flush_profile("decode_overheads_ncu_h200")
 
 
 PROFILE_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "launch__grid_size",
