@@ -245,14 +245,14 @@ def measure_launch(launch, repeats=None, harness=None) -> dict:
 
 def spec(launch) -> dict:
     """What ``gpu_kernels.ncu.profile`` (and a decode kernel's ``gpu_kernels.measure_decode``
-    and ``predict_decode``) needs to build ``launch`` again: a paged launch's block table is
-    ``DecodeKernel.launch``'s own (seeded), so the same again."""
+    and ``predict_decode``) needs to build ``launch`` again: a decode launch's configure
+    keywords (``DecodeLaunch.options``: its splits, tiles, warps and versions); a paged launch's
+    block table is ``DecodeKernel.launch``'s own (seeded), so the same again."""
     if is_decode(launch):
         return {"kernel": launch.kernel, "batch": launch.batch, "heads": launch.heads,
                 "kv_heads": launch.kv_heads, "head_dim": launch.d, "q_len": launch.q_len,
                 **launch.lens(), "dtype": launch.dtype, "causal": launch.causal,
-                "page_size": launch.page_size or None, "splits": launch.splits,
-                "block_cols": launch.block_cols}
+                "page_size": launch.page_size or None, **launch.options()}
     return {"kernel": launch.kernel, "batch": launch.batch, "heads": launch.heads,
             "seq_len": launch.N, "head_dim": launch.d, "dtype": launch.dtype,
             "causal": launch.causal, "block_rows": launch.block_rows,

@@ -49,7 +49,7 @@ from .nest import launches as _nest_launches
 # flashsim predict/measure's decode options (flashsim.decode.add_cli_args) -> the flag
 DECODE_FLAGS = {"q_len": "--q-len", "kv_len": "--kv-len", "kv_lens": "--kv-lens",
                 "kv_heads": "--kv-heads", "splits": "--splits", "page_size": "--page-size",
-                "no_causal": "--no-causal"}
+                "no_causal": "--no-causal", "variant": "--variant"}
 
 
 def decode_kernels() -> dict:
@@ -59,15 +59,34 @@ def decode_kernels() -> dict:
     return registry.DECODE_KERNELS
 
 
+def variant_options(variant: str | None) -> dict:
+    """The configure keywords of ``variant`` (``gpu_kernels.cupy.decode.VARIANTS``), {} for
+    None (the defaults); another name is refused."""
+    from gpu_kernels.cupy import decode as loader
+
+    from .predict import PredictError
+
+    if variant is None:
+        return {}
+    if variant not in loader.VARIANTS:
+        raise PredictError(f"--variant {variant!r}: one of {', '.join(loader.VARIANTS)} (the "
+                           "versions benchmarks/decode_h200.py times; without it, the defaults)")
+    return dict(loader.VARIANTS[variant])
+
+
 def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None, q_len: int = 1,
                    kv_len=None, kv_lens=None, head_dim: int, dtype=None, page_size=None,
                    splits=None, causal: bool = True, block_cols=None, gpu: str | None = None,
-                   work_limit: int | None = _l2.WORK_LIMIT) -> dict:
+                   work_limit: int | None = _l2.WORK_LIMIT, variant: str | None = None,
+                   **options) -> dict:
     """The prediction for one step of decode kernel ``kernel`` on preset ``gpu``.
 
     ``splits`` None or "auto": the loader's heuristic; ``page_size`` (``cupy_decode_paged``
-    only) None: 16, vLLM's default. Bad names and shapes raise a FlashsimError (the loader's
-    KernelInputError is one) before any work is done."""
+    only) None: 16, vLLM's default. ``variant``: a version the benchmark times
+    (``gpu_kernels.cupy.decode.VARIANTS``: its configure keywords; None: the defaults);
+    ``options``: more of configure's keywords (stages, warps, combine, fused, ...), over the
+    variant's. Bad names and shapes raise a FlashsimError (the loader's KernelInputError is
+    one) before any work is done."""
     from gpu_kernels.cupy import decode as loader
 
     from .decode import DEFAULT_PAGE
@@ -83,10 +102,11 @@ def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None
                            "for the others)")
     if entry.paged and page_size is None:
         page_size = DEFAULT_PAGE
+    given = {k: v for k, v in dict(options, block_cols=block_cols,
+                                   splits=None if splits == "auto" else splits).items() if v is not None}
     launch = entry.launch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                           kv_len=kv_len, kv_lens=kv_lens, q_len=q_len, dtype=dtype,
-                          causal=causal, page_size=page_size, block_cols=block_cols,
-                          splits=None if splits == "auto" else splits)
+                          causal=causal, page_size=page_size, **{**variant_options(variant), **given})
     p = launch.plan(gpu)
     rep = p.count()
     labels = [x.label for x in _nest_launches(p.nest())]
@@ -124,7 +144,7 @@ def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None
         return sum(by_tensor.get(n, {}).get(k, 0) for n in names
                    for k in ("read_bytes", "write_bytes"))
     return {
-        "kernel": kernel, "gpu": gpu, "batch": launch.batch, "heads": launch.heads,
+        "kernel": kernel, "variant": variant, "gpu": gpu, "batch": launch.batch, "heads": launch.heads,
         "kv_heads": launch.kv_heads, "q_len": launch.q_len, "kv_len": launch.N,
         "kv_lens": launch.lens().get("kv_lens", [launch.N]), "head_dim": launch.d,
         "dtype": launch.dtype, "causal": launch.causal, "page_size": launch.page_size or None,
@@ -149,7 +169,8 @@ def format_prediction(r: dict) -> str:
     lens = (f"kv_len {r['kv_len']}" if len(r["kv_lens"]) == 1 else
             "kv_lens " + ",".join(map(str, r["kv_lens"])))
     page = f", pages of {r['page_size']}" if r["page_size"] else ""
-    lines = [f"{r['kernel']} on {r['gpu']}: B {r['batch']}, H {r['heads']}, kv_heads "
+    name = r["kernel"] + (f" ({r['variant']})" if r.get("variant") else "")
+    lines = [f"{name} on {r['gpu']}: B {r['batch']}, H {r['heads']}, kv_heads "
              f"{r['kv_heads']}, q_len {r['q_len']}, {lens}, d {r['head_dim']}, {r['dtype']}"
              f"{', causal' if r['causal'] else ''}{page}; {r['splits']} splits, B_r "
              f"{r['block_rows']} (packed rows of a KV head), B_c {r['block_cols']}"]
@@ -189,7 +210,7 @@ def check_flags(args, decode: bool, kernel: str) -> None:
         if args.causal and args.no_causal:
             raise FlashsimError("--causal and --no-causal contradict each other")
         return
-    given = [flag for key, flag in DECODE_FLAGS.items() if getattr(args, key) not in (None, False)]
+    given = [flag for key, flag in DECODE_FLAGS.items() if getattr(args, key, None) not in (None, False)]
     if given:
         raise FlashsimError(f"{given[0]} is a decode option; {kernel} takes --seq-len (the "
                             f"decode kernels: {', '.join(decode_kernels())})")
@@ -200,7 +221,8 @@ def launch_options(entry, args, defaults: dict | None = None, every: bool = Fals
     of flashsim predict or measure. A value not given takes ``defaults``' (measure's default
     decode shape); kv_heads without --kv-heads is ``defaults``' unless --heads is given, then
     --heads (MHA, as flashsim io reads it). ``every`` (measure --all): --page-size goes to
-    the paged kernel only and --block-cols to none."""
+    the paged kernel only and --block-cols to none. ``--variant``: its configure keywords
+    (``variant_options``), under --splits and --block-cols where those are given."""
     from .decode import DEFAULT_PAGE
 
     d = defaults or {}
@@ -225,12 +247,13 @@ def launch_options(entry, args, defaults: dict | None = None, every: bool = Fals
     page_size = get("page_size") if entry.paged else (None if every else args.page_size)
     if entry.paged and page_size is None:
         page_size = DEFAULT_PAGE
+    given = {k: v for k, v in (("splits", None if args.splits in (None, "auto") else args.splits),
+                               ("block_cols", None if every else args.block_cols)) if v is not None}
     return dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=get("head_dim"),
                 q_len=get("q_len") or 1, kv_len=kv_len,
                 kv_lens=None if kv_lens is None else list(kv_lens), dtype=args.dtype,
                 causal=not args.no_causal, page_size=page_size,
-                splits=None if args.splits in (None, "auto") else args.splits,
-                block_cols=None if every else args.block_cols)
+                **{**variant_options(getattr(args, "variant", None)), **given})
 
 
 def is_decode(args) -> bool:
@@ -247,6 +270,7 @@ def cli_answer(args) -> str:
 
     opts = launch_options(decode_kernels()[args.kernel], args)
     r = predict_decode(args.kernel, gpu=args.gpu, **opts)
+    r["variant"] = args.variant
     return json.dumps(r) if args.json else format_prediction(r)
 
 
@@ -255,3 +279,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from .decode import add_cli_args
 
     add_cli_args(p, gqa_schedule=False)
+    p.add_argument("--variant", help="a decode kernel's version as benchmarks/decode_h200.py times "
+                                     "it (gpu_kernels.cupy.decode.VARIANTS: v1 ... v11; default: "
+                                     "the defaults)")

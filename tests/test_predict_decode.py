@@ -129,6 +129,23 @@ def test_measure_spec_builds_the_same_launch_again():
         assert measure.predict(launch) == dict(predicted(*case), plan=launch.plan_record())
 
 
+@pytest.mark.parametrize("variant", sorted(decode.VARIANTS))
+def test_a_variant_is_predicted_as_its_configure_keywords_build_it(variant):
+    """--variant NAME: the launch of decode.VARIANTS[NAME]'s keywords, with explicit --splits
+    and --block-cols over the variant's; measure.spec builds that launch again."""
+    for kvh, q_len, lens in ((8, 1, [4096]), (1, 4, [32768, 517])):
+        kw = dict(batch=len(lens), heads=32, kv_heads=kvh, head_dim=128, kv_lens=lens, q_len=q_len)
+        launch = registry.get("cupy_decode").launch(**kw, **decode.VARIANTS[variant])
+        r = predict_decode("cupy_decode", **kw, gpu="h200", variant=variant)
+        assert r["variant"] == variant and r["plan"] == launch.plan_record()
+        assert [x["grid"] for x in r["launches"] if x["launched"]] == [list(x.grid) for x in launch.launches()]
+        spec = measure.spec(launch)
+        again = registry.get(spec.pop("kernel")).launch(**spec)
+        assert again.defines() == launch.defines() and again.launches() == launch.launches()
+        forced = predict_decode("cupy_decode", **kw, gpu="h200", variant=variant, splits=3)
+        assert forced["splits"] == 3 and forced["plan"]["combine"] == launch.combine
+
+
 def test_square_predict_sends_decode_kernels_to_their_own():
     with pytest.raises(PredictError, match="predict_decode"):
         predict("cupy_decode", seq_len=100, head_dim=128, gpu="h200")
@@ -209,6 +226,8 @@ def test_bad_decode_input_is_one_line_and_exit_2(args, words):
     (["--kernel", "cupy_flash2", "-N", "100", "-d", "64", "--q-len", "1"], "--q-len is a decode"),
     (["--kernel", "cupy_flash2", "-N", "100", "-d", "64", "--kv-heads", "1"], "decode option"),
     (["--kernel", "cupy_flash2", "-d", "64"], "--seq-len"),
+    (["--kernel", "cupy_flash2", "-N", "100", "-d", "64", "--variant", "v7"], "--variant is a decode"),
+    (["--kernel", "cupy_decode", "--kv-len", "100", "-d", "128", "--variant", "v99"], "one of v1, v2"),
     (["--kernel", "cupy_decode", "--kv-len", "100", "-d", "128", "--gqa-schedule", "pack"],
      "unrecognized"),
 ])

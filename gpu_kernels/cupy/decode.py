@@ -423,6 +423,15 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         except FlashsimError as exc:
             raise KernelInputError(f"{self.kernel}: flashsim has no plan for this launch: {exc}") from exc
 
+    def options(self) -> dict:
+        """``configure``'s keywords that build this launch again with its shape: the splits,
+        tiles, warps and versions it took (a rule's choice is not made a second time)."""
+        return dict(splits=self.splits, block_cols=self.block_cols, stages=self.stages,
+                    warps=self.warps, combine=self.combine, page_prefetch=self.page_prefetch,
+                    wgmma=self.wgmma, pdl=self.pdl, fused=self.fused, pingpong=self.pingpong,
+                    tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
+                    evict_first=self.evict_first)
+
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
                     block_cols=self.block_cols, splits=self.splits, page_size=self.page_size,
