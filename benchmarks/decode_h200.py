@@ -116,7 +116,7 @@ spread between rounds of the same call? (A table's one timing of each cannot say
 --l2-hints (DIR/decode_l2_hints_h200.json, ~3 min): at L2_HINT_POINTS, ours (the defaults) with
 each of L2_HINTS (v13: an L2 prefetch size and the evict-first policy on the K/V copies), PyTorch's
 cuDNN and flash backends and the plain read, on PyTorch's own tensors, each checked once, then
-L2_HINT_ROUNDS rounds of one timing of each under the table's flush and under a clean one: does a
+ROUNDS rounds of one timing of each under the table's flush and under a clean one: does a
 hint move ours, and does what it gains survive an L2 without the flush's dirty lines?
 --l2-hints-profile runs, at L2_HINT_PROFILE_POINTS, the plain read and the step with each hint once
 after each flush in NVTX ranges, for Nsight Compute without its own cache control (what each
@@ -125,6 +125,11 @@ reads and writes in DRAM):
         --nvtx-include clean/ --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,\
 lts__t_sectors_srcunit_tex_op_read.sum --csv --page raw --log-file DIR/decode_l2_hints_ncu_h200.csv \
         python -m benchmarks.decode_h200 --l2-hints-profile --out DIR
+
+--phased (DIR/decode_phased_h200.json, ~2 min): the same rounds with ours as the defaults and
+as v14 (``PHASED``: K and V loaded apart, one buffer each, FlashAttention-2's order, as cuDNN's
+decode kernel lays out its tiles), at L2_HINT_POINTS: is cuDNN's last percent at one row a KV
+head its order of loads?
 
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
@@ -202,7 +207,10 @@ TIE_ROUNDS = 8
 L2_HINT_POINTS = TIE_POINTS + [(8, 8, 32768, 1), (1, 8, 32768, 1), (8, 1, 32768, 1), (8, 8, 32768, 4)]
 L2_HINTS = (("none", {}), ("L2::128B", dict(l2_prefetch=128)), ("L2::256B", dict(l2_prefetch=256)),
             ("evict_first", dict(evict_first=1)), ("L2::256B, evict_first", dict(l2_prefetch=256, evict_first=1)))
-L2_HINT_ROUNDS = 4
+ROUNDS = 4                    # --l2-hints, --phased: interleaved rounds of one timing each
+# --phased: v14 (K and V loaded apart, one buffer each, B_c 128: cuDNN's decode tile) with the
+# defaults' splits and with the wave rule's (both resident slots, where splits are chosen)
+PHASED = (("defaults", {}), ("phased", dict(phased=1)), ("phased, wave rule", dict(phased=1, split_rule="wave")))
 # --l2-hints-profile: where a hint moved ours most in decode_l2_hints_h200.json (2026-12-03)
 L2_HINT_PROFILE_POINTS = [(8, 32, 4096, 1), (1, 8, 32768, 1), (8, 8, 32768, 1)]
 # --clock-ramp: (B, kv_heads, kv_len, q_len), the first where the table's slow timings fell
@@ -899,7 +907,15 @@ def tiny_cases():
                             (8, 2, 128, [37, 300], 4, 1, "fp16", None, dict(evict_first=1, head_major=True)),
                             (32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(v9, evict_first=1, l2_prefetch=256)),
                             (32, 1, 128, [70, 1300], 1, 0, "fp16", 3, dict(evict_first=1)),
-                            (32, 1, 128, [70, 300], 4, 16, "bf16", 3, dict(v9, l2_prefetch=64, evict_first=1))]
+                            (32, 1, 128, [70, 300], 4, 16, "bf16", 3, dict(v9, l2_prefetch=64, evict_first=1)),
+                            # v14 (K and V apart): ragged, q_len 4, many splits (some empty), MQA
+                            # on mma.sync, d = 64, bf16, head-major, the hints beside it
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 3, dict(phased=1)),
+                            (4, 2, 128, [37, 300], 4, 0, "fp16", 40, dict(phased=1)),
+                            (32, 1, 128, [70, 1300], 1, 0, "fp16", None, dict(phased=1)),
+                            (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 2, dict(phased=1)),
+                            (8, 2, 128, [37, 300], 4, 0, "bf16", None, dict(phased=1, head_major=True)),
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 2, dict(phased=1, l2_prefetch=128, evict_first=1))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1012,7 +1028,10 @@ MODES = {
              "the table has them within 2 percent", lambda bench, args: ties(bench)),
     "l2-hints": ("decode_l2_hints_h200.json", "ours with v13's L2 hints on the K/V copies, PyTorch's "
                  "backends and the plain read in interleaved rounds, under both flushes",
-                 lambda bench, args: l2_hints(bench)),
+                 lambda bench, args: rounds(bench, L2_HINT_POINTS, L2_HINTS, "hint")),
+    "phased": ("decode_phased_h200.json", "ours with v14's loads (K and V apart), PyTorch's backends "
+               "and the plain read in interleaved rounds, under both flushes",
+               lambda bench, args: rounds(bench, L2_HINT_POINTS, PHASED, "config")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 
@@ -1483,21 +1502,22 @@ def ties_summary(bench):
     bench.results["summary"] = rows
 
 
-def l2_hints(bench) -> int:
-    """--l2-hints: at L2_HINT_POINTS, on PyTorch's own K and V tensors (ours through transposed
-    views), ours (the defaults) with each of L2_HINTS, PyTorch's cuDNN and flash backends and the
-    plain read, each checked once, then timed in L2_HINT_ROUNDS rounds, one timing of each a
-    round under each flush ("dirty": the table's, "clean": ``harness.Harness(clean=True)``).
-    Rows as the table's with "hint", "flush" and "round"; "summary" per point and flush."""
+def rounds(bench, points, candidates, field: str) -> int:
+    """At each of ``points``, on PyTorch's own K and V tensors (ours through transposed views),
+    ours with each of ``candidates`` ((label, configure keywords over the defaults)), PyTorch's
+    cuDNN and flash backends and the plain read, each checked once, then timed in ROUNDS
+    rounds, one timing of each a round under each flush ("dirty": the table's, "clean":
+    ``harness.Harness(clean=True)``). Rows as the table's with ``field`` (the label), "flush"
+    and "round"; "summary" per point and flush (``rounds_summary``). --l2-hints and --phased."""
     torch = bench.torch
     hs = {"dirty": bench.harness,
           "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)}
     bench.results["timing_clean"] = hs["clean"].method()
-    bench.results["configs"] = {"points": [list(p) for p in L2_HINT_POINTS],
-                                "hints": {name: kw for name, kw in L2_HINTS}, "rounds": L2_HINT_ROUNDS}
+    bench.results["configs"] = {"points": [list(p) for p in points],
+                                field + "s": {name: kw for name, kw in candidates}, "rounds": ROUNDS}
 
     def run():
-        for B, kvh, n, ql, base in bench.due_points(L2_HINT_POINTS):
+        for B, kvh, n, ql, base in bench.due_points(points):
             q, k, v, launch, refs, ours_check, run_ours = bench.inputs(B, kvh, n, ql)
             qt = q.transpose(1, 2).contiguous()
             kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
@@ -1505,15 +1525,15 @@ def l2_hints(bench) -> int:
             torch.cuda.empty_cache()
             kh, vh = kt.transpose(1, 2), vt.transpose(1, 2)
             calls = []
-            for hint, kw in L2_HINTS:
+            for label, kw in candidates:
                 lc = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw)
-                calls.append(("cupy_decode", {"page_size": 0, "layout": "head_major", "hint": hint,
+                calls.append(("cupy_decode", {"page_size": 0, "layout": "head_major", field: label,
                                               "splits": lc.splits, "wgmma": lc.wgmma, "tma": lc.tma},
                               run_ours(lc, kh, vh), ours_check))
             calls += bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS)
             calls.append(("plain_read", {"page_size": 0}, plain_read_call(bench._plain, kh, vh, bench._flag),
                           None))
-            for rnd in range(L2_HINT_ROUNDS):
+            for rnd in range(ROUNDS):
                 for flush, h in hs.items():
                     bench.harness = h
                     for impl, fields, fn, check in calls:
@@ -1524,40 +1544,42 @@ def l2_hints(bench) -> int:
             torch.cuda.empty_cache()
             bench.save()
 
-    return bench.conclude(run, lambda: l2_hints_summary(bench))
+    return bench.conclude(run, lambda: rounds_summary(bench, candidates, field))
 
 
-def l2_hints_summary(bench):
-    """Per point and flush: each implementation's (ours: each hint's) median time over the
-    rounds, and per round each hint's time over the no-hint one's and PyTorch's best over it."""
+def rounds_summary(bench, candidates, field: str):
+    """Per point and flush: each implementation's (ours: each candidate's) median time over the
+    rounds, and per round the first candidate's time over each one's, PyTorch's best over it
+    and the plain read's over it (above 1: the candidate is the faster)."""
     rows = []
+    first = candidates[0][0]
     for k, here in by_point(bench.results["points"], checked=False).items():
         for flush in ("dirty", "clean"):
             at = [p for p in here if p.get("flush") == flush]
-            rounds = sorted({p["round"] for p in at})
+            rnds = sorted({p["round"] for p in at})
 
             def t(pred, r):
                 ts = [p["time_s"] for p in at if p["round"] == r and pred(p)]
                 return min(ts) if ts else None
             med = {}
             for p in at:
-                med.setdefault(p["impl"] + (f" {p['hint']}" if "hint" in p else ""), []).append(p["time_s"])
+                med.setdefault(p["impl"] + (f" {p[field]}" if field in p else ""), []).append(p["time_s"])
             row = {"batch": k[0], "kv_heads": k[1], "kv_len": k[2], "q_len": k[3], "flush": flush,
                    "median_time_s": {name: float(np.median(ts)) for name, ts in med.items()},
-                   "hints": {}}
-            for hint, _ in L2_HINTS:
-                mine = [t(lambda p, h=hint: p.get("hint") == h, r) for r in rounds]
-                none = [t(lambda p: p.get("hint") == "none", r) for r in rounds]
-                peer = [t(lambda p: p["impl"].startswith("torch"), r) for r in rounds]
-                plain = [t(lambda p: p["impl"] == "plain_read", r) for r in rounds]
-                row["hints"][hint] = {
-                    "over_none_by_round": [b / a for a, b in zip(mine, none) if a and b],
+                   field + "s": {}}
+            base = [t(lambda p: p.get(field) == first, r) for r in rnds]
+            peer = [t(lambda p: p["impl"].startswith("torch"), r) for r in rnds]
+            plain = [t(lambda p: p["impl"] == "plain_read", r) for r in rnds]
+            for label, _ in candidates:
+                mine = [t(lambda p, h=label: p.get(field) == h, r) for r in rnds]
+                row[field + "s"][label] = {
+                    f"over_{first.replace(' ', '_')}_by_round": [b / a for a, b in zip(mine, base) if a and b],
                     "best_torch_over_ours_by_round": [b / a for a, b in zip(mine, peer) if a and b],
                     "plain_read_over_ours_by_round": [b / a for a, b in zip(mine, plain) if a and b]}
             rows.append(row)
             print(f"B={k[0]:>2} kvh={k[1]:>2} n={k[2]:>6} q={k[3]} {flush}: " + "; ".join(
-                f"{h} x{np.median(v['over_none_by_round']):.3f} vs torch {np.median(v['best_torch_over_ours_by_round']):.3f}"
-                for h, v in row["hints"].items() if v["over_none_by_round"]), flush=True)
+                f"{h} x{np.median(next(iter(v.values()))):.3f} vs torch {np.median(v['best_torch_over_ours_by_round']):.3f}"
+                for h, v in row[field + "s"].items() if v["best_torch_over_ours_by_round"]), flush=True)
     bench.results["summary"] = rows
 
 

@@ -94,6 +94,11 @@
 //       the lines already there (dirty ones too) stay. The mma.sync loop's cp.async copies and
 //       the wgmma loop's TMA copies take them; the wgmma loop's cp.async copies (pages, a ragged
 //       last tile) do not (load_kv_wg says why).
+//  (v14) PHASED 1 (mma.sync loop, contiguous cache, STAGES 1): FlashAttention-2's own order, as
+//       cuDNN's decode kernel lays out its buffers (one K and one V tile, 128 keys): V_j is
+//       loaded while S_j = Q K_j^T and its softmax run, K_{j+1} while P V_j runs, each waited
+//       for in full; a block has one tensor's tile in flight at a time, where v4's stages
+//       have K and V of STAGES - 1 tiles in flight together.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -123,6 +128,7 @@
 //   L2_PREFETCH  0, 64, 128 or 256: v13's L2 prefetch size on the mma.sync loop's K/V copies
 //   EVICT_FIRST  0, or 1: v13's evict-first L2 policy on the mma.sync loop's K/V copies and
 //              the TMA unit's
+//   PHASED     0, or 1: v14's order of loads (WGMMA 0, PAGE_SIZE 0, STAGES 1)
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3, v4: one row per block).
@@ -181,6 +187,9 @@
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0
 #endif
+#ifndef PHASED
+#define PHASED 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
 #define COMBINE_THREADS (32 * COMBINE_WARPS)
@@ -205,7 +214,8 @@ static_assert(COMBINE >= 1 && COMBINE <= 4, "COMBINE is 1, 2, 3 or 4");
 #define COMBINE4_LOADS 8                             // v4: splits a warp loads in one round: 4 x 8 =
                                                      // 32, the most decode.py's defaults send here
 static_assert(KW % 16 == 0 && KW >= 16, "BLOCK_C must be a multiple of 16 KEY_WARPS");
-static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2..4");
+static_assert(PHASED ? STAGES == 1 : STAGES >= 2 && STAGES <= 4, "STAGES is 2..4 (v14: 1)");
+static_assert(!PHASED || (!WGMMA && PAGE_SIZE == 0), "v14: the mma.sync loop over a contiguous cache");
 static_assert(PAGE_SIZE >= 0, "PAGE_SIZE >= 0");
 static_assert(WGMMA || MERGE_BYTES <= 2 * STAGES * KV_TILE_ELEMS * 2, "merge buffers fit the K/V buffers");
 static_assert(!WGMMA || ROW_WARPS == NUM_WARPS, "v5: one or two warpgroups of 64 rows, no key warps");
@@ -315,6 +325,8 @@ __device__ __forceinline__ void kv_copy_16(u32 dst, const void* src, bool valid,
 // K_j, V_j: keys key0 .. key0 + B_c - 1 of sequence b, KV head kvh, into one stage.
 // Keys >= kv_len are zero-filled (no bytes read; P is 0 there and 0 * 0 stays 0).
 // PAGE_PREFETCH: ``pages`` holds this tile's fetch_pages.
+// LOAD_K, LOAD_V: which of the two (v14 loads them apart).
+template <bool LOAD_K = true, bool LOAD_V = true>
 __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, const u16* V,
                                         const int* bt_row, const CacheRows& cr, int key0, int kv_len,
                                         const Pages& pages) {
@@ -326,8 +338,8 @@ __device__ __forceinline__ void load_kv(u16* K_st, u16* V_st, const u16* K, cons
         const int p = key0 + r;            // key position in the sequence
         const bool valid = p < kv_len;
         const size_t off = valid ? kv_row_off(bt_row, cr, p, pages, it) : 0;
-        kv_copy_16(smem_addr(K_st + tile_off(r, col)), K + off + col, valid, policy);
-        kv_copy_16(smem_addr(V_st + tile_off(r, col)), V + off + col, valid, policy);
+        if (LOAD_K) kv_copy_16(smem_addr(K_st + tile_off(r, col)), K + off + col, valid, policy);
+        if (LOAD_V) kv_copy_16(smem_addr(V_st + tile_off(r, col)), V + off + col, valid, policy);
     }
 }
 
@@ -786,6 +798,11 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         }
         cp_async_commit();
     }
+#if PHASED   // v14: K of the first tile only
+    if (t_begin < t_end)
+        load_kv<true, false>(KV_s, KV_s + KV_TILE_ELEMS, K, V, bt_row, cr, t_begin * B_c, kv_len, pages);
+    cp_async_commit();
+#endif
     if (t_begin + STAGES - 1 < t_end) fetch_pages(pages, bt_row, (t_begin + STAGES - 1) * B_c, kv_len);
     for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
         const int r = c / (D / 8), col = (c % (D / 8)) * 8, pr = row0 + r;
@@ -817,6 +834,12 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     }
 
     for (int j = t_begin; j < t_end; ++j) {
+#if PHASED
+        cp_async_wait<0>();               // K_j has landed (this thread's part) ...
+        __syncthreads();                  // ... everyone's; and every warp is done with V_{j-1}
+        load_kv<false, true>(KV_s, KV_s + KV_TILE_ELEMS, K, V, bt_row, cr, j * B_c, kv_len, pages);
+        cp_async_commit();
+#else
         cp_async_wait<STAGES - 2>();      // tile j has landed (this thread's part) ...
         __syncthreads();                  // ... everyone's; and tile j - 1's stage is free
         {
@@ -827,6 +850,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             cp_async_commit();
             if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);   // next one
         }
+#endif
         const int st = (j - t_begin) % STAGES;
         const u16* K_j = KV_s + 2 * st * KV_TILE_ELEMS;
         const u16* V_j = K_j + KV_TILE_ELEMS;
@@ -886,6 +910,13 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             }
         }
 
+#if PHASED
+        cp_async_wait<0>();               // V_j has landed (this thread's part) ...
+        __syncthreads();                  // ... everyone's; and every warp is done with K_j
+        if (j + 1 < t_end)
+            load_kv<true, false>(KV_s, KV_s + KV_TILE_ELEMS, K, V, bt_row, cr, (j + 1) * B_c, kv_len, pages);
+        cp_async_commit();
+#endif
         // ---- O_i += P V_j (P from the S accumulators, A operand layout)
 #pragma unroll
         for (int kp = 0; kp < KP; ++kp) {

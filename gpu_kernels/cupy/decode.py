@@ -52,7 +52,8 @@ launched cooperatively: ``launch_ex``); v8: v6 or v7 with the splits of the ``"s
 turns at the tensor cores (``pingpong=1``, ``default_pingpong``); v12, the defaults over a
 paged cache since 2026-12-03: v9's kernels with the wave rule's splits
 (``default_split_rule``); v13 (``l2_prefetch``, ``evict_first``): L2 hints on the K/V copies,
-timed beside the defaults by the benchmark's --l2-hints, not taken by them.
+timed beside the defaults by the benchmark's --l2-hints, not taken by them; v14
+(``phased=1``): K and V loaded apart, FlashAttention-2's order, timed by --phased.
 Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
@@ -78,7 +79,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -101,6 +102,7 @@ WGMMA_TILES = (128, 2)
 TUNING_V5 = (WGMMA_TILES, (64, 4), (64, 3))
 TMA_L2_PROMOTION = 128              # v9's tensor maps: the L2 fetch granularity of a TMA copy
 L2_PREFETCH_SIZES = (0, 64, 128, 256)   # v13: the K/V copies' L2 prefetch sizes (0: no hint)
+PHASED_BLOCK_C = 128                # v14's B_c by default: cuDNN's decode tile (16 x 128 x 128)
 MBARRIER_SMEM = 128                 # v9's static shared memory: STAGES mbarriers (ptxas: 128 bytes)
 
 
@@ -182,7 +184,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             stages: int | None = None, warps: int = 4, combine: int = COMBINE,
             page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
-            evict_first: int = 0) -> dict[str, int]:
+            evict_first: int = 0, phased: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -190,6 +192,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
            "FUSED": fused, "PINGPONG": pingpong, "TMA": tma, "OVERLAP": overlap}
     if l2_prefetch or evict_first:    # v13's hints; absent otherwise, so earlier builds keep their keys
         out |= {"L2_PREFETCH": l2_prefetch, "EVICT_FIRST": evict_first}
+    if phased:                        # v14, likewise
+        out["PHASED"] = 1
     return out
 
 
@@ -325,6 +329,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     overlap: int = 0                 # OVERLAP: v11, a tile's softmax beside the previous tile's P V
     l2_prefetch: int = 0             # L2_PREFETCH: v13, the L2 prefetch size of the K/V copies (bytes)
     evict_first: int = 0             # EVICT_FIRST: v13, the K/V lines first out of the L2
+    phased: int = 0                  # PHASED: v14, K and V loaded apart (FlashAttention-2's order)
 
     @property
     def rows(self) -> int:
@@ -345,7 +350,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
-                       self.evict_first)
+                       self.evict_first, self.phased)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -430,7 +435,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     warps=self.warps, combine=self.combine, page_prefetch=self.page_prefetch,
                     wgmma=self.wgmma, pdl=self.pdl, fused=self.fused, pingpong=self.pingpong,
                     tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
-                    evict_first=self.evict_first)
+                    evict_first=self.evict_first, phased=self.phased)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -744,7 +749,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
-              overlap=0, l2_prefetch=0, evict_first=0) -> DecodeLaunch:
+              overlap=0, l2_prefetch=0, evict_first=0, phased=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -765,7 +770,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     tile's softmax while the previous tile's P V is on the tensor cores (v11: OVERLAP; wgmma,
     3 stages or more), 0 not. ``l2_prefetch``: 64, 128 or 256, the L2 prefetch size of the K/V
     copies (v13: L2_PREFETCH; the TMA unit's through its tensor maps), 0 none (the tensor maps:
-    TMA_L2_PROMOTION); ``evict_first``: 1 marks the K/V lines first out of the L2 (v13), 0 not."""
+    TMA_L2_PROMOTION); ``evict_first``: 1 marks the K/V lines first out of the L2 (v13), 0 not;
+    ``phased``: 1 loads K and V apart in one buffer each, FlashAttention-2's order (v14:
+    PHASED; mma.sync over a contiguous cache, stages 1, B_c 128 unless given), 0 not."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -789,11 +796,15 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     lens, bt = check_layout(batch, kv_lens, q_len, causal, page_size or 0, block_table, num_pages)
     rows = q_len * (heads // kv_heads)
     if wgmma is None:                      # other warps than v5's given: mma.sync
-        wgmma = default_wgmma(rows) if warps in (None, wgmma_warps(rows)) else 0
+        wgmma = default_wgmma(rows) if warps in (None, wgmma_warps(rows)) and not phased else 0
     if isinstance(wgmma, bool) or wgmma not in (0, 1):
         raise KernelInputError(f"wgmma = {wgmma!r}: 0 or 1")
-    Bc = (WGMMA_TILES[0] if wgmma else BLOCK_C) if block_cols is None else _int(block_cols, "block_cols")
-    stages = ((WGMMA_TILES[1] if wgmma else STAGES[head_dim]) if stages is None
+    if isinstance(phased, bool) or phased not in (0, 1) or (phased and (wgmma or page_size is not None)):
+        raise KernelInputError(f"phased = {phased!r}: 0, or 1 for the mma.sync loop (wgmma 0) over a "
+                               "contiguous cache")
+    Bc = ((WGMMA_TILES[0] if wgmma else PHASED_BLOCK_C if phased else BLOCK_C) if block_cols is None
+          else _int(block_cols, "block_cols"))
+    stages = ((WGMMA_TILES[1] if wgmma else 1 if phased else STAGES[head_dim]) if stages is None
               else _int(stages, "stages"))
     kv_buffers = 2 * stages * Bc * head_dim * 2        # the K/V stages, which the merge reuses
     if warps is None:                      # 8 where the key warps' merge fits the K/V buffers
@@ -813,9 +824,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     rw = warps if wgmma else row_warps(rows, warps, Bc)  # v5: one or two warpgroups of 64 rows
     chunks = cdiv(rows, 16 * rw)
     kw_ = warps // rw
-    if Bc % (16 * kw_) or not 2 <= stages <= 4:
+    if Bc % (16 * kw_) or not (stages == 1 if phased else 2 <= stages <= 4):
         raise KernelInputError(f"block_cols = {Bc} must be a multiple of {16 * kw_} (16 keys per "
-                               f"warp, {kw_} key warps) and stages = {stages} in 2..4")
+                               f"warp, {kw_} key warps) and stages = {stages} in 2..4 (phased: 1)")
     if wgmma and Bc not in (64, 128):
         raise KernelInputError(f"block_cols = {Bc}: v5 (wgmma) takes 64 or 128")
     if pdl is not None and (isinstance(pdl, bool) or pdl not in (0, 1)):
@@ -875,7 +886,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
-                        l2_prefetch=l2_prefetch, evict_first=evict_first)
+                        l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased)
 
 
 def compile_variants():
