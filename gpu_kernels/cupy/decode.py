@@ -274,6 +274,8 @@ def default_variant(rows: int) -> str:
 # wgmma wherever (above 64 rows two 64-row chunks, each streaming the K/V, the second from the
 # L2 where the step's K/V fits it, on twice the blocks at half the splits, no ping-pong; below
 # 32 rows 64-row blocks of padding where the defaults run mma.sync; between, v9 itself).
+# v14: the mma.sync loop with K and V loaded apart (phased), cuDNN's 128-key tile, the wave
+# rule's splits (one 32 KB tile in flight a block: both resident slots wanted; --phased's run).
 # v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
 VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -294,7 +296,9 @@ VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wg
             "v9_s3": dict(wgmma=1, block_cols=128, stages=3, combine=3, split_rule="sm", pdl=None,
                           fused=None, tma=None, pingpong=None),
             "v11": dict(wgmma=1, block_cols=128, stages=3, overlap=1, combine=3, split_rule="sm",
-                        pdl=None, fused=None, tma=None, pingpong=None)}
+                        pdl=None, fused=None, tma=None, pingpong=None),
+            "v14": dict(phased=1, wgmma=0, block_cols=PHASED_BLOCK_C, stages=1, combine=3,
+                        split_rule="wave", pdl=None, fused=None)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
