@@ -133,6 +133,9 @@ as v14 (``PHASED``: K and V loaded apart, one buffer each, FlashAttention-2's or
 decode kernel lays out its tiles), at L2_HINT_POINTS: is cuDNN's last percent at one row a KV
 head its order of loads?
 
+--phased-heldout (DIR/decode_phased_heldout_h200.json, ~1 min): the same rounds, the defaults
+and v14, at PHASED_HELDOUT_POINTS (off the grid, no splits, at most 16 rows a KV head).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -213,6 +216,12 @@ ROUNDS = 4                    # --l2-hints, --phased: interleaved rounds of one 
 # --phased: v14 (K and V loaded apart, one buffer each, B_c 128: cuDNN's decode tile) with the
 # defaults' splits and with the wave rule's (both resident slots, where splits are chosen)
 PHASED = (("defaults", {}), ("phased", dict(phased=1)), ("phased, wave rule", dict(phased=1, split_rule="wave")))
+# --phased-heldout: v14 against the defaults off the table's grid, where a step needs no splits
+# (batch x kv_heads blocks fill half the slots or more) and a KV head has at most 16 rows,
+# chosen before any timing there, to hold "v14 where there are no splits" (the table's
+# decode_h200.json of 2026-12-03 19:5x, its calibration) to points it was not chosen on
+PHASED_HELDOUT_POINTS = [(16, 8, 16384, 1), (32, 4, 8192, 2), (4, 32, 65536, 1), (16, 16, 8192, 2),
+                         (3, 32, 24576, 3), (40, 2, 8192, 1), (12, 8, 12288, 4), (24, 16, 6144, 1)]
 # --l2-hints-profile: where a hint moved ours most in decode_l2_hints_h200.json (2026-12-03)
 L2_HINT_PROFILE_POINTS = [(8, 32, 4096, 1), (1, 8, 32768, 1), (8, 8, 32768, 1)]
 # --clock-ramp: (B, kv_heads, kv_len, q_len), the first where the table's slow timings fell
@@ -1033,6 +1042,10 @@ MODES = {
     "l2-hints": ("decode_l2_hints_h200.json", "ours with v13's L2 hints on the K/V copies, PyTorch's "
                  "backends and the plain read in interleaved rounds, under both flushes",
                  lambda bench, args: rounds(bench, L2_HINT_POINTS, L2_HINTS, "hint")),
+    "phased-heldout": ("decode_phased_heldout_h200.json", "v14 against the defaults in interleaved "
+                       "rounds at held-out points without splits",
+                       lambda bench, args: rounds(bench, PHASED_HELDOUT_POINTS, (
+                           ("defaults", {}), ("v14", decode.VARIANTS["v14"])), "config")),
     "phased": ("decode_phased_h200.json", "ours with v14's loads (K and V apart), PyTorch's backends "
                "and the plain read in interleaved rounds, under both flushes",
                lambda bench, args: rounds(bench, L2_HINT_POINTS, PHASED, "config")),
