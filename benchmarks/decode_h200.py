@@ -133,8 +133,8 @@ as v14 (``PHASED``: K and V loaded apart, one buffer each, FlashAttention-2's or
 decode kernel lays out its tiles), at L2_HINT_POINTS: is cuDNN's last percent at one row a KV
 head its order of loads?
 
---phased-heldout (DIR/decode_phased_heldout_h200.json, ~1 min): the same rounds, the defaults
-and v14, at PHASED_HELDOUT_POINTS (off the grid, no splits, at most 16 rows a KV head).
+--phased-heldout (DIR/decode_phased_heldout_h200.json, ~1 min): the same rounds, the defaults,
+the phased loop at their splits and v14, at PHASED_HELDOUT_POINTS (off the grid, no splits, at most 16 rows a KV head).
 
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
@@ -216,10 +216,11 @@ ROUNDS = 4                    # --l2-hints, --phased: interleaved rounds of one 
 # --phased: v14 (K and V loaded apart, one buffer each, B_c 128: cuDNN's decode tile) with the
 # defaults' splits and with the wave rule's (both resident slots, where splits are chosen)
 PHASED = (("defaults", {}), ("phased", dict(phased=1)), ("phased, wave rule", dict(phased=1, split_rule="wave")))
-# --phased-heldout: v14 against the defaults off the table's grid, where a step needs no splits
-# (batch x kv_heads blocks fill half the slots or more) and a KV head has at most 16 rows,
-# chosen before any timing there, to hold "v14 where there are no splits" (the table's
-# decode_h200.json of 2026-12-03 19:5x, its calibration) to points it was not chosen on
+# --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
+# against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
+# blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
+# timing there: holds "phased where there are no splits" (read off the table's
+# decode_h200.json of 2026-12-03, its calibration) to points it was not chosen on
 PHASED_HELDOUT_POINTS = [(16, 8, 16384, 1), (32, 4, 8192, 2), (4, 32, 65536, 1), (16, 16, 8192, 2),
                          (3, 32, 24576, 3), (40, 2, 8192, 1), (12, 8, 12288, 4), (24, 16, 6144, 1)]
 # --l2-hints-profile: where a hint moved ours most in decode_l2_hints_h200.json (2026-12-03)
@@ -1045,7 +1046,8 @@ MODES = {
     "phased-heldout": ("decode_phased_heldout_h200.json", "v14 against the defaults in interleaved "
                        "rounds at held-out points without splits",
                        lambda bench, args: rounds(bench, PHASED_HELDOUT_POINTS, (
-                           ("defaults", {}), ("v14", decode.VARIANTS["v14"])), "config")),
+                           ("defaults", {}), ("phased", dict(phased=1)), ("v14", decode.VARIANTS["v14"])),
+                           "config")),
     "phased": ("decode_phased_h200.json", "ours with v14's loads (K and V apart), PyTorch's backends "
                "and the plain read in interleaved rounds, under both flushes",
                lambda bench, args: rounds(bench, L2_HINT_POINTS, PHASED, "config")),
