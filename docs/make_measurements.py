@@ -239,39 +239,59 @@ def decode_ties_runs() -> list[str]:
 FLUSHES = {"dirty": "the table's flush", "clean": "a clean flush"}
 
 
-def decode_l2_hints(h: dict) -> list[str]:
-    """``--l2-hints``: per hint and flush, its time over none's (the median over rounds at
-    each point, then over the points), and at the points with one row a KV head (kv_heads 32,
-    q_len 1) ours with the hint over PyTorch's best (its time over ours)."""
+def decode_rounds(h: dict, name: str, field: str, what: str) -> list[str]:
+    """An interleaved-rounds run (--l2-hints, --phased, --phased-heldout: ``rounds``): per
+    candidate and flush, the first candidate's time over its time (the median over rounds at
+    each point; above 1: the candidate is the faster), and ours with it over PyTorch's best
+    (its time over ours) after the table's flush, at ``ref`` points: those with one row a KV
+    head (kv_heads 32, q_len 1) where the run has them, else all."""
     rows = h.get("summary") or []
     if not rows:
         return []
+    labels = list(h["configs"][field + "s"])
+    first, key = labels[0], f"over_{labels[0].replace(' ', '_')}_by_round"
     parts = []
-    for hint in h["configs"]["hints"]:
-        if hint == "none":
-            continue
+    for label in labels[1:]:
         per = []
         for flush in ("dirty", "clean"):
-            xs = [statistics.median(r["hints"][hint]["over_none_by_round"]) for r in rows
-                  if r["flush"] == flush and r["hints"][hint]["over_none_by_round"]]
+            xs = [statistics.median(r[field + "s"][label][key]) for r in rows
+                  if r["flush"] == flush and r[field + "s"][label][key]]
             if xs:
                 per.append(f"{FLUSHES[flush]} {_ratios(xs)}")
-        parts.append(f"{hint}: " + "; ".join(per))
-    mha = {}
+        parts.append(f"{label}: " + "; ".join(per))
+    one_row = any(r["kv_heads"] == 32 and r["q_len"] == 1 for r in rows)
+    peer = {}
     for r in rows:
-        if r["kv_heads"] == 32 and r["q_len"] == 1 and r["flush"] == "dirty":
-            for hint, v in r["hints"].items():
+        if r["flush"] == "dirty" and (not one_row or (r["kv_heads"] == 32 and r["q_len"] == 1)):
+            for label, v in r[field + "s"].items():
                 if v["best_torch_over_ours_by_round"]:
-                    mha.setdefault(hint, []).append(statistics.median(v["best_torch_over_ours_by_round"]))
-    tail = "; ".join(f"{hint} {_ratios(xs)}" for hint, xs in mha.items())
-    return [f"* L2 hints on the K/V copies (v13, `decode_l2_hints_h200.json`, "
-            f"{h['provenance'].get('date', '')[:10]}; the defaults with each hint, on PyTorch's own "
-            f"tensors, beside cuDNN, flash and the plain read, {h['configs']['rounds']} rounds of one "
-            f"timing of each, under the table's flush and a clean one, {len(rows) // 2} points; "
-            f"{h.get('failed_checks', 0)} failed checks): the time without a hint over the time with it "
-            "(above 1: the hint is faster), the median over rounds at each point: "
-            + "; ".join(parts) + f". Ours over PyTorch's best (its time over ours, the --ties lines' ratio) "
-            f"at the points with one row a KV head (kv_heads 32, q_len 1), the table's flush: {tail}."]
+                    peer.setdefault(label, []).append(statistics.median(v["best_torch_over_ours_by_round"]))
+    where = "at the points with one row a KV head (kv_heads 32, q_len 1)" if one_row else "at every point"
+    return [f"* {what} (`{name}`, {h['provenance'].get('date', '')[:10]}; on PyTorch's own tensors, "
+            f"beside cuDNN, flash and the plain read, {h['configs']['rounds']} rounds of one timing of "
+            f"each, under the table's flush and a clean one, {len(rows) // 2} points; "
+            f"{h.get('failed_checks', 0)} failed checks): the time of {first} over the time of each "
+            "(above 1: it is the faster), the median over rounds at each point: " + "; ".join(parts)
+            + f". Ours over PyTorch's best (its time over ours, the --ties lines' ratio) {where}, the "
+            "table's flush: " + "; ".join(f"{label} {_ratios(xs)}" for label, xs in peer.items()) + "."]
+
+
+def decode_v14(d: dict) -> list[str]:
+    """v14 (K and V loaded apart, the wave rule's splits) over the defaults' row at the same
+    point and layout in the table, by whether the defaults' launch has splits."""
+    rows = {}
+    for p in d["points"]:
+        if p["impl"] == "cupy_decode" and p["check_ok"] and (p.get("variant") == "v14" or p.get("defaults")):
+            rows.setdefault((_key(p), p["layout"]), {})["v14" if p.get("variant") == "v14" else "defaults"] = p
+    groups: dict = {}
+    for (k, _), v in rows.items():
+        if "v14" in v and "defaults" in v:
+            splits = "without splits" if v["defaults"]["splits"] == 1 else "with splits"
+            groups.setdefault(splits, []).append(v["v14"]["time_s"] / v["defaults"]["time_s"])
+    return [f"* v14 (K and V loaded apart, one 128-key buffer each, the wave rule's splits) over the "
+            f"defaults, fewer than 32 packed rows a KV head, where the defaults' launch runs {g}, "
+            f"same point and layout, {len(r)} timings: {_over(r, 'v14 ')}."
+            for g, r in sorted(groups.items(), reverse=True)]
 
 
 def decode_v5_w4(d: dict) -> list[str]:
@@ -1032,7 +1052,7 @@ def decode_md_text() -> str:
     block += (decode_done_when(d) + decode_ties_runs() + decode_vs_flashinfer(d)
               + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
               + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d) + decode_v10(d)
-              + decode_v11(d)) if d \
+              + decode_v11(d) + decode_v14(d)) if d \
         else ["Not measured yet."]
     v10a = _load("decode_h200_v10a.json")
     block += decode_v10(v10a, "decode_h200_v10a.json", "; its first build, 16 loads a warp in "
@@ -1057,8 +1077,15 @@ def decode_md_text() -> str:
     fi = _load("decode_flashinfer_h200.json")
     block += decode_flashinfer(fi) if fi else []
     lh = _load("decode_l2_hints_h200.json")
-    block += decode_l2_hints(lh) if lh else []
+    block += decode_rounds(lh, "decode_l2_hints_h200.json", "hint", "L2 hints on the K/V copies (v13; "
+                           "the defaults with each hint)") if lh else []
     block += decode_l2_hints_ncu()
+    for name, what in (("decode_phased_h200.json", "K and V loaded apart (v14's loop; \"phased\" at the "
+                        "defaults' splits, and at the wave rule's)"),
+                       ("decode_phased_heldout_h200.json", "The phased loop off the table's grid, "
+                        "held out (8 points without splits, at most 16 rows a KV head)")):
+        ph = _load(name)
+        block += decode_rounds(ph, name, "config", what) if ph else []
     ck = _load("decode_clock_ramp_h200.json")
     block += decode_clock_ramp(ck) if ck else []
     cl = _load("decode_h200_clocks.json")
