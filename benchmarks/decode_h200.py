@@ -449,6 +449,15 @@ class Bench(Recorder):
             return fn
         return q, k, v, launch, refs, ours_check, run_ours
 
+    @staticmethod
+    def torch_layout(q, k, v):
+        """One point's inputs as PyTorch takes them, q (B, H, q_len, d) and K, V (B, kv_heads,
+        kv_len, d) contiguous, and those K, V as ours reads them (transposed views: head-major):
+        (qt, kt, vt, kh, vh)."""
+        qt = q.transpose(1, 2).contiguous()
+        kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        return qt, kt, vt, kt.transpose(1, 2), vt.transpose(1, 2)
+
     def tiles(self, wgmma: int) -> dict:
         """The tuned tiles of v5 (wgmma) or of the mma.sync versions."""
         return self.tile_v5 if wgmma else self.tile
@@ -503,9 +512,7 @@ class Bench(Recorder):
             lambda kp, vp, bt: self.flashinfer(base, q, kp, vp, bt, launch, refs)))
         self.plain_read(base, k, v)
 
-        # PyTorch's layouts: (B, H, q_len, d) and (B, kv_heads, kv_len, d)
-        qt = q.transpose(1, 2).contiguous()
-        kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        qt, kt, vt, kh, vh = self.torch_layout(q, k, v)
         del k, v
         torch.cuda.empty_cache()
         for impl, fields, fn, check in self.sdpa_calls(base, qt, kt, vt, launch, refs):
@@ -513,7 +520,6 @@ class Bench(Recorder):
                         repeats=3 if impl == "torch_math" else None)
         del qt
         # ours on PyTorch's very K and V: the head-major cache through its transposed view
-        kh, vh = kt.transpose(1, 2), vt.transpose(1, 2)
         self.ours(base, kh, vh, run_ours, ours_check, "head_major")
         self.paged(base, kh, vh, run_ours, ours_check, "head_major")
         del kt, vt, kh, vh
@@ -1365,11 +1371,9 @@ def configs(bench, points=CONFIG_POINTS) -> int:
     def run():
         for B, kvh, n, ql, base in bench.due_points(points):
             q, k, v, launch, refs, check, run_ours = bench.inputs(B, kvh, n, ql)
-            qt = q.transpose(1, 2).contiguous()
-            kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            qt, kt, vt, kh, vh = bench.torch_layout(q, k, v)
             del k, v
             torch.cuda.empty_cache()
-            kh, vh = kt.transpose(1, 2), vt.transpose(1, 2)
             peers(base, launch, refs, qt, kt, vt, kh, vh, 0)
             seen = set()
             for label, kw in config_candidates(B, kvh, n, ql):
@@ -1478,11 +1482,10 @@ def ties(bench) -> int:
     def run():
         for B, kvh, n, ql, base in bench.due_points(TIE_POINTS):
             q, k, v, launch, refs, ours_check, run_ours = bench.inputs(B, kvh, n, ql)
-            qt = q.transpose(1, 2).contiguous()
-            kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            qt, kt, vt, kh, vh = bench.torch_layout(q, k, v)
             dflt = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)      # the defaults
             calls = [("cupy_decode", {"page_size": 0, "layout": "head_major"},
-                      run_ours(dflt, kt.transpose(1, 2), vt.transpose(1, 2)), ours_check),
+                      run_ours(dflt, kh, vh), ours_check),
                      ("cupy_decode", {"page_size": 0, "layout": "token_major"}, run_ours(dflt, k, v),
                       ours_check)]
             calls += bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS)
@@ -1491,7 +1494,7 @@ def ties(bench) -> int:
                     bench.record({"impl": impl, **base, **fields, "round": rnd,
                                   "splits": dflt.splits if impl == "cupy_decode" else None},
                                  fn, check if rnd == 0 else None)
-            del q, k, v, qt, kt, vt, calls
+            del q, k, v, qt, kt, vt, kh, vh, calls
             torch.cuda.empty_cache()
             bench.save()
 
@@ -1538,11 +1541,9 @@ def rounds(bench, points, candidates, field: str) -> int:
     def run():
         for B, kvh, n, ql, base in bench.due_points(points):
             q, k, v, launch, refs, ours_check, run_ours = bench.inputs(B, kvh, n, ql)
-            qt = q.transpose(1, 2).contiguous()
-            kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            qt, kt, vt, kh, vh = bench.torch_layout(q, k, v)
             del k, v
             torch.cuda.empty_cache()
-            kh, vh = kt.transpose(1, 2), vt.transpose(1, 2)
             calls = []
             for label, kw in candidates:
                 lc = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw)
@@ -1658,8 +1659,7 @@ def flashinfer_table(bench, args) -> int:
         bench.plain_read({**base, "page_size": 0}, k, v)
         bench.paged(base, k, v, run_ours, ours_check, "token_major", v1=False,
                     peers=lambda kp, vp, bt: bench.flashinfer(base, q, kp, vp, bt, launch, refs))
-        qt = q.transpose(1, 2).contiguous()
-        kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        qt, kt, vt, _, _ = bench.torch_layout(q, k, v)
         del k, v
         torch.cuda.empty_cache()
         for impl, fields, fn, check in bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS):
