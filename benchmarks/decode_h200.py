@@ -1597,9 +1597,10 @@ def rounds_summary(bench, candidates, field: str):
                     "best_torch_over_ours_by_round": [b / a for a, b in zip(mine, peer) if a and b],
                     "plain_read_over_ours_by_round": [b / a for a, b in zip(mine, plain) if a and b]}
             rows.append(row)
+            over = f"over_{first.replace(' ', '_')}_by_round"
             print(f"B={k[0]:>2} kvh={k[1]:>2} n={k[2]:>6} q={k[3]} {flush}: " + "; ".join(
-                f"{h} x{np.median(next(iter(v.values()))):.3f} vs torch {np.median(v['best_torch_over_ours_by_round']):.3f}"
-                for h, v in row[field + "s"].items() if v["best_torch_over_ours_by_round"]), flush=True)
+                f"{h} x{np.median(v[over]):.3f} vs torch {np.median(v['best_torch_over_ours_by_round']):.3f}"
+                for h, v in row[field + "s"].items() if v[over] and v["best_torch_over_ours_by_round"]), flush=True)
     bench.results["summary"] = rows
 
 
