@@ -59,19 +59,19 @@ def decode_kernels() -> dict:
     return registry.DECODE_KERNELS
 
 
-def variant_options(variant: str | None) -> dict:
-    """The configure keywords of ``variant`` (``gpu_kernels.cupy.decode.VARIANTS``), {} for
-    None (the defaults); another name is refused."""
+def variant_options(variant: str | None, **given) -> dict:
+    """The configure keywords of ``variant`` (``gpu_kernels.cupy.decode.VARIANTS``; None: the
+    defaults, none) with those of ``given`` that are not None over them; another name is
+    refused."""
     from gpu_kernels.cupy import decode as loader
 
     from .predict import PredictError
 
-    if variant is None:
-        return {}
-    if variant not in loader.VARIANTS:
+    if variant is not None and variant not in loader.VARIANTS:
         raise PredictError(f"--variant {variant!r}: one of {', '.join(loader.VARIANTS)} (the "
                            "versions benchmarks/decode_h200.py times; without it, the defaults)")
-    return dict(loader.VARIANTS[variant])
+    return {**(loader.VARIANTS[variant] if variant else {}),
+            **{k: v for k, v in given.items() if v is not None}}
 
 
 def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None, q_len: int = 1,
@@ -102,11 +102,11 @@ def predict_decode(kernel: str, *, batch: int = 1, heads: int = 1, kv_heads=None
                            "for the others)")
     if entry.paged and page_size is None:
         page_size = DEFAULT_PAGE
-    given = {k: v for k, v in dict(options, block_cols=block_cols,
-                                   splits=None if splits == "auto" else splits).items() if v is not None}
     launch = entry.launch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                           kv_len=kv_len, kv_lens=kv_lens, q_len=q_len, dtype=dtype,
-                          causal=causal, page_size=page_size, **{**variant_options(variant), **given})
+                          causal=causal, page_size=page_size,
+                          **variant_options(variant, **options, block_cols=block_cols,
+                                            splits=None if splits == "auto" else splits))
     p = launch.plan(gpu)
     rep = p.count()
     labels = [x.label for x in _nest_launches(p.nest())]
@@ -247,13 +247,13 @@ def launch_options(entry, args, defaults: dict | None = None, every: bool = Fals
     page_size = get("page_size") if entry.paged else (None if every else args.page_size)
     if entry.paged and page_size is None:
         page_size = DEFAULT_PAGE
-    given = {k: v for k, v in (("splits", None if args.splits in (None, "auto") else args.splits),
-                               ("block_cols", None if every else args.block_cols)) if v is not None}
     return dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=get("head_dim"),
                 q_len=get("q_len") or 1, kv_len=kv_len,
                 kv_lens=None if kv_lens is None else list(kv_lens), dtype=args.dtype,
                 causal=not args.no_causal, page_size=page_size,
-                **{**variant_options(getattr(args, "variant", None)), **given})
+                **variant_options(getattr(args, "variant", None),
+                                  splits=None if args.splits in (None, "auto") else args.splits,
+                                  block_cols=None if every else args.block_cols))
 
 
 def is_decode(args) -> bool:
@@ -280,5 +280,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_cli_args(p, gqa_schedule=False)
     p.add_argument("--variant", help="a decode kernel's version as benchmarks/decode_h200.py times "
-                                     "it (gpu_kernels.cupy.decode.VARIANTS: v1 ... v11; default: "
+                                     "it (gpu_kernels.cupy.decode.VARIANTS: v1 ... v14; default: "
                                      "the defaults)")
