@@ -1191,13 +1191,16 @@ def overheads(bench) -> int:
 
 
 def flush_profile(out, points, calls, name: str) -> int:
-    """For Nsight Compute without its own cache control: at each of ``points``, each call of
-    ``calls(B, kvh, n, ql, q, k, v)`` -> [(what, fields, fn, kernels)] once after the table's
-    flush inside NVTX range "dirty" and once after a clean flush inside "clean" (the flushes
-    and a warm-up outside the ranges); the order of the ranges' launches goes to out/``name``
-    beside ncu's CSV."""
+    """For Nsight Compute without its own cache control: at each of ``points``, the plain read,
+    then each call of ``calls(B, kvh, n, ql, q, k, v)`` -> [(what, fields, fn, kernels)], each
+    once after the table's flush inside NVTX range "dirty" and once after a clean flush inside
+    "clean" (the flushes and a warm-up outside the ranges); the order of the ranges' launches
+    goes to out/``name`` beside ncu's CSV."""
     import cupy
     import torch
+
+    plain = cupy.RawKernel(PLAIN_READ, "plain_read")
+    flag = cupy.zeros(1, cupy.uint32)
 
     hs = {"dirty": harness.Harness("cupy"), "clean": harness.Harness("cupy", clean=True)}
     order = []
@@ -1205,7 +1208,8 @@ def flush_profile(out, points, calls, name: str) -> int:
         q = torch.randn((B, ql, H, D), device="cuda", dtype=torch.float16)
         k = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
         v = torch.randn((B, n, kvh, D), device="cuda", dtype=torch.float16)
-        for what, fields, fn, kernels in calls(B, kvh, n, ql, q, k, v):
+        for what, fields, fn, kernels in [("plain_read", {}, plain_read_call(plain, k, v, flag), ["plain_read"]),
+                                          *calls(B, kvh, n, ql, q, k, v)]:
             fn()                                      # compiles, warms the launch path
             for flush, h in hs.items():
                 cupy.cuda.runtime.deviceSynchronize()
@@ -1230,15 +1234,9 @@ def flush_profile(out, points, calls, name: str) -> int:
 def overheads_profile(out) -> int:
     """--overheads-profile: at OVERHEAD_PROFILE_POINTS the plain read, then the step (the
     default launch), each after either flush (``flush_profile``)."""
-    import cupy
-
-    plain = cupy.RawKernel(PLAIN_READ, "plain_read")
-    flag = cupy.zeros(1, cupy.uint32)
-
     def calls(B, kvh, n, ql, q, k, v):
         launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
-        return [("plain_read", {}, plain_read_call(plain, k, v, flag), ["plain_read"]),
-                ("step", {}, lambda: launch.run(q, k, v), [kl.kernel for kl in launch.launches()])]
+        return [("step", {}, lambda: launch.run(q, k, v), [kl.kernel for kl in launch.launches()])]
     return flush_profile(out, OVERHEAD_PROFILE_POINTS, calls, "decode_overheads_ncu_h200.json")
 
 
@@ -1246,13 +1244,8 @@ def l2_hints_profile(out) -> int:
     """--l2-hints-profile: at L2_HINT_PROFILE_POINTS the plain read, then the step (the
     defaults) with each of L2_HINTS, each after either flush (``flush_profile``): what reaches
     DRAM, read and written, under each hint."""
-    import cupy
-
-    plain = cupy.RawKernel(PLAIN_READ, "plain_read")
-    flag = cupy.zeros(1, cupy.uint32)
-
     def calls(B, kvh, n, ql, q, k, v):
-        out = [("plain_read", {}, plain_read_call(plain, k, v, flag), ["plain_read"])]
+        out = []
         for hint, kw in L2_HINTS:
             launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw)
             out.append(("step", {"hint": hint}, lambda lc=launch: lc.run(q, k, v),
@@ -1530,7 +1523,8 @@ def rounds(bench, points, candidates, field: str) -> int:
     cuDNN and flash backends and the plain read, each checked once, then timed in ROUNDS
     rounds, one timing of each a round under each flush ("dirty": the table's, "clean":
     ``harness.Harness(clean=True)``). Rows as the table's with ``field`` (the label), "flush"
-    and "round"; "summary" per point and flush (``rounds_summary``). --l2-hints and --phased."""
+    and "round"; "summary" per point and flush (``rounds_summary``). --l2-hints, --phased and
+    --phased-heldout."""
     torch = bench.torch
     hs = {"dirty": bench.harness,
           "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)}
@@ -1573,6 +1567,7 @@ def rounds_summary(bench, candidates, field: str):
     and the plain read's over it (above 1: the candidate is the faster)."""
     rows = []
     first = candidates[0][0]
+    over = f"over_{first.replace(' ', '_')}_by_round"
     for k, here in by_point(bench.results["points"], checked=False).items():
         for flush in ("dirty", "clean"):
             at = [p for p in here if p.get("flush") == flush]
@@ -1593,11 +1588,10 @@ def rounds_summary(bench, candidates, field: str):
             for label, _ in candidates:
                 mine = [t(lambda p, h=label: p.get(field) == h, r) for r in rnds]
                 row[field + "s"][label] = {
-                    f"over_{first.replace(' ', '_')}_by_round": [b / a for a, b in zip(mine, base) if a and b],
+                    over: [b / a for a, b in zip(mine, base) if a and b],
                     "best_torch_over_ours_by_round": [b / a for a, b in zip(mine, peer) if a and b],
                     "plain_read_over_ours_by_round": [b / a for a, b in zip(mine, plain) if a and b]}
             rows.append(row)
-            over = f"over_{first.replace(' ', '_')}_by_round"
             print(f"B={k[0]:>2} kvh={k[1]:>2} n={k[2]:>6} q={k[3]} {flush}: " + "; ".join(
                 f"{h} x{np.median(v[over]):.3f} vs torch {np.median(v['best_torch_over_ours_by_round']):.3f}"
                 for h, v in row[field + "s"].items() if v[over] and v["best_torch_over_ours_by_round"]), flush=True)
