@@ -136,6 +136,16 @@ head its order of loads?
 --phased-heldout (DIR/decode_phased_heldout_h200.json, ~1 min): the same rounds, the defaults,
 the phased loop at their splits and v14, at PHASED_HELDOUT_POINTS (off the grid, no splits, at most 16 rows a KV head).
 
+--timeline (DIR/decode_timeline_h200.json, ~1 min): where a step's time goes, block by block,
+at TIMELINE_POINTS: the default launch built as a probe (``DecodeLaunch.probe``: decode.cu's
+TIMELINE, each decode_split block stamps its SM, the global timer at entry, once its first
+tile has landed, after its last tile and at exit, and the SM cycles it waited for tiles), and
+where the defaults run 2 stages of wgmma tiles also with 3; beside them the plain read with
+its blocks' entry and exit (PLAIN_READ_TIMELINE). Each is checked and timed as in the table
+(probe and not, to show what the stamps cost), then run TIMELINE_RUNS times after the table's
+flush, each run's event time and stamps kept (``timeline_summary``; the raw stamps of the
+run of median time).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -184,6 +194,11 @@ FAST_BACKENDS = (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTE
 OVERHEAD_POINTS = [(1, 1, 4096, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 1, 32768, 1),
                    (8, 1, 32768, 1), (1, 8, 32768, 1), (8, 8, 32768, 1), (8, 1, 131072, 1),
                    (1, 1, 32768, 4), (8, 1, 32768, 4), (64, 8, 4096, 1), (8, 32, 32768, 1)]
+# --timeline: MQA at q_len 1 (B 8 32k: the point below 0.9 of the plain read; 4k and 128k beside
+# it; B 1), and one and four query rows a KV head at B 8 32k
+TIMELINE_POINTS = [(8, 1, 32768, 1), (8, 1, 4096, 1), (8, 1, 131072, 1), (1, 1, 32768, 1),
+                   (8, 8, 32768, 1), (8, 32, 32768, 1)]
+TIMELINE_RUNS = 9
 # --overheads-profile: (B, kv_heads, kv_len, q_len) whose plain read and step ncu sees
 OVERHEAD_PROFILE_POINTS = [(1, 1, 4096, 1), (8, 1, 32768, 1), (8, 8, 32768, 1)]
 # --configs: q_len-1 points where ours fell short of PyTorch's best in decode_h200.json of
@@ -270,6 +285,22 @@ extern "C" __global__ void plain_read(const uint4* __restrict__ a, const uint4* 
 # block streams its K and V) where PLAIN_READ's grid-stride loop spreads every step over the
 # whole range: which of the two access patterns DRAM serves faster is measured (--configs).
 # PLAIN_READ's loop, over the block's chunk [lo, hi) with its threads' stride.
+# PLAIN_READ with decode.cu's TIMELINE stamps of each block: SM, entry and exit (global timer, ns)
+PLAIN_READ_TIMELINE = (PLAIN_READ.replace("void plain_read(", "void plain_read_timeline(")
+                       .replace("unsigned int* out) {", """unsigned int* out,
+                                      unsigned long long* tl) {
+    unsigned long long t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));""")
+                       .replace("    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true",
+                                """    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true
+    __syncthreads();                                     // the block's last load has returned
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    if (threadIdx.x == 0) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        tl[3 * blockIdx.x] = sm; tl[3 * blockIdx.x + 1] = t0; tl[3 * blockIdx.x + 2] = t1;
+    }"""))
+assert PLAIN_READ_TIMELINE.count("globaltimer") == 2 and "tl[3 * blockIdx.x]" in PLAIN_READ_TIMELINE
 PLAIN_READ_CHUNKED = (PLAIN_READ.replace("void plain_read(", "void plain_read_chunked(")
                       .replace("""    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -840,7 +871,8 @@ def tiny_cases():
     16, ragged, 1, 2, 4 and 8 row warps, 4 and 8 warps, the four combines, row chunks, bf16,
     d = 64, v5 (wgmma; the default from 32 rows: one warpgroup up to 64), v9 (TMA, the
     ping-pong; ragged last tiles, pages without TMA), v9_s3 and v11 (3 stages, the overlap), v13's
-    L2 hints, and head-major caches (the keyword ``head_major``, which goes to ``random_case``: ``case_options``)."""
+    L2 hints, v14, the TIMELINE probe (the keyword ``probe``, which goes to ``run_case``) and
+    head-major caches (the keyword ``head_major``, which goes to ``random_case``: ``case_options``)."""
     cases = [(4, 2, 128, [37, 130], ql, P, "fp16", splits, {})
              for P in (0, 1, 16, 64) for ql, splits in ((1, 1), (4, 3))]
     tuned = [(4, 2, 128, [37, 300], 4, 0, "fp16", 2, dict(block_cols=Bc, stages=st))
@@ -935,7 +967,13 @@ def tiny_cases():
                             (32, 1, 128, [70, 1300], 1, 0, "fp16", None, dict(phased=1)),
                             (8, 8, 64, [1, 64, 129], 1, 0, "bf16", 2, dict(phased=1)),
                             (8, 2, 128, [37, 300], 4, 0, "bf16", None, dict(phased=1, head_major=True)),
-                            (4, 2, 128, [37, 300], 1, 0, "fp16", 2, dict(phased=1, l2_prefetch=128, evict_first=1))]
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 2, dict(phased=1, l2_prefetch=128, evict_first=1)),
+                            # the TIMELINE probe (--timeline): mma.sync with empty splits, wgmma
+                            # by TMA (ragged), fused, v14's two waits a tile
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 40, dict(probe=True)),
+                            (32, 1, 128, [70, 1300], 1, 0, "fp16", 3, dict(v9, probe=True)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(v9, probe=True)),
+                            (4, 2, 128, [37, 300], 4, 0, "fp16", 3, dict(phased=1, probe=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1057,6 +1095,9 @@ MODES = {
     "phased": ("decode_phased_h200.json", "ours with v14's loads (K and V apart), PyTorch's backends "
                "and the plain read in interleaved rounds, under both flushes",
                lambda bench, args: rounds(bench, L2_HINT_POINTS, PHASED, "config")),
+    "timeline": ("decode_timeline_h200.json", "where a step's time goes, block by block: the "
+                 "defaults' probe (TIMELINE) and the plain read's blocks, after the table's flush",
+                 lambda bench, args: timeline(bench)),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 
@@ -1136,15 +1177,16 @@ def main(argv=None) -> int:
     return bench.conclude(table, bench.summary)
 
 
-def plain_read_call(kernel, k, v, flag, grid=(132 * 16, 256)):
+def plain_read_call(kernel, k, v, flag, grid=(132 * 16, 256), extra=()):
     """A call of a plain-read ``kernel`` (PLAIN_READ's, or PLAIN_READ_CHUNKED's) over the
-    bytes of the torch tensors k and v, on ``grid`` (blocks, threads)."""
+    bytes of the torch tensors k and v, on ``grid`` (blocks, threads); ``extra``: arguments
+    after ``flag`` (PLAIN_READ_TIMELINE's stamps)."""
     import cupy
     import torch
 
     nvec = k.numel() * k.element_size() // 16
     kc, vc = (cupy.from_dlpack(x.view(torch.int16)) for x in (k, v))
-    return lambda: kernel((grid[0],), (grid[1],), (kc, vc, cupy.uint64(nvec), flag))
+    return lambda: kernel((grid[0],), (grid[1],), (kc, vc, cupy.uint64(nvec), flag, *extra))
 
 
 def overheads(bench) -> int:
@@ -1185,6 +1227,95 @@ def overheads(bench) -> int:
                                  lambda name=name: launch.run(q, k, v, out=O, lse=L, only=name), None)
             del q, k, v, O, L
             torch.cuda.empty_cache()
+            bench.save()
+
+    return bench.conclude(run)
+
+
+def timeline_summary(st: dict, event_s: float) -> dict:
+    """What one run's stamps say (ns from the first block's entry): ``st`` is
+    ``DecodeLaunch.stamps()`` or the plain read's (sm, entry_ns, exit_ns). The event time
+    beside the blocks' span (the rest: the launch before the first block and the events); when
+    the last block starts; the median exit and how far the last is behind it; and for decode_split
+    blocks (those with tiles) the median time to their first tile, in their loop and after it,
+    the share of their cycles spent waiting for tiles and the SM clock."""
+    entry, exit_ = st["entry_ns"], st["exit_ns"]
+    t0, med_exit = int(entry.min()), float(np.median(exit_))
+    per_sm = np.bincount(st["sm"])
+    out = {"event_ns": event_s * 1e9, "span_ns": int(exit_.max()) - t0,
+           "last_entry_ns": int(entry.max()) - t0, "median_exit_ns": med_exit - t0,
+           "tail_ns": int(exit_.max()) - med_exit, "blocks": len(entry),
+           "sms": int((per_sm > 0).sum()), "most_blocks_on_an_sm": int(per_sm.max())}
+    if "first_tile_ns" in st:
+        has = st["first_tile_ns"] > 0                        # blocks with at least one tile
+        first, loop_end = st["first_tile_ns"][has], st["loop_end_ns"][has]
+        cycles = st["exit_clk"] - st["entry_clk"]
+        out |= {"first_tile_ns": float(np.median(first - entry[has])),
+                "first_tile_max_ns": int((first - entry[has]).max()),
+                "loop_ns": float(np.median(loop_end - first)),
+                "after_loop_ns": float(np.median(exit_[has] - loop_end)),
+                "wait_share": float(st["wait_clk"][has].sum() / cycles[has].sum()),
+                "sm_clock_mhz": float(np.median(cycles / np.maximum(exit_ - entry, 1)) * 1e3)}
+    return out
+
+
+def timeline(bench) -> int:
+    """--timeline: at each of TIMELINE_POINTS, the defaults (and 3 stages where they run 2 of
+    wgmma tiles) built as a probe, checked and timed as in the table beside the same launch
+    without the stamps, then TIMELINE_RUNS runs after the table's flush; the plain read's
+    blocks likewise. Rows of results["timeline"]: the point, "impl", "config", each run's
+    ``timeline_summary`` and the raw stamps of the run of median event time."""
+    cupy = bench.cupy
+    plain = cupy.RawKernel(PLAIN_READ_TIMELINE, "plain_read_timeline")
+    flag = cupy.zeros(1, cupy.uint32)
+    grid = (132 * 16, 256)                                   # plain_read_call's default
+    plain_tl = cupy.zeros((grid[0], 3), cupy.uint64)
+    bench.results["timeline"] = []
+
+    def runs(fn, stamps) -> tuple[list, dict]:
+        out = []
+        for _ in range(TIMELINE_RUNS):
+            t = bench.harness.time(fn, repeats=1).times_s[0]   # after the warm-ups: one flushed run
+            out.append((t, stamps()))
+        out.sort(key=lambda r: r[0])
+        t_med, st = out[len(out) // 2]
+        t0 = int(st["entry_ns"].min())
+        raw = {k: (v - t0).tolist() for k, v in st.items() if k.endswith("_ns")}
+        raw["sm"] = st["sm"].tolist()
+        if "first_tile_ns" in st:                       # SM clocks are not one clock: durations
+            raw["first_tile_ns"] = [x if x >= 0 else None for x in raw["first_tile_ns"]]
+            raw["cycles"] = (st["exit_clk"] - st["entry_clk"]).tolist()
+            raw["wait_cycles"] = st["wait_clk"].tolist()
+        return [timeline_summary(s, t) for t, s in out], raw
+
+    def run():
+        for B, kvh, n, ql, base in bench.due_points(TIMELINE_POINTS):
+            q, k, v, _, refs, check, run_ours = bench.inputs(B, kvh, n, ql)
+            launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
+            configs = [("defaults", launch)]
+            if launch.wgmma and launch.stages == 2:
+                configs.append(("stages 3", decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql,
+                                                             stages=3)))
+            for name, lch in configs:
+                probe = lch.probe()
+                fields = {**base, "config": name, "splits": lch.splits, "warps": lch.warps,
+                          "wgmma": lch.wgmma, "tma": lch.tma, "block_cols": lch.block_cols,
+                          "stages": lch.stages}
+                for is_probe, x in ((0, lch), (1, probe)):
+                    bench.record({"impl": "cupy_decode", **fields, "probe": is_probe},
+                                 run_ours(x, k, v), check)
+                summaries, raw = runs(run_ours(probe, k, v), probe.stamps)
+                bench.results["timeline"].append({"impl": "cupy_decode", **fields,
+                                                  "runs": summaries, "stamps": raw})
+            def read_stamps():
+                rec = plain_tl.get().astype(np.int64)
+                return {"sm": rec[:, 0], "entry_ns": rec[:, 1], "exit_ns": rec[:, 2]}
+            bench.plain_read(base, k, v)
+            summaries, raw = runs(plain_read_call(plain, k, v, flag, grid, (plain_tl,)), read_stamps)
+            bench.results["timeline"].append({"impl": "plain_read", **base, "runs": summaries,
+                                              "stamps": raw})
+            del q, k, v
+            bench.torch.cuda.empty_cache()
             bench.save()
 
     return bench.conclude(run)

@@ -410,6 +410,18 @@ def test_l2_hints_reach_the_defines_only_when_asked():
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], evict_first=2, match="evict_first")
 
 
+def test_probe_is_the_same_launch_with_stamps():
+    """``probe()``: the same kernels, tiles, splits and defines but TIMELINE, its own buffers;
+    a launch that is not a probe has no stamps to read."""
+    for kvh, kw in ((8, {}), (1, {}), (1, dict(decode.VARIANTS["v7"])), (8, dict(phased=1))):
+        launch = decode.configure(8, 32, kvh, 128, kv_lens=[32768] * 8, **kw)
+        probe = launch.probe()
+        assert probe.defines() == {**launch.defines(), "TIMELINE": 1} and "TIMELINE" not in launch.defines()
+        assert probe.launches() == launch.launches() and probe.options() == launch.options()
+        assert probe.workspace is not launch.workspace and probe.timeline == 1
+        _refused(launch.stamps, match="not built as a probe")
+
+
 # ------------------------------------------------------------------ bad input (no GPU)
 
 def _refused(fn, *args, match=None, **kw):
@@ -743,10 +755,11 @@ def test_sanitizer_cases_pass_under_emulation():
 
     for i, (H, kvh, d, lens, q_len, page, dtype, splits, tiles) in enumerate(tiny_cases()):
         layout, tiles = case_options(tiles)
+        probe = tiles.pop("probe", False)             # run_case's: the same launch, stamped
         case = decode.random_case(np.random.default_rng(i), len(lens), H, kvh, d, lens, q_len, page,
                                   dtype, **layout)
-        _emulate_and_check(decode.configure(len(lens), H, kvh, d, splits=splits,
-                                            **case["configure"], **tiles), case)
+        launch = decode.configure(len(lens), H, kvh, d, splits=splits, **case["configure"], **tiles)
+        _emulate_and_check(launch.probe() if probe else launch, case)
 
 
 def _emulate_and_check(launch, case):
@@ -834,6 +847,38 @@ def test_every_variant_the_benchmark_times(variant):
         case = decode.random_case(np.random.default_rng(q_len), B, H, kvh, 128, lens, q_len, page, "fp16")
         launch, verdict = decode.run_case(case, H, kvh, splits, **decode.VARIANTS[variant])
         assert verdict["ok"], (launch.plan_record(), verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kvh,lens,q_len,kw", [(8, [129, 4000], 1, {}), (1, [300, 2000], 1, {}),
+                                               (1, [300, 9000], 4, dict(decode.VARIANTS["v9"], splits=60)),
+                                               (2, [37, 300], 1, dict(splits=40)),
+                                               (8, [129, 4000], 1, dict(phased=1))], ids=str)
+def test_probe_stamps_every_block_and_leaves_the_output(kvh, lens, q_len, kw):
+    """A probe writes the same bits as its launch; every block of decode_split stamps an SM,
+    entry <= first tile <= loop end <= exit on the global timer, and waits at most its cycles;
+    a block without tiles (more splits than tiles) stamps no first tile."""
+    cupy = _cupy_or_skip()
+    case = decode.random_case(np.random.default_rng(q_len), len(lens), 32, kvh, 128, lens, q_len, 0, "fp16")
+    launch = decode.configure(len(lens), 32, kvh, 128, **case["configure"], **kw)
+    probe = launch.probe()
+    q, k, v = decode.device_case(case)
+    outs = [(r.O.get(), r.L.get()) for r in (launch.run(q, k, v), probe.run(q, k, v))]
+    assert all(np.array_equal(a, b) for a, b in zip(*outs))
+    st = probe.stamps()
+    n_sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    assert len(st["sm"]) == np.prod(launch.launches()[0].grid) and (st["sm"] < n_sm).all()
+    tiles = st["first_tile_ns"] > 0
+    T_c = -(-np.asarray(lens) // launch.block_cols)
+    splits = np.arange(launch.splits)
+    want = np.concatenate([np.repeat((splits + 1) * t // launch.splits > splits * t // launch.splits,
+                                     launch.chunks) for t in T_c for _ in range(kvh)])
+    assert (tiles == want).all()                  # blockIdx.x (chunk) fastest, then split, then z
+    assert (st["entry_ns"] > 0).all() and (st["entry_ns"] <= st["exit_ns"]).all()
+    assert (st["entry_ns"][tiles] <= st["first_tile_ns"][tiles]).all()
+    assert (st["first_tile_ns"][tiles] <= st["loop_end_ns"][tiles]).all()
+    assert (st["loop_end_ns"] <= st["exit_ns"]).all()
+    assert (st["wait_clk"] >= 0).all() and (st["wait_clk"] <= st["exit_clk"] - st["entry_clk"]).all()
 
 
 @pytest.mark.gpu

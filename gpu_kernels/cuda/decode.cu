@@ -129,6 +129,8 @@
 //   EVICT_FIRST  0, or 1: v13's evict-first L2 policy on the mma.sync loop's K/V copies and
 //              the TMA unit's
 //   PHASED     0, or 1: v14's order of loads (WGMMA 0, PAGE_SIZE 0, STAGES 1)
+//   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
+//              ``timeline``, TL_FIELDS uint64 words a block
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3, v4: one row per block).
@@ -189,6 +191,9 @@
 #endif
 #ifndef PHASED
 #define PHASED 0
+#endif
+#ifndef TIMELINE
+#define TIMELINE 0
 #endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
@@ -360,6 +365,58 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// TIMELINE 1: where a decode_split block's time goes (benchmarks/decode_h200.py --timeline).
+// Thread 0 of each block writes its record: the SM it ran on; the global timer (ns, one clock
+// for every SM) at entry, once its first tile has landed, after its last tile and at exit; its
+// SM's clock (cycles) at entry and exit, and the cycles it spent in the loop's waits for a
+// tile (the wait and the barrier after it: a block waiting on DRAM, or on a warp still
+// computing). The other threads run as without it; TIMELINE 0 compiles every call away.
+#define TL_FIELDS 8
+enum { TL_SM, TL_ENTRY, TL_FIRST, TL_LOOP_END, TL_EXIT, TL_CLK_ENTRY, TL_CLK_EXIT, TL_CLK_WAIT };
+#if TIMELINE
+#define TIMELINE_PARAMS , unsigned long long* __restrict__ timeline
+#define TL_ARG timeline
+struct Timeline {
+    unsigned long long* rec;
+    long long waited = 0, c0 = 0;
+    __device__ __forceinline__ explicit Timeline(unsigned long long* tl)
+        : rec(tl + TL_FIELDS * (blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z))) {
+        if (threadIdx.x == 0) {
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            rec[TL_SM] = sm;
+            rec[TL_ENTRY] = now_ns();
+            rec[TL_CLK_ENTRY] = clock64();
+        }
+    }
+    __device__ __forceinline__ static unsigned long long now_ns() {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        return t;
+    }
+    __device__ __forceinline__ void mark(int field) { if (threadIdx.x == 0) rec[field] = now_ns(); }
+    __device__ __forceinline__ void wait_begin() { c0 = clock64(); }
+    __device__ __forceinline__ void wait_end() { waited += clock64() - c0; }
+    __device__ __forceinline__ void exit() {
+        if (threadIdx.x == 0) {
+            rec[TL_CLK_WAIT] = waited;
+            rec[TL_CLK_EXIT] = clock64();
+            rec[TL_EXIT] = now_ns();
+        }
+    }
+};
+#else
+#define TIMELINE_PARAMS
+#define TL_ARG nullptr
+struct Timeline {
+    __device__ __forceinline__ explicit Timeline(void*) {}
+    __device__ __forceinline__ void mark(int) {}
+    __device__ __forceinline__ void wait_begin() {}
+    __device__ __forceinline__ void wait_end() {}
+    __device__ __forceinline__ void exit() {}
+};
+#endif
 
 // FUSED 1 (v7). A launch of decode_combine costs a step at B = 1 (12-50 us) a few us more
 // than its bytes: the split grid drains, the combine's blocks start and wait on L2 latency.
@@ -537,9 +594,10 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
              int max_pages, long long kv_batch_stride, int kv_row_stride,
              long long kv_head_stride, int num_splits, int causal,
-             float scale_log2, int* __restrict__ counters TMA_PARAMS) {
+             float scale_log2, int* __restrict__ counters TMA_PARAMS TIMELINE_PARAMS) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     const float NEG_INF = neg_inf();
+    Timeline tl(TL_ARG);
     pdl_launch_dependents();
 
     extern __shared__ __align__(128) unsigned char smem_raw[];   // aligned to 1 KiB below
@@ -627,6 +685,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     }
 
     for (int j = t_begin; j < t_end; ++j) {
+        tl.wait_begin();
 #if TMA
         {
             const int n = j - t_begin;
@@ -638,11 +697,13 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             }
         }
         __syncthreads();                  // tile j has landed, and tile j + AHEAD's stage is free
+        tl.wait_end();
         if (j + AHEAD < t_end) issue(j + AHEAD, (j + AHEAD - t_begin) % STAGES);
 #else
         cp_async_wait<AHEAD - 1>();       // tile j has landed (this thread's part) ...
         fence_proxy_async();              // ... visible to wgmma (async proxy) ...
         __syncthreads();                  // ... everyone's; and tile j + AHEAD's stage is free
+        tl.wait_end();
         {
             const int jn = j + AHEAD, st = (jn - t_begin) % STAGES;
             if (jn < t_end)
@@ -651,6 +712,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);
         }
 #endif
+        if (j == t_begin) tl.mark(TL_FIRST);
         const int st = (j - t_begin) % STAGES;
 #if PINGPONG      // v9: warpgroup 1 issues S after warpgroup 0 has, so its GEMMs run during 0's softmax
         if (w == 1) named_sync(BAR_PINGPONG, 2 * 128);
@@ -704,6 +766,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #if !TMA
     cp_async_wait<0>();
 #endif
+    tl.mark(TL_LOOP_END);
 
     // ---- O = diag(l_i)^-1 O_i and L = m_i + log l_i (rows that saw no key: O 0, L -inf), to O,
     // L (one split) or to this split's partial O, L; each thread its own rows and columns
@@ -742,6 +805,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #else
     (void)counters;
 #endif
+    tl.exit();
 }
 #else
 extern "C" __global__ void __launch_bounds__(NUM_THREADS)
@@ -751,13 +815,14 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
              int max_pages, long long kv_batch_stride, int kv_row_stride,
              long long kv_head_stride, int num_splits, int causal,
-             float scale_log2, int* __restrict__ counters) {
+             float scale_log2, int* __restrict__ counters TIMELINE_PARAMS) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     constexpr int NT = KW / 8;     // 8-key n-tiles of S per warp
     constexpr int DT = D / 8;      // 8-column n-tiles of O_i
     constexpr int KQ = D / 16;     // k-steps of Q K^T
     constexpr int KP = KW / 16;    // k-steps of P V
     const float NEG_INF = neg_inf();
+    Timeline tl(TL_ARG);
     pdl_launch_dependents();
 
     extern __shared__ __align__(128) u16 smem[];
@@ -834,14 +899,17 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     }
 
     for (int j = t_begin; j < t_end; ++j) {
+        tl.wait_begin();
 #if PHASED
         cp_async_wait<0>();               // K_j has landed (this thread's part) ...
         __syncthreads();                  // ... everyone's; and every warp is done with V_{j-1}
+        tl.wait_end();
         load_kv<false, true>(KV_s, KV_s + KV_TILE_ELEMS, K, V, bt_row, cr, j * B_c, kv_len, pages);
         cp_async_commit();
 #else
         cp_async_wait<STAGES - 2>();      // tile j has landed (this thread's part) ...
         __syncthreads();                  // ... everyone's; and tile j - 1's stage is free
+        tl.wait_end();
         {
             const int jn = j + STAGES - 1, st = (jn - t_begin) % STAGES;
             if (jn < t_end)
@@ -851,6 +919,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             if (jn + 1 < t_end) fetch_pages(pages, bt_row, (jn + 1) * B_c, kv_len);   // next one
         }
 #endif
+        if (j == t_begin) tl.mark(TL_FIRST);
         const int st = (j - t_begin) % STAGES;
         const u16* K_j = KV_s + 2 * st * KV_TILE_ELEMS;
         const u16* V_j = K_j + KV_TILE_ELEMS;
@@ -911,8 +980,10 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         }
 
 #if PHASED
+        tl.wait_begin();
         cp_async_wait<0>();               // V_j has landed (this thread's part) ...
         __syncthreads();                  // ... everyone's; and every warp is done with K_j
+        tl.wait_end();
         if (j + 1 < t_end)
             load_kv<true, false>(KV_s, KV_s + KV_TILE_ELEMS, K, V, bt_row, cr, (j + 1) * B_c, kv_len, pages);
         cp_async_commit();
@@ -938,6 +1009,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     }
     cp_async_wait<0>();
     __syncthreads();                      // every warp is done with the K/V buffers
+    tl.mark(TL_LOOP_END);
 
     // ---- the KEY_WARPS partial states of each row -> shared memory (unnormalized O_i, m_i, l_i)
     float* O_w = reinterpret_cast<float*>(KV_s);          // KEY_WARPS x B_r x d
@@ -1002,6 +1074,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #else
     (void)counters;
 #endif
+    tl.exit();
 }
 
 #endif   // WGMMA

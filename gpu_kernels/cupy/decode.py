@@ -65,7 +65,7 @@ flash-attention's 2x bound.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -100,6 +100,9 @@ WGMMA_ARCH = "sm_90a"               # v5's target (wgmma.cuh)
 # times these against v5 at mma.sync's tiles; decode_h200.json's "tuning" rows).
 WGMMA_TILES = (128, 2)
 TUNING_V5 = (WGMMA_TILES, (64, 4), (64, 3))
+# TIMELINE's record of a decode_split block, in decode.cu's order (TL_SM ... TL_CLK_WAIT)
+TIMELINE_FIELDS = ("sm", "entry_ns", "first_tile_ns", "loop_end_ns", "exit_ns", "entry_clk",
+                   "exit_clk", "wait_clk")
 TMA_L2_PROMOTION = 128              # v9's tensor maps: the L2 fetch granularity of a TMA copy
 L2_PREFETCH_SIZES = (0, 64, 128, 256)   # v13: the K/V copies' L2 prefetch sizes (0: no hint)
 PHASED_BLOCK_C = 128                # v14's B_c by default: cuDNN's decode tile (16 x 128 x 128)
@@ -184,7 +187,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             stages: int | None = None, warps: int = 4, combine: int = COMBINE,
             page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
-            evict_first: int = 0, phased: int = 0) -> dict[str, int]:
+            evict_first: int = 0, phased: int = 0, timeline: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -194,6 +197,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out |= {"L2_PREFETCH": l2_prefetch, "EVICT_FIRST": evict_first}
     if phased:                        # v14, likewise
         out["PHASED"] = 1
+    if timeline:                      # the probe (DecodeLaunch.probe), likewise
+        out["TIMELINE"] = 1
     return out
 
 
@@ -334,6 +339,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     l2_prefetch: int = 0             # L2_PREFETCH: v13, the L2 prefetch size of the K/V copies (bytes)
     evict_first: int = 0             # EVICT_FIRST: v13, the K/V lines first out of the L2
     phased: int = 0                  # PHASED: v14, K and V loaded apart (FlashAttention-2's order)
+    timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
     def rows(self) -> int:
@@ -354,7 +360,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
-                       self.evict_first, self.phased)
+                       self.evict_first, self.phased, self.timeline)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -555,6 +561,30 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                                                     cupy.int32)
         return self.workspace["counters"]
 
+    def probe(self) -> "DecodeLaunch":
+        """This launch built with TIMELINE (decode.cu): the same kernels, tiles and splits, and
+        decode_split's blocks each stamp where their time goes; ``stamps()`` reads those
+        of the last run."""
+        return replace(self, timeline=1, workspace={})
+
+    def _timeline(self):
+        import cupy
+
+        if "timeline" not in self.workspace:
+            split = self.launches()[0]
+            self.workspace["timeline"] = cupy.zeros((int(np.prod(split.grid)), len(TIMELINE_FIELDS)),
+                                                    cupy.uint64)
+        return self.workspace["timeline"]
+
+    def stamps(self) -> dict[str, np.ndarray]:
+        """The last run's stamps of a ``probe()`` launch, per decode_split block (blockIdx.x
+        fastest, then y, z): TIMELINE_FIELDS -> int64 arrays (decode.cu's Timeline says what
+        each is)."""
+        if not self.timeline:
+            raise KernelInputError("stamps(): this launch was not built as a probe (probe())")
+        rec = self._timeline().get().astype(np.int64)
+        return {name: rec[:, i] for i, name in enumerate(TIMELINE_FIELDS)}
+
     def run(self, q, k_cache, v_cache, out=None, lse=None, check_finite: bool = False,
             only: str | None = None) -> Result:
         """q (B, q_len, H, d), k_cache / v_cache as configured (CuPy arrays or torch CUDA
@@ -581,6 +611,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         per_launch = self.kernel_args(cupy, q, k, v, O, L, O_part, L_part, bt, kv_lens, self._counters())
         if self.tma:                          # v9: the caches' tensor maps, by value
             per_launch[0] += self.tensor_maps(k, v)
+        if self.timeline:
+            per_launch[0] += (self._timeline(),)
         for kl, args in zip(kernels, per_launch):
             if only in (None, kl.kernel):
                 self.launch_kernel(kl, args)
@@ -975,6 +1007,10 @@ def compile_variants():
                                                      pingpong=default_pingpong(1, w),
                                                      tma=default_tma(1, page), overlap=ov),
                                     smem_bytes(d, w, 128, 3, wgmma=1), HOT))
+    # the probe (TIMELINE) of the defaults' two split kernels, as --timeline runs them
+    out.append((CU_FILE, defines(128, "fp16", 0, 1, pdl=1, timeline=1), smem_bytes(128, 1), HOT))
+    out.append((CU_FILE, defines(128, "fp16", 0, 4, *WGMMA_TILES, warps=4, wgmma=1, pdl=1, tma=1,
+                                 timeline=1), smem_bytes(128, 4, *WGMMA_TILES, wgmma=1), HOT))
     return out
 
 
@@ -1183,15 +1219,18 @@ def device_case(case: dict) -> tuple:
                  for n in ("q", "k_cache", "v_cache"))
 
 
-def run_case(case: dict, heads: int, kv_heads: int, splits=None, **tiles) -> tuple[DecodeLaunch, dict]:
+def run_case(case: dict, heads: int, kv_heads: int, splits=None, probe: bool = False,
+             **tiles) -> tuple[DecodeLaunch, dict]:
     """Configure (``tiles``: block_cols, stages) and run ``random_case`` on the GPU (CuPy),
-    outputs poisoned with NaN first;
+    outputs poisoned with NaN first (``probe``: the launch's ``probe()``);
     returns the launch and the verdict of ``check_rows`` (with "all_written": every O and L
     entry finite)."""
     import cupy
 
     B, q_len, _, d = case["q"].shape
     launch = configure(B, heads, kv_heads, d, splits=splits, **case["configure"], **tiles)
+    if probe:
+        launch = launch.probe()
     dq, dk, dv = device_case(case)
     out = cupy.full(dq.shape, np.nan if launch.dtype == "fp16" else 0x7FC0, dq.dtype)
     lse = cupy.full((B, heads, q_len), np.nan, cupy.float32)
