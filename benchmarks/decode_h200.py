@@ -285,12 +285,18 @@ extern "C" __global__ void plain_read(const uint4* __restrict__ a, const uint4* 
 # block streams its K and V) where PLAIN_READ's grid-stride loop spreads every step over the
 # whole range: which of the two access patterns DRAM serves faster is measured (--configs).
 # PLAIN_READ's loop, over the block's chunk [lo, hi) with its threads' stride.
-# PLAIN_READ with decode.cu's TIMELINE stamps of each block: SM, entry and exit (global timer, ns)
+# PLAIN_READ with decode.cu's TIMELINE stamps of each block: SM, entry, thread 0's first 8 loads
+# returned (the first iteration) and exit (global timer, ns)
 PLAIN_READ_TIMELINE = (PLAIN_READ.replace("void plain_read(", "void plain_read_timeline(")
                        .replace("unsigned int* out) {", """unsigned int* out,
                                       unsigned long long* tl) {
-    unsigned long long t0, t1;
+    unsigned long long t0, t1, tf = 0;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));""")
+                       .replace("""             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
+""", """             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
+        if (tf == 0)                                     // once acc has the first 8 loads' data
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tf) : "r"(acc));
+""")
                        .replace("    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true",
                                 """    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true
     __syncthreads();                                     // the block's last load has returned
@@ -298,9 +304,10 @@ PLAIN_READ_TIMELINE = (PLAIN_READ.replace("void plain_read(", "void plain_read_t
     if (threadIdx.x == 0) {
         unsigned sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        tl[3 * blockIdx.x] = sm; tl[3 * blockIdx.x + 1] = t0; tl[3 * blockIdx.x + 2] = t1;
+        tl[4 * blockIdx.x] = sm; tl[4 * blockIdx.x + 1] = t0; tl[4 * blockIdx.x + 2] = tf;
+        tl[4 * blockIdx.x + 3] = t1;
     }"""))
-assert PLAIN_READ_TIMELINE.count("globaltimer") == 2 and "tl[3 * blockIdx.x]" in PLAIN_READ_TIMELINE
+assert PLAIN_READ_TIMELINE.count("globaltimer") == 3 and "tl[4 * blockIdx.x + 3]" in PLAIN_READ_TIMELINE
 PLAIN_READ_CHUNKED = (PLAIN_READ.replace("void plain_read(", "void plain_read_chunked(")
                       .replace("""    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -973,7 +980,10 @@ def tiny_cases():
                             (4, 2, 128, [37, 300], 1, 0, "fp16", 40, dict(probe=True)),
                             (32, 1, 128, [70, 1300], 1, 0, "fp16", 3, dict(v9, probe=True)),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(v9, probe=True)),
-                            (4, 2, 128, [37, 300], 4, 0, "fp16", 3, dict(phased=1, probe=True))]
+                            (4, 2, 128, [37, 300], 4, 0, "fp16", 3, dict(phased=1, probe=True)),
+                            # v15 (the tensor maps prefetched): ragged, fused, probed
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(v9, tmap_prefetch=1)),
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(tmap_prefetch=1, probe=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1246,11 +1256,15 @@ def timeline_summary(st: dict, event_s: float) -> dict:
            "last_entry_ns": int(entry.max()) - t0, "median_exit_ns": med_exit - t0,
            "tail_ns": int(exit_.max()) - med_exit, "blocks": len(entry),
            "sms": int((per_sm > 0).sum()), "most_blocks_on_an_sm": int(per_sm.max())}
+    if "first_load_ns" in st and (st["first_load_ns"] > 0).any():   # the plain read's thread 0
+        ran = st["first_load_ns"] > 0                        # (in the loop of 4 loads at a time)
+        out["first_load_ns"] = float(np.median(st["first_load_ns"][ran] - entry[ran]))
     if "first_tile_ns" in st:
         has = st["first_tile_ns"] > 0                        # blocks with at least one tile
         first, loop_end = st["first_tile_ns"][has], st["loop_end_ns"][has]
         cycles = st["exit_clk"] - st["entry_clk"]
-        out |= {"first_tile_ns": float(np.median(first - entry[has])),
+        out |= {"issued_ns": float(np.median(st["issued_ns"][has] - entry[has])),
+                "first_tile_ns": float(np.median(first - entry[has])),
                 "first_tile_max_ns": int((first - entry[has]).max()),
                 "loop_ns": float(np.median(loop_end - first)),
                 "after_loop_ns": float(np.median(exit_[has] - loop_end)),
@@ -1260,16 +1274,18 @@ def timeline_summary(st: dict, event_s: float) -> dict:
 
 
 def timeline(bench) -> int:
-    """--timeline: at each of TIMELINE_POINTS, the defaults (and 3 stages where they run 2 of
-    wgmma tiles) built as a probe, checked and timed as in the table beside the same launch
-    without the stamps, then TIMELINE_RUNS runs after the table's flush; the plain read's
-    blocks likewise. Rows of results["timeline"]: the point, "impl", "config", each run's
-    ``timeline_summary`` and the raw stamps of the run of median event time."""
+    """--timeline: at each of TIMELINE_POINTS, the defaults built as a probe, checked and timed
+    as in the table beside the same launch without the stamps, then TIMELINE_RUNS runs after the
+    table's flush; where the defaults run wgmma tiles by TMA also with 3 stages and with the
+    tensor maps prefetched (v15); and "code warm": after the flush a launch of the same kernel
+    on a one-tile-a-split sequence, then the step (the stamps are the step's; the event time is
+    both). The plain read's blocks likewise. Rows of results["timeline"]: the point, "impl",
+    "config", each run's ``timeline_summary`` and the raw stamps of the run of median event time."""
     cupy = bench.cupy
     plain = cupy.RawKernel(PLAIN_READ_TIMELINE, "plain_read_timeline")
     flag = cupy.zeros(1, cupy.uint32)
     grid = (132 * 16, 256)                                   # plain_read_call's default
-    plain_tl = cupy.zeros((grid[0], 3), cupy.uint64)
+    plain_tl = cupy.zeros((grid[0], 4), cupy.uint64)
     bench.results["timeline"] = []
 
     def runs(fn, stamps) -> tuple[list, dict]:
@@ -1280,36 +1296,56 @@ def timeline(bench) -> int:
         out.sort(key=lambda r: r[0])
         t_med, st = out[len(out) // 2]
         t0 = int(st["entry_ns"].min())
-        raw = {k: (v - t0).tolist() for k, v in st.items() if k.endswith("_ns")}
+        raw = {k: [x - t0 if x > 0 else None for x in v.tolist()]     # None: not stamped
+               for k, v in st.items() if k.endswith("_ns")}
         raw["sm"] = st["sm"].tolist()
-        if "first_tile_ns" in st:                       # SM clocks are not one clock: durations
-            raw["first_tile_ns"] = [x if x >= 0 else None for x in raw["first_tile_ns"]]
+        if "exit_clk" in st:                            # SM clocks are not one clock: durations
             raw["cycles"] = (st["exit_clk"] - st["entry_clk"]).tolist()
             raw["wait_cycles"] = st["wait_clk"].tolist()
         return [timeline_summary(s, t) for t, s in out], raw
+
+    def warmed(lch, step):
+        """The step after a launch of the same kernel (a probe too) on one tile a split."""
+        warm = decode.configure(1, H, lch.kv_heads, D, kv_lens=[lch.block_cols * lch.splits],
+                                q_len=lch.q_len, **lch.options()).probe()
+        wq = cupy.zeros((1, lch.q_len, H, D), cupy.float16)
+        wk = cupy.zeros((1, lch.block_cols * lch.splits, lch.kv_heads, D), cupy.float16)
+
+        def fn():
+            warm.run(wq, wk, wk)
+            return step()
+        return fn
 
     def run():
         for B, kvh, n, ql, base in bench.due_points(TIMELINE_POINTS):
             q, k, v, _, refs, check, run_ours = bench.inputs(B, kvh, n, ql)
             launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)
             configs = [("defaults", launch)]
-            if launch.wgmma and launch.stages == 2:
-                configs.append(("stages 3", decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql,
-                                                             stages=3)))
+            if launch.tma:
+                configs += [(name, decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw))
+                            for name, kw in (("stages 3", dict(stages=3)),
+                                             ("tensor maps prefetched", dict(tmap_prefetch=1)))]
+            configs.append(("code warm", launch))
             for name, lch in configs:
                 probe = lch.probe()
                 fields = {**base, "config": name, "splits": lch.splits, "warps": lch.warps,
                           "wgmma": lch.wgmma, "tma": lch.tma, "block_cols": lch.block_cols,
-                          "stages": lch.stages}
-                for is_probe, x in ((0, lch), (1, probe)):
-                    bench.record({"impl": "cupy_decode", **fields, "probe": is_probe},
-                                 run_ours(x, k, v), check)
-                summaries, raw = runs(run_ours(probe, k, v), probe.stamps)
+                          "stages": lch.stages, "tmap_prefetch": lch.tmap_prefetch}
+                step = run_ours(probe, k, v)
+                if name == "code warm":
+                    step = warmed(lch, step)
+                else:
+                    for is_probe, x in ((0, lch), (1, probe)):
+                        bench.record({"impl": "cupy_decode", **fields, "probe": is_probe},
+                                     run_ours(x, k, v), check)
+                summaries, raw = runs(step, probe.stamps)
                 bench.results["timeline"].append({"impl": "cupy_decode", **fields,
                                                   "runs": summaries, "stamps": raw})
+
             def read_stamps():
                 rec = plain_tl.get().astype(np.int64)
-                return {"sm": rec[:, 0], "entry_ns": rec[:, 1], "exit_ns": rec[:, 2]}
+                return {"sm": rec[:, 0], "entry_ns": rec[:, 1], "first_load_ns": rec[:, 2],
+                        "exit_ns": rec[:, 3]}
             bench.plain_read(base, k, v)
             summaries, raw = runs(plain_read_call(plain, k, v, flag, grid, (plain_tl,)), read_stamps)
             bench.results["timeline"].append({"impl": "plain_read", **base, "runs": summaries,

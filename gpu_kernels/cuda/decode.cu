@@ -99,6 +99,9 @@
 //       loaded while S_j = Q K_j^T and its softmax run, K_{j+1} while P V_j runs, each waited
 //       for in full; a block has one tensor's tile in flight at a time, where v4's stages
 //       have K and V of STAGES - 1 tiles in flight together.
+//  (v15) TMAP_PREFETCH 1 (TMA 1): thread 0 asks for both tensor maps first thing
+//       (prefetch.tensormap), so the prologue's first TMA copies do not wait for the TMA unit
+//       to fetch their 128-byte descriptors (cold after the L2 flush) behind the load of kv_len.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -129,6 +132,7 @@
 //   EVICT_FIRST  0, or 1: v13's evict-first L2 policy on the mma.sync loop's K/V copies and
 //              the TMA unit's
 //   PHASED     0, or 1: v14's order of loads (WGMMA 0, PAGE_SIZE 0, STAGES 1)
+//   TMAP_PREFETCH  0, or 1 (TMA 1): the tensor maps prefetched at entry (v15, below)
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
 //              ``timeline``, TL_FIELDS uint64 words a block
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
@@ -195,6 +199,9 @@
 #ifndef TIMELINE
 #define TIMELINE 0
 #endif
+#ifndef TMAP_PREFETCH
+#define TMAP_PREFETCH 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
 #define COMBINE_THREADS (32 * COMBINE_WARPS)
@@ -226,6 +233,7 @@ static_assert(WGMMA || MERGE_BYTES <= 2 * STAGES * KV_TILE_ELEMS * 2, "merge buf
 static_assert(!WGMMA || ROW_WARPS == NUM_WARPS, "v5: one or two warpgroups of 64 rows, no key warps");
 static_assert(!PINGPONG || (WGMMA && NUM_WARPS == 8), "v9: the ping-pong of two warpgroups");
 static_assert(!TMA || (WGMMA && PAGE_SIZE == 0), "v9 (TMA): the wgmma loop over a contiguous cache");
+static_assert(!TMAP_PREFETCH || TMA, "v15 (TMAP_PREFETCH): the tensor maps of TMA 1");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
 static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
               "L2_PREFETCH is 0, 64, 128 or 256");
@@ -368,12 +376,13 @@ __device__ __forceinline__ void pdl_wait() {
 
 // TIMELINE 1: where a decode_split block's time goes (benchmarks/decode_h200.py --timeline).
 // Thread 0 of each block writes its record: the SM it ran on; the global timer (ns, one clock
-// for every SM) at entry, once its first tile has landed, after its last tile and at exit; its
+// for every SM) at entry, once the prologue has issued its tiles, once its first tile has
+// landed, after its last tile and at exit; its
 // SM's clock (cycles) at entry and exit, and the cycles it spent in the loop's waits for a
 // tile (the wait and the barrier after it: a block waiting on DRAM, or on a warp still
 // computing). The other threads run as without it; TIMELINE 0 compiles every call away.
-#define TL_FIELDS 8
-enum { TL_SM, TL_ENTRY, TL_FIRST, TL_LOOP_END, TL_EXIT, TL_CLK_ENTRY, TL_CLK_EXIT, TL_CLK_WAIT };
+#define TL_FIELDS 9
+enum { TL_SM, TL_ENTRY, TL_ISSUED, TL_FIRST, TL_LOOP_END, TL_EXIT, TL_CLK_ENTRY, TL_CLK_EXIT, TL_CLK_WAIT };
 #if TIMELINE
 #define TIMELINE_PARAMS , unsigned long long* __restrict__ timeline
 #define TL_ARG timeline
@@ -598,6 +607,12 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     const float NEG_INF = neg_inf();
     Timeline tl(TL_ARG);
+#if TMA && TMAP_PREFETCH
+    if (threadIdx.x == 0) {
+        tma_prefetch_map(&tm_k);
+        tma_prefetch_map(&tm_v);
+    }
+#endif
     pdl_launch_dependents();
 
     extern __shared__ __align__(128) unsigned char smem_raw[];   // aligned to 1 KiB below
@@ -645,6 +660,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     }
     __syncthreads();                      // the mbarriers initialised before anyone waits
     for (int st = 0; st < AHEAD && t_begin + st < t_end; ++st) issue(t_begin + st, st);
+    tl.mark(TL_ISSUED);
 #else
 #pragma unroll
     for (int st = 0; st < AHEAD; ++st) {
@@ -655,6 +671,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         cp_async_commit();
     }
     if (t_begin + AHEAD < t_end) fetch_pages(pages, bt_row, (t_begin + AHEAD) * B_c, kv_len);
+    tl.mark(TL_ISSUED);
 #endif
     unsigned char* q_gen = smem_raw + (q_tile - smem_addr(smem_raw));   // generic pointer to Q_i
     for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
@@ -869,6 +886,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     cp_async_commit();
 #endif
     if (t_begin + STAGES - 1 < t_end) fetch_pages(pages, bt_row, (t_begin + STAGES - 1) * B_c, kv_len);
+    tl.mark(TL_ISSUED);
     for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
         const int r = c / (D / 8), col = (c % (D / 8)) * 8, pr = row0 + r;
         uint4 v = make_uint4(0, 0, 0, 0);

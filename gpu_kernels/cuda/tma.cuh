@@ -30,6 +30,12 @@ __device__ __forceinline__ bool mbar_try_wait(u32 bar, int parity) {
 __device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
     while (!mbar_try_wait(bar, parity)) {}
 }
+// The tensor map's 128 bytes fetched ahead into the TMA unit's descriptor cache (CUTLASS's
+// prefetch_tma_descriptor): its first copy need not wait for them. ``map``: a generic address
+// (a __grid_constant__ parameter's).
+__device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
 // One box (64 columns x rows x 1) of a 3-D tensor (d, N, B*H) into shared memory, counted on bar.
 __device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row, int bh, u32 bar) {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"

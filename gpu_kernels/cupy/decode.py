@@ -79,7 +79,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -101,7 +101,7 @@ WGMMA_ARCH = "sm_90a"               # v5's target (wgmma.cuh)
 WGMMA_TILES = (128, 2)
 TUNING_V5 = (WGMMA_TILES, (64, 4), (64, 3))
 # TIMELINE's record of a decode_split block, in decode.cu's order (TL_SM ... TL_CLK_WAIT)
-TIMELINE_FIELDS = ("sm", "entry_ns", "first_tile_ns", "loop_end_ns", "exit_ns", "entry_clk",
+TIMELINE_FIELDS = ("sm", "entry_ns", "issued_ns", "first_tile_ns", "loop_end_ns", "exit_ns", "entry_clk",
                    "exit_clk", "wait_clk")
 TMA_L2_PROMOTION = 128              # v9's tensor maps: the L2 fetch granularity of a TMA copy
 L2_PREFETCH_SIZES = (0, 64, 128, 256)   # v13: the K/V copies' L2 prefetch sizes (0: no hint)
@@ -187,7 +187,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             stages: int | None = None, warps: int = 4, combine: int = COMBINE,
             page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
-            evict_first: int = 0, phased: int = 0, timeline: int = 0) -> dict[str, int]:
+            evict_first: int = 0, phased: int = 0, timeline: int = 0,
+            tmap_prefetch: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -197,6 +198,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out |= {"L2_PREFETCH": l2_prefetch, "EVICT_FIRST": evict_first}
     if phased:                        # v14, likewise
         out["PHASED"] = 1
+    if tmap_prefetch:                 # v15, likewise
+        out["TMAP_PREFETCH"] = 1
     if timeline:                      # the probe (DecodeLaunch.probe), likewise
         out["TIMELINE"] = 1
     return out
@@ -339,6 +342,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     l2_prefetch: int = 0             # L2_PREFETCH: v13, the L2 prefetch size of the K/V copies (bytes)
     evict_first: int = 0             # EVICT_FIRST: v13, the K/V lines first out of the L2
     phased: int = 0                  # PHASED: v14, K and V loaded apart (FlashAttention-2's order)
+    tmap_prefetch: int = 0           # TMAP_PREFETCH: v15, the tensor maps prefetched at entry
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -360,7 +364,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
-                       self.evict_first, self.phased, self.timeline)
+                       self.evict_first, self.phased, self.timeline, self.tmap_prefetch)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -445,7 +449,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     warps=self.warps, combine=self.combine, page_prefetch=self.page_prefetch,
                     wgmma=self.wgmma, pdl=self.pdl, fused=self.fused, pingpong=self.pingpong,
                     tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
-                    evict_first=self.evict_first, phased=self.phased)
+                    evict_first=self.evict_first, phased=self.phased,
+                    tmap_prefetch=self.tmap_prefetch)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -785,7 +790,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
-              overlap=0, l2_prefetch=0, evict_first=0, phased=0) -> DecodeLaunch:
+              overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -808,7 +813,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     copies (v13: L2_PREFETCH; the TMA unit's through its tensor maps), 0 none (the tensor maps:
     TMA_L2_PROMOTION); ``evict_first``: 1 marks the K/V lines first out of the L2 (v13), 0 not;
     ``phased``: 1 loads K and V apart in one buffer each, FlashAttention-2's order (v14:
-    PHASED; mma.sync over a contiguous cache, stages 1, B_c 128 unless given), 0 not."""
+    PHASED; mma.sync over a contiguous cache, stages 1, B_c 128 unless given), 0 not;
+    ``tmap_prefetch``: 1 prefetches the tensor maps at entry (v15: TMAP_PREFETCH; tma 1), 0 not."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -889,6 +895,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if isinstance(overlap, bool) or overlap not in (0, 1) or (overlap and (not wgmma or stages < 3)):
         raise KernelInputError(f"overlap = {overlap!r}: 0, or 1 on wgmma (v5's loop) with 3 stages or "
                                "more (V_j keeps its stage a tile longer)")
+    if isinstance(tmap_prefetch, bool) or tmap_prefetch not in (0, 1) or (tmap_prefetch and not tma):
+        raise KernelInputError(f"tmap_prefetch = {tmap_prefetch!r}: 0, or 1 with tma 1 (the tensor "
+                               "maps' loop)")
     if l2_prefetch not in L2_PREFETCH_SIZES or evict_first not in (0, 1) or isinstance(evict_first, bool):
         raise KernelInputError(f"l2_prefetch = {l2_prefetch!r}, evict_first = {evict_first!r}: "
                                f"l2_prefetch in {L2_PREFETCH_SIZES}, evict_first 0 or 1")
@@ -922,7 +931,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
-                        l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased)
+                        l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
+                        tmap_prefetch=tmap_prefetch)
 
 
 def compile_variants():
