@@ -1277,9 +1277,11 @@ def timeline(bench) -> int:
     """--timeline: at each of TIMELINE_POINTS, the defaults built as a probe, checked and timed
     as in the table beside the same launch without the stamps, then TIMELINE_RUNS runs after the
     table's flush; where the defaults run wgmma tiles by TMA also with 3 stages and with the
-    tensor maps prefetched (v15); and "code warm": after the flush a launch of the same kernel
-    on a one-tile-a-split sequence, then the step (the stamps are the step's; the event time is
-    both). The plain read's blocks likewise. Rows of results["timeline"]: the point, "impl",
+    tensor maps prefetched (v15); where there are splits, the other merge (v7's in decode_split
+    where the defaults launch v6's combine, and the reverse; where v7's grid fits a wave); and
+    "code warm": after the flush a launch of the same kernel on a one-tile-a-split sequence,
+    then the step (the stamps are the step's; the event time is both). The plain read's blocks
+    likewise. The defaults and the plain read also after a clean flush (``Harness(clean=True)``). Rows of results["timeline"]: the point, "impl",
     "config", each run's ``timeline_summary`` and the raw stamps of the run of median event time."""
     cupy = bench.cupy
     plain = cupy.RawKernel(PLAIN_READ_TIMELINE, "plain_read_timeline")
@@ -1288,10 +1290,14 @@ def timeline(bench) -> int:
     plain_tl = cupy.zeros((grid[0], 4), cupy.uint64)
     bench.results["timeline"] = []
 
-    def runs(fn, stamps) -> tuple[list, dict]:
+    clean = harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)
+    bench.results["timing_clean"] = clean.method()
+    flushes = {"dirty": bench.harness, "clean": clean}
+
+    def runs(fn, stamps, h) -> tuple[list, dict]:
         out = []
         for _ in range(TIMELINE_RUNS):
-            t = bench.harness.time(fn, repeats=1).times_s[0]   # after the warm-ups: one flushed run
+            t = h.time(fn, repeats=1).times_s[0]           # after the warm-ups: one flushed run
             out.append((t, stamps()))
         out.sort(key=lambda r: r[0])
         t_med, st = out[len(out) // 2]
@@ -1325,12 +1331,19 @@ def timeline(bench) -> int:
                 configs += [(name, decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw))
                             for name, kw in (("stages 3", dict(stages=3)),
                                              ("tensor maps prefetched", dict(tmap_prefetch=1)))]
+            if launch.splits > 1:                      # the other merge: v7 in decode_split, or v6's launch
+                try:
+                    configs.append(("combine launch (v6)" if launch.fused else "merged in decode_split (v7)",
+                                    decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql,
+                                                     fused=1 - launch.fused)))
+                except KernelInputError:               # v7's grid larger than one wave
+                    pass
             configs.append(("code warm", launch))
             for name, lch in configs:
                 probe = lch.probe()
                 fields = {**base, "config": name, "splits": lch.splits, "warps": lch.warps,
                           "wgmma": lch.wgmma, "tma": lch.tma, "block_cols": lch.block_cols,
-                          "stages": lch.stages, "tmap_prefetch": lch.tmap_prefetch}
+                          "stages": lch.stages, "fused": lch.fused, "tmap_prefetch": lch.tmap_prefetch}
                 step = run_ours(probe, k, v)
                 if name == "code warm":
                     step = warmed(lch, step)
@@ -1338,18 +1351,20 @@ def timeline(bench) -> int:
                     for is_probe, x in ((0, lch), (1, probe)):
                         bench.record({"impl": "cupy_decode", **fields, "probe": is_probe},
                                      run_ours(x, k, v), check)
-                summaries, raw = runs(step, probe.stamps)
-                bench.results["timeline"].append({"impl": "cupy_decode", **fields,
-                                                  "runs": summaries, "stamps": raw})
+                for flush in ("dirty", "clean") if name == "defaults" else ("dirty",):
+                    summaries, raw = runs(step, probe.stamps, flushes[flush])
+                    bench.results["timeline"].append({"impl": "cupy_decode", **fields, "flush": flush,
+                                                      "runs": summaries, "stamps": raw})
 
             def read_stamps():
                 rec = plain_tl.get().astype(np.int64)
                 return {"sm": rec[:, 0], "entry_ns": rec[:, 1], "first_load_ns": rec[:, 2],
                         "exit_ns": rec[:, 3]}
             bench.plain_read(base, k, v)
-            summaries, raw = runs(plain_read_call(plain, k, v, flag, grid, (plain_tl,)), read_stamps)
-            bench.results["timeline"].append({"impl": "plain_read", **base, "runs": summaries,
-                                              "stamps": raw})
+            for flush, h in flushes.items():
+                summaries, raw = runs(plain_read_call(plain, k, v, flag, grid, (plain_tl,)), read_stamps, h)
+                bench.results["timeline"].append({"impl": "plain_read", **base, "flush": flush,
+                                                  "runs": summaries, "stamps": raw})
             del q, k, v
             bench.torch.cuda.empty_cache()
             bench.save()
