@@ -138,13 +138,15 @@ the phased loop at their splits and v14, at PHASED_HELDOUT_POINTS (off the grid,
 
 --timeline (DIR/decode_timeline_h200.json, ~1 min): where a step's time goes, block by block,
 at TIMELINE_POINTS: the default launch built as a probe (``DecodeLaunch.probe``: decode.cu's
-TIMELINE, each decode_split block stamps its SM, the global timer at entry, once its first
-tile has landed, after its last tile and at exit, and the SM cycles it waited for tiles), and
-where the defaults run 2 stages of wgmma tiles also with 3; beside them the plain read with
-its blocks' entry and exit (PLAIN_READ_TIMELINE). Each is checked and timed as in the table
-(probe and not, to show what the stamps cost), then run TIMELINE_RUNS times after the table's
-flush, each run's event time and stamps kept (``timeline_summary``; the raw stamps of the
-run of median time).
+TIMELINE, each decode_split block stamps its SM, the global timer at entry, once the prologue
+has issued its tiles, once its first tile has landed, after its last tile and at exit, and the
+SM cycles it waited for tiles), and configurations beside it (``timeline``: 3 stages, v15, the
+other merge, the code warm in the L2); beside them the plain read and two chunked plain reads
+of one block an SM (TIMELINE_CHUNKED_GRIDS), each block stamping its SM, entry, first loads and
+exit (``stamped``). Ours is checked and timed as in the table (probe and not, to show what the
+stamps cost); then each runs TIMELINE_RUNS times after the table's flush (the defaults and
+the reads also after a clean one), each run's event time and stamps kept
+(``timeline_summary``; the raw stamps of the run of median time).
 
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
@@ -199,6 +201,10 @@ OVERHEAD_POINTS = [(1, 1, 4096, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 1, 327
 TIMELINE_POINTS = [(8, 1, 32768, 1), (8, 1, 4096, 1), (8, 1, 131072, 1), (1, 1, 32768, 1),
                    (8, 8, 32768, 1), (8, 32, 32768, 1)]
 TIMELINE_RUNS = 9
+# --timeline's chunked plain reads (blocks, threads): one block an SM (128 blocks, as the MQA
+# points' 8 x 16 splits), each thread 8 loads of 16 bytes in flight: 64 KB a block, the bytes
+# the defaults' wgmma loop has in flight (one 128-key K and V tile), and 128 KB (3 stages)
+TIMELINE_CHUNKED_GRIDS = ((128, 512), (128, 1024))
 # --overheads-profile: (B, kv_heads, kv_len, q_len) whose plain read and step ncu sees
 OVERHEAD_PROFILE_POINTS = [(1, 1, 4096, 1), (8, 1, 32768, 1), (8, 8, 32768, 1)]
 # --configs: q_len-1 points where ours fell short of PyTorch's best in decode_h200.json of
@@ -285,29 +291,6 @@ extern "C" __global__ void plain_read(const uint4* __restrict__ a, const uint4* 
 # block streams its K and V) where PLAIN_READ's grid-stride loop spreads every step over the
 # whole range: which of the two access patterns DRAM serves faster is measured (--configs).
 # PLAIN_READ's loop, over the block's chunk [lo, hi) with its threads' stride.
-# PLAIN_READ with decode.cu's TIMELINE stamps of each block: SM, entry, thread 0's first 8 loads
-# returned (the first iteration) and exit (global timer, ns)
-PLAIN_READ_TIMELINE = (PLAIN_READ.replace("void plain_read(", "void plain_read_timeline(")
-                       .replace("unsigned int* out) {", """unsigned int* out,
-                                      unsigned long long* tl) {
-    unsigned long long t0, t1, tf = 0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));""")
-                       .replace("""             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
-""", """             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
-        if (tf == 0)                                     // once acc has the first 8 loads' data
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tf) : "r"(acc));
-""")
-                       .replace("    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true",
-                                """    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true
-    __syncthreads();                                     // the block's last load has returned
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-    if (threadIdx.x == 0) {
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        tl[4 * blockIdx.x] = sm; tl[4 * blockIdx.x + 1] = t0; tl[4 * blockIdx.x + 2] = tf;
-        tl[4 * blockIdx.x + 3] = t1;
-    }"""))
-assert PLAIN_READ_TIMELINE.count("globaltimer") == 3 and "tl[4 * blockIdx.x + 3]" in PLAIN_READ_TIMELINE
 PLAIN_READ_CHUNKED = (PLAIN_READ.replace("void plain_read(", "void plain_read_chunked(")
                       .replace("""    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -318,6 +301,39 @@ PLAIN_READ_CHUNKED = (PLAIN_READ.replace("void plain_read(", "void plain_read_ch
     unsigned long long i = lo + threadIdx.x;
 """).replace("< n;", "< hi;"))
 assert PLAIN_READ_CHUNKED.count("< hi;") == 2 and "lo + threadIdx.x" in PLAIN_READ_CHUNKED
+
+
+def stamped(source: str, name: str) -> str:
+    """A plain read's source (PLAIN_READ's or PLAIN_READ_CHUNKED's) with decode.cu's TIMELINE
+    stamps of each block, kernel ``name``_timeline with one more parameter ``tl`` (4 uint64 a
+    block): SM, entry, thread 0's first 8 loads returned (its first pass of the loop of 4 loads
+    of each) and exit, on the global timer (ns)."""
+    out = (source.replace(f"void {name}(", f"void {name}_timeline(")
+           .replace("unsigned int* out) {", """unsigned int* out,
+                                      unsigned long long* tl) {
+    unsigned long long t0, t1, tf = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));""")
+           .replace("""             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
+""", """             ^ y2.x ^ y2.y ^ y2.z ^ y2.w ^ y3.x ^ y3.y ^ y3.z ^ y3.w;
+        if (tf == 0)                                     // once acc has the first 8 loads' data
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tf) : "r"(acc));
+""")
+           .replace("    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true",
+                    """    if (acc == 0x9E3779B9u) out[0] = acc;               // keeps the loads; almost never true
+    __syncthreads();                                     // the block's last load has returned
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    if (threadIdx.x == 0) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        tl[4 * blockIdx.x] = sm; tl[4 * blockIdx.x + 1] = t0; tl[4 * blockIdx.x + 2] = tf;
+        tl[4 * blockIdx.x + 3] = t1;
+    }"""))
+    assert out.count("globaltimer") == 3 and "tl[4 * blockIdx.x + 3]" in out and f"{name}_timeline(" in out
+    return out
+
+
+PLAIN_READ_TIMELINE = stamped(PLAIN_READ, "plain_read")
+PLAIN_READ_CHUNKED_TIMELINE = stamped(PLAIN_READ_CHUNKED, "plain_read_chunked")
 
 
 def cache_bytes(B, kvh, n) -> int:
@@ -1285,9 +1301,10 @@ def timeline(bench) -> int:
     "config", each run's ``timeline_summary`` and the raw stamps of the run of median event time."""
     cupy = bench.cupy
     plain = cupy.RawKernel(PLAIN_READ_TIMELINE, "plain_read_timeline")
+    chunked = cupy.RawKernel(PLAIN_READ_CHUNKED_TIMELINE, "plain_read_chunked_timeline")
     flag = cupy.zeros(1, cupy.uint32)
     grid = (132 * 16, 256)                                   # plain_read_call's default
-    plain_tl = cupy.zeros((grid[0], 4), cupy.uint64)
+    plain_tl = cupy.zeros((grid[0], 4), cupy.uint64)         # the largest grid's stamps
     bench.results["timeline"] = []
 
     clean = harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)
@@ -1356,15 +1373,18 @@ def timeline(bench) -> int:
                     bench.results["timeline"].append({"impl": "cupy_decode", **fields, "flush": flush,
                                                       "runs": summaries, "stamps": raw})
 
-            def read_stamps():
-                rec = plain_tl.get().astype(np.int64)
+            def read_stamps(blocks):
+                rec = plain_tl.get()[:blocks].astype(np.int64)
                 return {"sm": rec[:, 0], "entry_ns": rec[:, 1], "first_load_ns": rec[:, 2],
                         "exit_ns": rec[:, 3]}
             bench.plain_read(base, k, v)
-            for flush, h in flushes.items():
-                summaries, raw = runs(plain_read_call(plain, k, v, flag, grid, (plain_tl,)), read_stamps, h)
-                bench.results["timeline"].append({"impl": "plain_read", **base, "flush": flush,
-                                                  "runs": summaries, "stamps": raw})
+            for impl, kern, g in (("plain_read", plain, grid),
+                                  *(("plain_read_chunked", chunked, g) for g in TIMELINE_CHUNKED_GRIDS)):
+                for flush, h in flushes.items():
+                    summaries, raw = runs(plain_read_call(kern, k, v, flag, g, (plain_tl,)),
+                                          lambda b=g[0]: read_stamps(b), h)
+                    bench.results["timeline"].append({"impl": impl, **base, "grid": list(g), "flush": flush,
+                                                      "runs": summaries, "stamps": raw})
             del q, k, v
             bench.torch.cuda.empty_cache()
             bench.save()
