@@ -148,6 +148,11 @@ stamps cost); then each runs TIMELINE_RUNS times after the table's flush (the de
 the reads also after a clean one), each run's event time and stamps kept
 (``timeline_summary``; the raw stamps of the run of median time).
 
+--half-rows (DIR/decode_half_rows_h200.json, ~2 min): the same rounds, the defaults and v16
+(``HALF_ROWS``: a KV head's 32 rows in the first 8 rows of each warp's 16, so all four warps'
+exp units share the softmax), at HALF_ROWS_POINTS (the table's MQA points of q_len 1) and
+HALF_ROWS_HELDOUT_POINTS (off the grid, 32 rows a KV head, chosen before v16 was timed).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -237,6 +242,15 @@ ROUNDS = 4                    # --l2-hints, --phased: interleaved rounds of one 
 # --phased: v14 (K and V loaded apart, one buffer each, B_c 128: cuDNN's decode tile) with the
 # defaults' splits and with the wave rule's (both resident slots, where splits are chosen)
 PHASED = (("defaults", {}), ("phased", dict(phased=1)), ("phased, wave rule", dict(phased=1, split_rule="wave")))
+# --half-rows: v16 (HALF_ROWS: a KV head's <= 32 rows in the first 8 rows of each warp's 16, so
+# the 4 warps share the softmax) against the defaults where they run one warpgroup of wgmma on
+# 32 rows: the table's MQA points of q_len 1 (where --timeline found a 128-key tile's compute
+# about as long as its DRAM time), and HALF_ROWS_HELDOUT_POINTS, off the grid (32 rows a KV
+# head by MQA, or groups of 16 and 8 at q_len 2 and 4), chosen before any timing of v16
+HALF_ROWS = (("defaults", {}), ("v16", dict(half_rows=1)))
+HALF_ROWS_POINTS = [(B, 1, n, 1) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
+HALF_ROWS_HELDOUT_POINTS = [(4, 1, 16384, 1), (16, 1, 8192, 1), (2, 2, 65536, 2), (8, 4, 32768, 4),
+                            (32, 1, 2048, 1)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -999,7 +1013,16 @@ def tiny_cases():
                             (4, 2, 128, [37, 300], 4, 0, "fp16", 3, dict(phased=1, probe=True)),
                             # v15 (the tensor maps prefetched): ragged, fused, probed
                             (32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(v9, tmap_prefetch=1)),
-                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(tmap_prefetch=1, probe=True))]
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(tmap_prefetch=1, probe=True)),
+                            # v16 (32 rows in the warps' lower halves): MQA ragged (TMA and its
+                            # cp.async last tile), causal groups of 16 at q_len 2, d = 64, bf16,
+                            # pages (cp.async), head-major, fused over many splits, probed
+                            (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(half_rows=1)),
+                            (32, 2, 128, [70, 1300], 2, 0, "fp16", 3, dict(half_rows=1)),
+                            (32, 1, 64, [70, 300, 256], 1, 0, "bf16", 3, dict(half_rows=1)),
+                            (32, 1, 128, [70, 300], 1, 16, "bf16", 3, dict(half_rows=1)),
+                            (32, 4, 128, [129, 700], 4, 1, "fp16", None, dict(half_rows=1, head_major=True)),
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(half_rows=1, probe=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1124,6 +1147,10 @@ MODES = {
     "timeline": ("decode_timeline_h200.json", "where a step's time goes, block by block: the "
                  "defaults' probe (TIMELINE) and the plain read's blocks, after the table's flush",
                  lambda bench, args: timeline(bench)),
+    "half-rows": ("decode_half_rows_h200.json", "v16 (the rows of an MQA step spread over the 4 warps) "
+                  "against the defaults in interleaved rounds, at the table's MQA q_len-1 points and "
+                  "held-out points", lambda bench, args: rounds(bench, HALF_ROWS_POINTS + HALF_ROWS_HELDOUT_POINTS,
+                                                                HALF_ROWS, "config")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 
@@ -1293,7 +1320,7 @@ def timeline(bench) -> int:
     """--timeline: at each of TIMELINE_POINTS, the defaults built as a probe, checked and timed
     as in the table beside the same launch without the stamps, then TIMELINE_RUNS runs after the
     table's flush; where the defaults run wgmma tiles by TMA also with 3 stages and with the
-    tensor maps prefetched (v15); where there are splits, the other merge (v7's in decode_split
+    tensor maps prefetched (v15), and at 32 rows v16; where there are splits, the other merge (v7's in decode_split
     where the defaults launch v6's combine, and the reverse; where v7's grid fits a wave); and
     "code warm": after the flush a launch of the same kernel on a one-tile-a-split sequence,
     then the step (the stamps are the step's; the event time is both). The plain read's blocks
@@ -1347,7 +1374,8 @@ def timeline(bench) -> int:
             if launch.tma:
                 configs += [(name, decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw))
                             for name, kw in (("stages 3", dict(stages=3)),
-                                             ("tensor maps prefetched", dict(tmap_prefetch=1)))]
+                                             ("tensor maps prefetched", dict(tmap_prefetch=1)),
+                                             *((("v16", dict(half_rows=1)),) if launch.rows <= 32 else ()))]
             if launch.splits > 1:                      # the other merge: v7 in decode_split, or v6's launch
                 try:
                     configs.append(("combine launch (v6)" if launch.fused else "merged in decode_split (v7)",
@@ -1360,7 +1388,8 @@ def timeline(bench) -> int:
                 probe = lch.probe()
                 fields = {**base, "config": name, "splits": lch.splits, "warps": lch.warps,
                           "wgmma": lch.wgmma, "tma": lch.tma, "block_cols": lch.block_cols,
-                          "stages": lch.stages, "fused": lch.fused, "tmap_prefetch": lch.tmap_prefetch}
+                          "stages": lch.stages, "fused": lch.fused, "tmap_prefetch": lch.tmap_prefetch,
+                          "half_rows": lch.half_rows}
                 step = run_ours(probe, k, v)
                 if name == "code warm":
                     step = warmed(lch, step)

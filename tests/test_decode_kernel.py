@@ -395,6 +395,11 @@ def test_tma_and_ping_pong_where_v9_takes_them():
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], tmap_prefetch=1, match="tmap_prefetch")
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], tmap_prefetch=True, match="tmap_prefetch")
     assert decode.configure(1, 32, 1, 128, kv_lens=[20], tmap_prefetch=1).defines()["TMAP_PREFETCH"] == 1
+    assert decode.configure(1, 32, 1, 128, kv_lens=[20], half_rows=1).defines()["HALF_ROWS"] == 1
+    assert decode.configure(1, 32, 2, 128, kv_lens=[20], q_len=2, half_rows=1).half_rows == 1   # 32 rows
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_len=2, half_rows=1, match="64 rows")
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], half_rows=1, match="wgmma 0")
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], half_rows=1, wgmma=0, match="half_rows")
 
 
 def test_l2_hints_reach_the_defines_only_when_asked():
@@ -857,7 +862,8 @@ def test_every_variant_the_benchmark_times(variant):
                                                (1, [300, 9000], 4, dict(decode.VARIANTS["v9"], splits=60)),
                                                (2, [37, 300], 1, dict(splits=40)),
                                                (8, [129, 4000], 1, dict(phased=1)),
-                                               (1, [300, 2000], 1, dict(tmap_prefetch=1))], ids=str)
+                                               (1, [300, 2000], 1, dict(tmap_prefetch=1)),
+                                               (1, [300, 2000], 1, dict(half_rows=1))], ids=str)
 def test_probe_stamps_every_block_and_leaves_the_output(kvh, lens, q_len, kw):
     """A probe writes the same bits as its launch; every block of decode_split stamps an SM,
     entry <= first tile <= loop end <= exit on the global timer, and waits at most its cycles;

@@ -102,6 +102,13 @@
 //  (v15) TMAP_PREFETCH 1 (TMA 1): thread 0 asks for both tensor maps first thing
 //       (prefetch.tensormap), so the prologue's first TMA copies do not wait for the TMA unit
 //       to fetch their 128-byte descriptors (cold after the L2 flush) behind the load of kv_len.
+//  (v16) HALF_ROWS 1 (one warpgroup, at most 32 rows: MQA at q_len 1): a wgmma tile has 64 rows,
+//       so half of them pad. In v5 they are rows 32..63, warps 2 and 3's: those warps run the
+//       softmax on zeros while warps 0 and 1 carry every real row on their two SM sub-partitions'
+//       exp units. Here packed row pr sits in tile row 16 (pr / 8) + pr % 8, rows g of every
+//       warp: each warp has 8 real rows, skips the softmax of its rows g + 8, and the four
+//       sub-partitions share the exponentials (MQA at q_len 1 spends about as long computing a
+//       128-key tile as DRAM takes to deliver it: --timeline).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -133,6 +140,7 @@
 //              the TMA unit's
 //   PHASED     0, or 1: v14's order of loads (WGMMA 0, PAGE_SIZE 0, STAGES 1)
 //   TMAP_PREFETCH  0, or 1 (TMA 1): the tensor maps prefetched at entry (v15, below)
+//   HALF_ROWS  0, or 1 (WGMMA 1, NUM_WARPS 4, at most 32 packed rows): v16's row placement
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
 //              ``timeline``, TL_FIELDS uint64 words a block
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
@@ -202,6 +210,9 @@
 #ifndef TMAP_PREFETCH
 #define TMAP_PREFETCH 0
 #endif
+#ifndef HALF_ROWS
+#define HALF_ROWS 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)
 #define COMBINE_WARPS 4
 #define COMBINE_THREADS (32 * COMBINE_WARPS)
@@ -234,6 +245,7 @@ static_assert(!WGMMA || ROW_WARPS == NUM_WARPS, "v5: one or two warpgroups of 64
 static_assert(!PINGPONG || (WGMMA && NUM_WARPS == 8), "v9: the ping-pong of two warpgroups");
 static_assert(!TMA || (WGMMA && PAGE_SIZE == 0), "v9 (TMA): the wgmma loop over a contiguous cache");
 static_assert(!TMAP_PREFETCH || TMA, "v15 (TMAP_PREFETCH): the tensor maps of TMA 1");
+static_assert(!HALF_ROWS || (WGMMA && NUM_WARPS == 4), "v16 (HALF_ROWS): one warpgroup of wgmma");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
 static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
               "L2_PREFETCH is 0, 64, 128 or 256");
@@ -255,6 +267,13 @@ static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-bloc
 // at chunk c ^ (r % 8), so ldmatrix and cp.async are free of bank conflicts (flash2_tc v3).
 __device__ __forceinline__ int tile_off(int row, int col) {
     return row * HEAD_DIM + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// The packed row held in row r of a block's tile (v16: rows 16 w .. 16 w + 7 of warp w hold
+// packed rows 8 w .. 8 w + 7, rows 16 w + 8 .. 16 w + 15 pad: NO_ROW), relative to row0.
+constexpr int NO_ROW = 1 << 20;
+__device__ __forceinline__ int packed_row(int r) {
+    return HALF_ROWS ? (r % 16 < 8 ? 8 * (r / 16) + r % 16 : NO_ROW) : r;
 }
 
 constexpr int CHUNKS = HEAD_DIM / 8;                      // 16-byte chunks per K/V row
@@ -675,7 +694,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #endif
     unsigned char* q_gen = smem_raw + (q_tile - smem_addr(smem_raw));   // generic pointer to Q_i
     for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
-        const int r = c / (D / 8), ch = c % (D / 8), pr = row0 + r;
+        const int r = c / (D / 8), ch = c % (D / 8), pr = row0 + packed_row(r);
         uint4 v = make_uint4(0, 0, 0, 0);
         if (pr < R) {
             const int qi = pr / group, hg = pr % group;
@@ -697,7 +716,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     int limit[2];                         // last visible key of rows g, g + 8
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int pr = row0 + row_w + g + 8 * h;
+        const int pr = row0 + packed_row(row_w + g + 8 * h);
         limit[h] = min(kv_len - 1, shift + (causal ? pr / group : 0));
     }
 
@@ -753,10 +772,10 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #pragma unroll
             for (int n = 0; n < B_c / 8; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
+                for (int e = 0; e < (HALF_ROWS ? 2 : 4); ++e)   // v16: rows g + 8 pad
                     if (key0 + n * 8 + 2 * t + (e & 1) > limit[e >> 1]) s[4 * n + e] = NEG_INF;
         }
-        softmax_step(s, m_i, l_i, alpha, scale_log2);
+        softmax_step<HALF_ROWS ? 1 : 2>(s, m_i, l_i, alpha, scale_log2);
 #if OVERLAP
         wgmma_wait<0>();                              // P_{j-1} V_{j-1} done: O_i and P free
         fence_regs(o);
@@ -790,10 +809,10 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     const float LN2 = 0.6931471805599453f;
     const int NR = batch * q_len * H;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < (HALF_ROWS ? 1 : 2); ++h) {
         l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 1);
         l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 2);
-        const int pr = row0 + row_w + g + 8 * h;
+        const int pr = row0 + packed_row(row_w + g + 8 * h);
         if (pr >= R) continue;
         const float inv = l_i[h] > 0.f ? 1.f / l_i[h] : 0.f;
         const float lse = l_i[h] > 0.f ? (m_i[h] + __log2f(l_i[h])) * LN2 : NEG_INF;

@@ -128,11 +128,14 @@ __device__ __forceinline__ void gemm_pv(float (&o)[O_REGS], const u32 (&p)[P_REG
 // ---------------------------------------------------------------- softmax pieces
 // Online softmax of one block (base 2, statistics fp32): m_i, l_i updated, S_ij -> P_ij in place,
 // alpha[h] = exp2(m_old - m_new) returned for the rescale of O_i (rows g, g + 8: h = 0, 1).
+// HALVES 1: rows g only (decode.cu's v16 puts its padding rows at g + 8: left as they are, alpha 1).
+template <int HALVES = 2>
 __device__ __forceinline__ void softmax_step(float (&s)[S_REGS], float (&m_i)[2], float (&l_i)[2],
                                              float (&alpha)[2], float scale_log2) {
     const float NEG_INF = neg_inf();
+    if (HALVES == 1) alpha[1] = 1.f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < HALVES; ++h) {
         float mx = NEG_INF;
 #pragma unroll
         for (int n = 0; n < BLOCK_C / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));

@@ -79,7 +79,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -188,7 +188,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
             evict_first: int = 0, phased: int = 0, timeline: int = 0,
-            tmap_prefetch: int = 0) -> dict[str, int]:
+            tmap_prefetch: int = 0, half_rows: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -200,6 +200,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out["PHASED"] = 1
     if tmap_prefetch:                 # v15, likewise
         out["TMAP_PREFETCH"] = 1
+    if half_rows:                     # v16, likewise
+        out["HALF_ROWS"] = 1
     if timeline:                      # the probe (DecodeLaunch.probe), likewise
         out["TIMELINE"] = 1
     return out
@@ -343,6 +345,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     evict_first: int = 0             # EVICT_FIRST: v13, the K/V lines first out of the L2
     phased: int = 0                  # PHASED: v14, K and V loaded apart (FlashAttention-2's order)
     tmap_prefetch: int = 0           # TMAP_PREFETCH: v15, the tensor maps prefetched at entry
+    half_rows: int = 0               # HALF_ROWS: v16, <= 32 rows in the first 8 of each warp's 16
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -364,7 +367,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         return defines(self.d, self.dtype, self.page_size, self.row_warps, self.block_cols,
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
-                       self.evict_first, self.phased, self.timeline, self.tmap_prefetch)
+                       self.evict_first, self.phased, self.timeline, self.tmap_prefetch,
+                       self.half_rows)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -450,7 +454,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     wgmma=self.wgmma, pdl=self.pdl, fused=self.fused, pingpong=self.pingpong,
                     tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
                     evict_first=self.evict_first, phased=self.phased,
-                    tmap_prefetch=self.tmap_prefetch)
+                    tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -790,7 +794,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               num_pages=None, splits=None, sm_count: int = 132, block_cols=None,
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
-              overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0) -> DecodeLaunch:
+              overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
+              half_rows=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -814,7 +819,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     TMA_L2_PROMOTION); ``evict_first``: 1 marks the K/V lines first out of the L2 (v13), 0 not;
     ``phased``: 1 loads K and V apart in one buffer each, FlashAttention-2's order (v14:
     PHASED; mma.sync over a contiguous cache, stages 1, B_c 128 unless given), 0 not;
-    ``tmap_prefetch``: 1 prefetches the tensor maps at entry (v15: TMAP_PREFETCH; tma 1), 0 not."""
+    ``tmap_prefetch``: 1 prefetches the tensor maps at entry (v15: TMAP_PREFETCH; tma 1), 0 not;
+    ``half_rows``: 1 places at most 32 rows in the first 8 rows of each warp's 16 (v16:
+    HALF_ROWS; wgmma with 4 warps), 0 not."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -895,6 +902,11 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if isinstance(overlap, bool) or overlap not in (0, 1) or (overlap and (not wgmma or stages < 3)):
         raise KernelInputError(f"overlap = {overlap!r}: 0, or 1 on wgmma (v5's loop) with 3 stages or "
                                "more (V_j keeps its stage a tile longer)")
+    if isinstance(half_rows, bool) or half_rows not in (0, 1) or (
+            half_rows and not (wgmma and warps == 4 and rows <= 32)):
+        raise KernelInputError(f"half_rows = {half_rows!r}: 0, or 1 for at most 32 rows a KV head on "
+                               f"one warpgroup of wgmma (this launch: {rows} rows, wgmma {wgmma}, "
+                               f"{warps} warps)")
     if isinstance(tmap_prefetch, bool) or tmap_prefetch not in (0, 1) or (tmap_prefetch and not tma):
         raise KernelInputError(f"tmap_prefetch = {tmap_prefetch!r}: 0, or 1 with tma 1 (the tensor "
                                "maps' loop)")
@@ -932,7 +944,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
                         l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
-                        tmap_prefetch=tmap_prefetch)
+                        tmap_prefetch=tmap_prefetch, half_rows=half_rows)
 
 
 def compile_variants():
