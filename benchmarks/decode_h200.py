@@ -598,7 +598,7 @@ class Bench(Recorder):
         """Ours on the cache k, v (B, n, kvh, d) as laid out (``layout``: token_major, the
         arrays themselves; head_major, transposed views of (B, kvh, n, d) storage), each
         configuration of decode.VARIANTS that differs from those timed before it. The row that
-        ran v9's configuration (configure's defaults, at the run's tuned tiles) under whichever
+        ran the defaults' configuration (``decode.default_version``, at the run's tuned tiles) under whichever
         name timed it first is marked "defaults": the table's best is a maximum over many
         timings, the defaults' row is one configuration chosen before timing."""
         B, kvh, n, ql = (base[x] for x in ("batch", "kv_heads", "kv_len", "q_len"))
@@ -623,7 +623,7 @@ class Bench(Recorder):
             if lv.splits == 1:                  # no combine launch: its version is moot
                 defs.pop("COMBINE")
             key = (tuple(sorted(defs.items())), lv.splits)
-            if name == "v9":
+            if name == decode.default_version(0):
                 defaults = key
             if key in seen:                     # the same kernels and grid as one timed above
                 continue

@@ -217,7 +217,7 @@ def test_paged_cache_takes_the_wave_rule(B, kvh, n, wave, sm, P):
     assert (launch.splits, launch.split_rule) == (wave, "wave")
     assert decode.configure(B, 32, kvh, 128, kv_lens=[n] * B).splits == sm
     assert decode.configure(B, 32, kvh, 128, **paged, split_rule="sm").splits == sm
-    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v9"
+    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v16"
 
 
 @pytest.mark.parametrize("q_len", [1, 4, 16])
@@ -383,6 +383,13 @@ def test_tma_and_ping_pong_where_v9_takes_them():
         d = decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged)
         assert (d.wgmma, d.warps, d.tma, d.pingpong) == want, (kvh, ql, page)
         assert (d.defines()["TMA"], d.defines()["PINGPONG"]) == want[2:]
+    for kvh, ql, page, want in ((1, 1, None, 1), (2, 2, None, 1), (1, 1, 16, 0), (8, 4, None, 0),
+                                (1, 4, None, 0)):            # v16: 32 rows on one warpgroup, contiguous
+        paged = dict(page_size=page, block_table=[[0, 1]], num_pages=2) if page else {}
+        assert decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged).half_rows == want
+    for name, kw in decode.VARIANTS.items():                  # the versions before v16 keep v9's rows
+        if name != "v16":
+            assert decode.configure(1, 32, 1, 128, kv_lens=[20], **kw).half_rows == 0, name
     for old in ("v5", "v5_w4", "v6", "v7", "v8"):         # the earlier versions keep cp.async
         d = decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, **decode.VARIANTS[old])
         assert d.tma == d.pingpong == 0, old
@@ -852,6 +859,8 @@ def test_every_variant_the_benchmark_times(variant):
                                                  (2, 32, 8, [129, 4000], 4, 16, None),
                                                  (1, 32, 1, [5000], 4, 64, 1),
                                                  (2, 16, 1, [90, 20], 16, 0, 2)):
+        if page and decode.VARIANTS[variant].get("phased"):   # v14: a contiguous cache only
+            continue
         case = decode.random_case(np.random.default_rng(q_len), B, H, kvh, 128, lens, q_len, page, "fp16")
         launch, verdict = decode.run_case(case, H, kvh, splits, **decode.VARIANTS[variant])
         assert verdict["ok"], (launch.plan_record(), verdict)

@@ -53,7 +53,11 @@ turns at the tensor cores (``pingpong=1``, ``default_pingpong``); v12, the defau
 paged cache since 2026-12-03: v9's kernels with the wave rule's splits
 (``default_split_rule``); v13 (``l2_prefetch``, ``evict_first``): L2 hints on the K/V copies,
 timed beside the defaults by the benchmark's --l2-hints, not taken by them; v14
-(``phased=1``): K and V loaded apart, FlashAttention-2's order, timed by --phased.
+(``phased=1``): K and V loaded apart, FlashAttention-2's order, timed by --phased; v15
+(``tmap_prefetch=1``): the tensor maps prefetched, timed by --timeline, not taken; v16, the
+defaults over a contiguous cache since 2026-12-03: v9 whose one warpgroup puts a KV head's 32
+rows (MQA at q_len 1) in the first 8 rows of each warp's 16 (``half_rows=1``,
+``default_half_rows``).
 Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
@@ -180,7 +184,7 @@ def default_split_rule(page_size) -> str:
 
 def default_version(page_size) -> str:
     """The version configure's defaults are, as the benchmark's rows name it."""
-    return "v12" if page_size else "v9"
+    return "v12" if page_size else "v16"
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
@@ -255,6 +259,15 @@ def default_tma(wgmma: int, page_size) -> int:
     return int(bool(wgmma) and not page_size)
 
 
+def default_half_rows(wgmma: int, warps: int, rows: int, page_size) -> int:
+    """v16 where one warpgroup of wgmma runs at most 32 rows a KV head over a contiguous cache:
+    its 4 warps share the softmax of the 32 rows, where v9 leaves warps 2 and 3 the padding.
+    Measured faster than v9 at all 9 MQA points of q_len 1 under both flushes (1.002-1.11x, the
+    median of 4 interleaved rounds) and at 9 of 10 held-out timings chosen before (0.996-1.06x;
+    decode_half_rows_h200.json, docs/decode.md). Paged caches keep v12: not measured there."""
+    return int(bool(wgmma) and warps == 4 and rows <= 32 and not page_size)
+
+
 def default_pingpong(wgmma: int, warps: int) -> int:
     """v9: the two warpgroups of a 128-row block take turns issuing S (PINGPONG)."""
     return int(bool(wgmma) and warps == 8)
@@ -294,21 +307,27 @@ VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wg
             "v3_w8": dict(warps=8, combine=3, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v4": dict(combine=3, split_rule="wave", wgmma=0, pdl=0, fused=0),
             "v4_w8": dict(warps=8, combine=3, split_rule="wave", wgmma=0, pdl=0, fused=0),
-            "v5": dict(warps=8, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0, tma=0, pingpong=0),
-            "v5_w4": dict(warps=4, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0, tma=0, pingpong=0),
-            "v6": dict(combine=3, split_rule="wave", pdl=None, fused=0, tma=0, pingpong=0),
-            "v7": dict(combine=3, split_rule="wave", pdl=None, fused=1, tma=0, pingpong=0),
-            "v8": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=0, pingpong=0),
-            "v9": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None),
+            "v5": dict(warps=8, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0, tma=0, pingpong=0,
+                        half_rows=0),
+            "v5_w4": dict(warps=4, combine=3, split_rule="wave", wgmma=1, pdl=0, fused=0, tma=0, pingpong=0,
+                           half_rows=0),
+            "v6": dict(combine=3, split_rule="wave", pdl=None, fused=0, tma=0, pingpong=0, half_rows=0),
+            "v7": dict(combine=3, split_rule="wave", pdl=None, fused=1, tma=0, pingpong=0, half_rows=0),
+            "v8": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=0, pingpong=0, half_rows=0),
+            "v9": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
+                        half_rows=0),
             "v9_w4": dict(warps=4, wgmma=1, combine=3, split_rule="sm", pdl=None, fused=None,
-                          tma=None, pingpong=None),
-            "v10": dict(combine=4, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None),
+                          tma=None, pingpong=None, half_rows=0),
+            "v10": dict(combine=4, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
+                        half_rows=0),
             "v9_s3": dict(wgmma=1, block_cols=128, stages=3, combine=3, split_rule="sm", pdl=None,
-                          fused=None, tma=None, pingpong=None),
+                          fused=None, tma=None, pingpong=None, half_rows=0),
             "v11": dict(wgmma=1, block_cols=128, stages=3, overlap=1, combine=3, split_rule="sm",
-                        pdl=None, fused=None, tma=None, pingpong=None),
+                        pdl=None, fused=None, tma=None, pingpong=None, half_rows=0),
             "v14": dict(phased=1, wgmma=0, block_cols=PHASED_BLOCK_C, stages=1, combine=3,
-                        split_rule="wave", pdl=None, fused=None)}
+                        split_rule="wave", pdl=None, fused=None),
+            "v16": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
+                        half_rows=None)}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -795,7 +814,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
-              half_rows=0) -> DecodeLaunch:
+              half_rows=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -821,7 +840,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     PHASED; mma.sync over a contiguous cache, stages 1, B_c 128 unless given), 0 not;
     ``tmap_prefetch``: 1 prefetches the tensor maps at entry (v15: TMAP_PREFETCH; tma 1), 0 not;
     ``half_rows``: 1 places at most 32 rows in the first 8 rows of each warp's 16 (v16:
-    HALF_ROWS; wgmma with 4 warps), 0 not."""
+    HALF_ROWS; wgmma with 4 warps), 0 not, None: ``default_half_rows``."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -902,6 +921,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if isinstance(overlap, bool) or overlap not in (0, 1) or (overlap and (not wgmma or stages < 3)):
         raise KernelInputError(f"overlap = {overlap!r}: 0, or 1 on wgmma (v5's loop) with 3 stages or "
                                "more (V_j keeps its stage a tile longer)")
+    if half_rows is None:
+        half_rows = default_half_rows(wgmma, warps, rows, page_size)
     if isinstance(half_rows, bool) or half_rows not in (0, 1) or (
             half_rows and not (wgmma and warps == 4 and rows <= 32)):
         raise KernelInputError(f"half_rows = {half_rows!r}: 0, or 1 for at most 32 rows a KV head on "
