@@ -148,7 +148,7 @@ stamps cost); then each runs TIMELINE_RUNS times after the table's flush (the de
 the reads also after a clean one), each run's event time and stamps kept
 (``timeline_summary``; the raw stamps of the run of median time).
 
---half-rows (DIR/decode_half_rows_h200.json, ~2 min): the same rounds, the defaults and v16
+--half-rows (DIR/decode_half_rows_h200.json, ~1 min): the same rounds, v9 and v16
 (``HALF_ROWS``: a KV head's 32 rows in the first 8 rows of each warp's 16, so all four warps'
 exp units share the softmax), at HALF_ROWS_POINTS (the table's MQA points of q_len 1) and
 HALF_ROWS_HELDOUT_POINTS (off the grid, 32 rows a KV head, chosen before v16 was timed).
@@ -243,11 +243,11 @@ ROUNDS = 4                    # --l2-hints, --phased: interleaved rounds of one 
 # defaults' splits and with the wave rule's (both resident slots, where splits are chosen)
 PHASED = (("defaults", {}), ("phased", dict(phased=1)), ("phased, wave rule", dict(phased=1, split_rule="wave")))
 # --half-rows: v16 (HALF_ROWS: a KV head's <= 32 rows in the first 8 rows of each warp's 16, so
-# the 4 warps share the softmax) against the defaults where they run one warpgroup of wgmma on
-# 32 rows: the table's MQA points of q_len 1 (where --timeline found a 128-key tile's compute
-# about as long as its DRAM time), and HALF_ROWS_HELDOUT_POINTS, off the grid (32 rows a KV
+# the 4 warps share the softmax) against v9 (the defaults before it) where one warpgroup of wgmma runs
+# 32 rows: the table's MQA points of q_len 1 (where --timeline found v9's blocks computing for
+# about 70 % of their loop), and HALF_ROWS_HELDOUT_POINTS, off the grid (32 rows a KV
 # head by MQA, or groups of 16 and 8 at q_len 2 and 4), chosen before any timing of v16
-HALF_ROWS = (("defaults", {}), ("v16", dict(half_rows=1)))
+HALF_ROWS = (("v9", dict(half_rows=0)), ("v16", dict(half_rows=1)))
 HALF_ROWS_POINTS = [(B, 1, n, 1) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
 HALF_ROWS_HELDOUT_POINTS = [(4, 1, 16384, 1), (16, 1, 8192, 1), (2, 2, 65536, 2), (8, 4, 32768, 4),
                             (32, 1, 2048, 1)]
@@ -1148,7 +1148,7 @@ MODES = {
                  "defaults' probe (TIMELINE) and the plain read's blocks, after the table's flush",
                  lambda bench, args: timeline(bench)),
     "half-rows": ("decode_half_rows_h200.json", "v16 (the rows of an MQA step spread over the 4 warps) "
-                  "against the defaults in interleaved rounds, at the table's MQA q_len-1 points and "
+                  "against v9 in interleaved rounds, at the table's MQA q_len-1 points and "
                   "held-out points", lambda bench, args: rounds(bench, HALF_ROWS_POINTS + HALF_ROWS_HELDOUT_POINTS,
                                                                 HALF_ROWS, "config")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
@@ -1320,7 +1320,8 @@ def timeline(bench) -> int:
     """--timeline: at each of TIMELINE_POINTS, the defaults built as a probe, checked and timed
     as in the table beside the same launch without the stamps, then TIMELINE_RUNS runs after the
     table's flush; where the defaults run wgmma tiles by TMA also with 3 stages and with the
-    tensor maps prefetched (v15), and at 32 rows v16; where there are splits, the other merge (v7's in decode_split
+    tensor maps prefetched (v15), and at 32 rows the other row placement (v9's where the
+    defaults run v16's); where there are splits, the other merge (v7's in decode_split
     where the defaults launch v6's combine, and the reverse; where v7's grid fits a wave); and
     "code warm": after the flush a launch of the same kernel on a one-tile-a-split sequence,
     then the step (the stamps are the step's; the event time is both). The plain read's blocks
@@ -1375,7 +1376,9 @@ def timeline(bench) -> int:
                 configs += [(name, decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql, **kw))
                             for name, kw in (("stages 3", dict(stages=3)),
                                              ("tensor maps prefetched", dict(tmap_prefetch=1)),
-                                             *((("v16", dict(half_rows=1)),) if launch.rows <= 32 else ()))]
+                                             *((("v9's rows" if launch.half_rows else "v16",
+                                                 dict(half_rows=1 - launch.half_rows)),)
+                                               if launch.rows <= 32 else ()))]
             if launch.splits > 1:                      # the other merge: v7 in decode_split, or v6's launch
                 try:
                     configs.append(("combine launch (v6)" if launch.fused else "merged in decode_split (v7)",
