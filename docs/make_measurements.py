@@ -276,6 +276,91 @@ def decode_rounds(h: dict, name: str, field: str, what: str) -> list[str]:
             "table's flush: " + "; ".join(f"{label} {_ratios(xs)}" for label, xs in peer.items()) + "."]
 
 
+def decode_half_rows(h: dict, name: str, grid: dict, note: str = "") -> list[str]:
+    """--half-rows (``rounds``): v16 against v9 at the table's points (``grid``: the table's
+    "configs", its batches, kv_lens, kv_heads and q_lens), where the rule was chosen, and at
+    the held-out points off that grid, apart."""
+    def on_grid(r):
+        return (r["batch"] in grid["batches"] and r["kv_len"] in grid["kv_lens"]
+                and r["kv_heads"] in grid["kv_heads"] and r["q_len"] in grid["q_lens"])
+
+    out = []
+    for part, calibration in (("at the table's MQA points of q_len 1, where it was chosen", True),
+                              ("held out: off the grid, 32 rows a KV head, chosen before v16 was "
+                               "timed", False)):
+        rows = [r for r in h.get("summary") or [] if on_grid(r) == calibration]
+        out += decode_rounds({**h, "summary": rows}, name, "config",
+                             f"v16 (a KV head's 32 rows spread over the four warps) {part}{note}")
+    return out
+
+
+def _timeline_median(row: dict, key: str):
+    xs = [r[key] for r in row["runs"] if r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def decode_timeline(t: dict, name: str = "decode_timeline_h200.json") -> list[str]:
+    """--timeline: per point, where the defaults' step goes block by block (each quantity the
+    median over the runs, us), beside the plain read's event time and span; the other
+    configurations' event times and loops; the chunked plain reads of one block an SM."""
+    rows = t.get("timeline") or []
+    if not rows:
+        return []
+    us = lambda x: f"{x / 1e3:.1f}"                                   # noqa: E731
+    pts = []
+    for r in rows:
+        k = (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"])
+        if k not in pts:
+            pts.append(k)
+    out = [f"* Where a step's time goes, block by block (`{name}`, {t['provenance'].get('date', '')[:10]}; "
+           "decode.cu's TIMELINE probe: each decode_split block stamps the global timer; "
+           f"{len(rows[0]['runs'])} runs of each after the flush, the median of each quantity, us):"]
+    for k in pts:
+        here = [r for r in rows if (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"]) == k]
+        get = lambda impl, flush, config=None, grid=None: next(                     # noqa: E731
+            (r for r in here if r["impl"] == impl and r.get("flush") == flush
+             and (config is None or r.get("config") == config)
+             and (grid is None or r.get("grid") == list(grid))), None)
+        parts = []
+        for flush in ("dirty", "clean"):
+            dflt, plain = get("cupy_decode", flush, "defaults"), get("plain_read", flush, grid=(132 * 16, 256))
+            if not dflt or not plain:
+                continue
+            m = lambda key, row=dflt: _timeline_median(row, key)                 # noqa: E731
+            parts.append(
+                f"after {FLUSHES[flush]}: the step {us(m('event_ns'))} between the events (the plain read "
+                f"{us(_timeline_median(plain, 'event_ns'))}); the blocks span {us(m('span_ns'))}: a block "
+                f"has issued its first tiles {us(m('issued_ns'))} after it starts, its first tile lands "
+                f"at {us(m('first_tile_ns'))}, its loop takes {us(m('loop_ns'))} (waiting for tiles "
+                f"{m('wait_share'):.0%} of its cycles), {us(m('after_loop_ns'))} follow it, and the "
+                f"last block ends {us(m('tail_ns'))} after the median one; outside the blocks "
+                f"{us(m('event_ns') - m('span_ns'))} (the plain read's "
+                f"{us(_timeline_median(plain, 'event_ns') - _timeline_median(plain, 'span_ns'))}: "
+                "the launch and the events)")
+        dflt = get("cupy_decode", "dirty", "defaults")
+        others = []
+        for r in here:
+            if r["impl"] != "cupy_decode" or r.get("config") in (None, "defaults"):
+                continue
+            m = lambda key, row=r: _timeline_median(row, key)                    # noqa: E731
+            ev = "" if r["config"] == "code warm" else f"{us(m('event_ns'))}, "
+            others.append(f"{r['config']} {ev}first tile {us(m('first_tile_ns'))}, loop "
+                          f"{us(m('loop_ns'))}, after it {us(m('after_loop_ns'))}")
+        chunked = [f"{g[0]} blocks of {g[1]} threads ({g[1] * 128 // 1024} KB in flight a block) "
+                   f"{us(_timeline_median(c, 'event_ns'))}"
+                   for g in ((128, 512), (128, 1024)) if (c := get("plain_read_chunked", "dirty", grid=g))]
+        what = (f"{dflt['splits']} split{'s' if dflt['splits'] > 1 else ''}, {len(dflt['stamps']['sm'])} blocks, "
+                f"{'wgmma' if dflt['wgmma'] else 'mma.sync'}, {dflt['block_cols']}-key tiles, "
+                f"{dflt['stages']} stages")
+        line = f"  * {_pt(k)} ({what}): " + "; ".join(parts) + "."
+        if others:
+            line += " Beside the defaults, the table's flush (event time, first tile, loop): " + "; ".join(others) + "."
+        if chunked:
+            line += " Plain reads with each block one contiguous chunk, the table's flush: " + "; ".join(chunked) + "."
+        out.append(line)
+    return out
+
+
 def decode_v14(d: dict) -> list[str]:
     """v14 (K and V loaded apart, the wave rule's splits) over the defaults' row at the same
     point and layout in the table, by whether the defaults' launch has splits."""
@@ -1086,6 +1171,12 @@ def decode_md_text() -> str:
                         "held out (8 points without splits, at most 16 rows a KV head)")):
         ph = _load(name)
         block += decode_rounds(ph, name, "config", what) if ph else []
+    for name, note in (("decode_half_rows_first_h200.json", "; the run that chose it, its \"defaults\" v9"),
+                       ("decode_half_rows_h200.json", "; again, after v16 became the default")):
+        hr = _load(name)
+        block += decode_half_rows(hr, name, d["configs"], note) if hr and d else []
+    tl = _load("decode_timeline_h200.json")
+    block += decode_timeline(tl) if tl else []
     ck = _load("decode_clock_ramp_h200.json")
     block += decode_clock_ramp(ck) if ck else []
     cl = _load("decode_h200_clocks.json")

@@ -179,3 +179,34 @@ def test_a_configs_profile_whose_csv_is_not_its_json_is_refused(monkeypatch):
     monkeypatch.setattr(measured, "load", load)
     with pytest.raises(flashsim.FlashsimError, match="not the JSON's"):
         dv.configs_profile()
+
+
+def test_timeline_draws_the_committed_blocks_or_says_it_has_none(monkeypatch):
+    """Notebook 08's step, block by block: from --timeline's committed run, one line a block
+    in each phase (stamps in order within a block), the plain read of 64 KB in flight beside;
+    without the file, a note and nothing drawn."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from flashsim.views import pictures
+    row = dv.timeline_runs(8, 1, 32768, 1)
+    if row is None:
+        pytest.skip("decode_timeline_h200.json not committed")
+    st = row["stamps"]
+    blocks = len(st["sm"])
+    assert blocks == 8 * row["splits"] and row["run"]["event_ns"] > row["run"]["span_ns"]
+    for i in range(blocks):
+        chain = [st[a][i] for a, *_ in dv.PHASES] + [st["exit_ns"][i]]
+        assert chain == sorted(chain) and chain[0] >= 0
+    fig = pictures.figure((8, 4), 60)
+    dv.timeline_picture(fig, 8, 1, 32768, 1)
+    ours, read = fig.axes
+    assert [len(c.get_segments()) for c in ours.collections] == [blocks] * len(dv.PHASES)
+    assert len(read.collections[0].get_segments()) == 128
+
+    def missing(name):
+        raise FileNotFoundError(name)
+    monkeypatch.setattr(measured, "load", missing)
+    assert dv.timeline_runs() is None
+    fig = pictures.figure((8, 4), 60)
+    dv.timeline_picture(fig)
+    assert "not measured yet" in fig.axes[0].get_title() and not fig.axes[0].collections

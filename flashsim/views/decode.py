@@ -540,3 +540,65 @@ def format_measured(rows: list[dict]) -> str:
         f"{r.get('page_size') or '-':>5}{r['time_s'] * 1e6:>9.1f}us{r['tbps']:>6.2f}"
         f"{r['predicted_s'] * 1e6:>9.1f}us{'ok' if r['check_ok'] else 'FAIL':>7}"
         for r in rows])
+
+
+# ---------------------------------------------------------------------- one step, block by block
+TIMELINE = "decode_timeline_h200.json"
+# decode_split's stamps (decode.cu's TIMELINE) between which a block's time is drawn
+PHASES = (("entry_ns", "issued_ns", "start: kv_len, barriers, issue", "#999999"),
+          ("issued_ns", "first_tile_ns", "first tile in flight", "#e69f00"),
+          ("first_tile_ns", "loop_end_ns", "loop: a tile computed, the next in flight", "#0072b2"),
+          ("loop_end_ns", "exit_ns", "after the loop: O, L (or the merge)", "#009e73"))
+
+
+def timeline_runs(batch: int = 8, kv_heads: int = 1, kv_len: int = 32768, q_len: int = 1,
+                  impl: str = "cupy_decode", config: str | None = "defaults", grid=None,
+                  flush: str = "dirty") -> dict | None:
+    """One row of --timeline's committed run (``benchmarks/decode_h200.py``): the stamps of
+    its run of median event time (ns from its first block's start, one entry per block) and
+    that run's ``timeline_summary``; None where it was not measured."""
+    from .. import measured
+    try:
+        data = measured.load(TIMELINE)
+    except FileNotFoundError:
+        return None
+    for r in data.get("timeline", []):
+        if ((r["batch"], r["kv_heads"], r["kv_len"], r["q_len"], r["impl"], r.get("flush"))
+                == (batch, kv_heads, kv_len, q_len, impl, flush)
+                and (config is None or r.get("config") == config)
+                and (grid is None or r.get("grid") == list(grid))):
+            return {**r, "run": r["runs"][len(r["runs"]) // 2]}
+    return None
+
+
+def timeline_picture(fig, batch: int = 8, kv_heads: int = 1, kv_len: int = 32768,
+                     q_len: int = 1) -> None:
+    """Our step's decode_split blocks (the defaults, after the table's flush), one line each
+    in order of start, coloured by PHASES; beside it the plain read whose blocks each stream
+    one contiguous chunk, one block an SM with 64 KB in flight (as ours), from start to end."""
+    ours = timeline_runs(batch, kv_heads, kv_len, q_len)
+    read = timeline_runs(batch, kv_heads, kv_len, q_len, "plain_read_chunked", None, (128, 512))
+    axes = fig.subplots(1, 2, sharex=True)
+    if ours is None:
+        axes[0].set_title(f"not measured yet ({TIMELINE})", fontsize=9)
+        return
+    st = ours["stamps"]
+    order = sorted(range(len(st["entry_ns"])), key=lambda i: st["entry_ns"][i])
+    for a, b, label, colour in PHASES:
+        ys = [y for y, i in enumerate(order) if st[a][i] is not None and st[b][i] is not None]
+        axes[0].hlines(ys, [st[a][order[y]] / 1e3 for y in ys], [st[b][order[y]] / 1e3 for y in ys],
+                       colors=colour, lw=1.2, label=label)
+    axes[0].set_title(f"ours: {ours['run']['event_ns'] / 1e3:.1f} us between the events, "
+                      f"{ours['splits']} splits", fontsize=8)
+    axes[0].set_ylabel("decode_split blocks, by start")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7)
+    fig.subplots_adjust(bottom=0.33, top=0.9)
+    if read is not None:
+        rs = read["stamps"]
+        ys = range(len(rs["entry_ns"]))
+        axes[1].hlines(list(ys), [x / 1e3 for x in rs["entry_ns"]], [x / 1e3 for x in rs["exit_ns"]],
+                       colors="#cc79a7", lw=1.2)
+        axes[1].set_title(f"plain read, 64 KB in flight an SM: {read['run']['event_ns'] / 1e3:.1f} us",
+                          fontsize=8)
+    for ax in axes:
+        ax.set_xlabel("us from the first block's start")

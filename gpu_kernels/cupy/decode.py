@@ -262,9 +262,11 @@ def default_tma(wgmma: int, page_size) -> int:
 def default_half_rows(wgmma: int, warps: int, rows: int, page_size) -> int:
     """v16 where one warpgroup of wgmma runs at most 32 rows a KV head over a contiguous cache:
     its 4 warps share the softmax of the 32 rows, where v9 leaves warps 2 and 3 the padding.
-    Measured faster than v9 at all 9 MQA points of q_len 1 under both flushes (1.002-1.11x, the
-    median of 4 interleaved rounds) and at 9 of 10 held-out timings chosen before (0.996-1.06x;
-    decode_half_rows_h200.json, docs/decode.md). Paged caches keep v12: not measured there."""
+    Measured faster than v9 at all 9 MQA points of q_len 1 under both flushes, and at the 5
+    held-out points (32 rows a KV head, off the grid, chosen before v16 was timed) at 4 after
+    the table's flush and 5 after a clean one, in each of two runs (the median of 4 interleaved
+    rounds; decode_half_rows_first_h200.json, decode_half_rows_h200.json, docs/decode.md's
+    lines). Paged caches keep v12: not measured there."""
     return int(bool(wgmma) and warps == 4 and rows <= 32 and not page_size)
 
 
