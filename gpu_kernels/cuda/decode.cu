@@ -100,8 +100,9 @@
 //       for in full; a block has one tensor's tile in flight at a time, where v4's stages
 //       have K and V of STAGES - 1 tiles in flight together.
 //  (v15) TMAP_PREFETCH 1 (TMA 1): thread 0 asks for both tensor maps first thing
-//       (prefetch.tensormap), so the prologue's first TMA copies do not wait for the TMA unit
-//       to fetch their 128-byte descriptors (cold after the L2 flush) behind the load of kv_len.
+//       (prefetch.tensormap), so the prologue's first TMA copies need not wait for the TMA
+//       unit to fetch their 128-byte descriptors (cold after the L2 flush). --timeline: the
+//       first tile lands no sooner; not taken.
 //  (v16) HALF_ROWS 1 (one warpgroup, at most 32 rows: MQA at q_len 1): a wgmma tile has 64 rows,
 //       so half of them pad. In v5 they are rows 32..63, warps 2 and 3's: those warps run the
 //       softmax on zeros while warps 0 and 1 carry every real row on their two SM sub-partitions'
@@ -397,10 +398,10 @@ __device__ __forceinline__ void pdl_wait() {
 // TIMELINE 1: where a decode_split block's time goes (benchmarks/decode_h200.py --timeline).
 // Thread 0 of each block writes its record: the SM it ran on; the global timer (ns, one clock
 // for every SM) at entry, once the prologue has issued its tiles, once its first tile has
-// landed, after its last tile and at exit; its
-// SM's clock (cycles) at entry and exit, and the cycles it spent in the loop's waits for a
-// tile (the wait and the barrier after it: a block waiting on DRAM, or on a warp still
-// computing). The other threads run as without it; TIMELINE 0 compiles every call away.
+// landed, after its last tile and at exit; its SM's clock (cycles) at entry and exit, and the
+// cycles it spent in the loop's waits for a tile (the wait and the barrier after it: a block
+// waiting on DRAM, or on a warp still computing). The other threads run as without it;
+// TIMELINE 0 compiles every call away.
 #define TL_FIELDS 9
 enum { TL_SM, TL_ENTRY, TL_ISSUED, TL_FIRST, TL_LOOP_END, TL_EXIT, TL_CLK_ENTRY, TL_CLK_EXIT, TL_CLK_WAIT };
 #if TIMELINE
