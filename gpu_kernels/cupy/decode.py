@@ -1052,6 +1052,12 @@ def compile_variants():
                                                      pingpong=default_pingpong(1, w),
                                                      tma=default_tma(1, page), overlap=ov),
                                     smem_bytes(d, w, 128, 3, wgmma=1), HOT))
+    for d in HEAD_DIMS:                      # v16, the defaults at 32 rows: one warpgroup by TMA
+        for dtype in ("fp16", "bf16"):       # (one split, PDL, fused)
+            for pdl, fused in ((0, 0), (1, 0), (0, 1)):
+                out.append((CU_FILE, defines(d, dtype, 0, 4, *WGMMA_TILES, warps=4, wgmma=1, pdl=pdl,
+                                             fused=fused, tma=1, half_rows=1),
+                            smem_bytes(d, 4, *WGMMA_TILES, wgmma=1), ("decode_split",) if fused else HOT))
     # the probe (TIMELINE) of the defaults' two split kernels, as --timeline runs them
     out.append((CU_FILE, defines(128, "fp16", 0, 1, pdl=1, timeline=1), smem_bytes(128, 1), HOT))
     out.append((CU_FILE, defines(128, "fp16", 0, 4, *WGMMA_TILES, warps=4, wgmma=1, pdl=1, tma=1,
