@@ -153,6 +153,15 @@ the reads also after a clean one), each run's event time and stamps kept
 exp units share the softmax), at HALF_ROWS_POINTS (the table's MQA points of q_len 1) and
 HALF_ROWS_HELDOUT_POINTS (off the grid, 32 rows a KV head, chosen before v16 was timed).
 
+--producer (DIR/decode_producer_h200.json, ~2 min): the same rounds, the defaults and v17
+(``PRODUCER``: a producer warp issues the tiles, the consumer warpgroups wait only on their
+tile's mbarrier, no barrier of the whole block a tile) at 2 and 3 stages, at PRODUCER_POINTS
+(the MQA points below 0.9 of the plain read, q_len 1 and 4) and PRODUCER_HELDOUT_POINTS (off
+the grid, one or two warpgroups of wgmma, chosen before v17 was first timed).
+
+--producer-heldout (DIR/decode_producer_heldout_h200.json, ~2 min): the same rounds, v9 and
+v17, at PRODUCER_LONG_HELDOUT_POINTS (off the grid, two warpgroups, long loops).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -251,6 +260,23 @@ HALF_ROWS = (("v9", dict(half_rows=0)), ("v16", dict(half_rows=1)))
 HALF_ROWS_POINTS = [(B, 1, n, 1) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
 HALF_ROWS_HELDOUT_POINTS = [(4, 1, 16384, 1), (16, 1, 8192, 1), (2, 2, 65536, 2), (8, 4, 32768, 4),
                             (32, 1, 2048, 1)]
+# --producer: v17 (a producer warp; the consumer warpgroups never meet at a block barrier)
+# against the defaults, where wgmma runs by TMA: the MQA points that fell short of 0.9 of the
+# plain read in decode_h200.json of 2026-12-03 (q_len 4: two warpgroups bound by their own
+# arithmetic; q_len 1 B 8 32k: one warpgroup) and their neighbours on the grid, and held-out
+# points off the grid (two warpgroups: 96 or 128 rows a KV head; one: 32 rows), chosen before
+# v17 was first timed
+# ("defaults": the defaults as they were before v17, v9 or v16 by the rows)
+PRODUCER = (("defaults", dict(producer=0)), ("v17", dict(producer=1)), ("v17, 3 stages", dict(producer=1, stages=3)))
+# --producer-heldout: v9 and v17 in the same rounds at points with long loops (32 to 512 tiles
+# of 128 keys a block) off the grid, two warpgroups each, chosen after --producer's run (where
+# v17 gained at the long steps only) and before any timing of them
+PRODUCER_HELDOUT = (("v9", dict(producer=0)), ("v17", dict(producer=1)))
+PRODUCER_LONG_HELDOUT_POINTS = [(32, 1, 65536, 4), (16, 1, 131072, 3), (4, 2, 131072, 8), (48, 1, 32768, 4),
+                                (8, 4, 65536, 16), (96, 1, 16384, 4), (12, 1, 49152, 4)]
+PRODUCER_POINTS = CONFIG_POINTS_Q4 + [(8, 1, 32768, 1), (8, 1, 131072, 1), (1, 1, 32768, 1)]
+PRODUCER_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (2, 2, 65536, 8), (32, 1, 8192, 3),
+                           (4, 1, 65536, 1), (16, 1, 16384, 1), (2, 4, 131072, 4), (24, 2, 8192, 2)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1022,7 +1048,18 @@ def tiny_cases():
                             (32, 1, 64, [70, 300, 256], 1, 0, "bf16", 3, dict(half_rows=1)),
                             (32, 1, 128, [70, 300], 1, 16, "bf16", 3, dict(half_rows=1)),
                             (32, 4, 128, [129, 700], 4, 1, "fp16", None, dict(half_rows=1, head_major=True)),
-                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(half_rows=1, probe=True))]
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(half_rows=1, probe=True)),
+                            # v17 (a producer warp): MQA ragged (the producer's cp.async last
+                            # tile) at q_len 1 and 4 (one and two warpgroups), 3 stages, empty
+                            # splits, d = 64, bf16, head-major, probed
+                            (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(producer=1)),
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(producer=1)),
+                            (32, 1, 128, [300, 1000], 4, 0, "fp16", 3, dict(producer=1, stages=3)),
+                            (32, 1, 128, [129, 300], 1, 0, "fp16", 8, dict(producer=1, stages=3)),
+                            (32, 2, 64, [70, 300, 256], 4, 0, "bf16", 3, dict(producer=1)),
+                            (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(producer=1, head_major=True)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(producer=1, probe=True)),
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(producer=1, probe=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1151,6 +1188,13 @@ MODES = {
                   "against v9 in interleaved rounds, at the table's MQA q_len-1 points and "
                   "held-out points", lambda bench, args: rounds(bench, HALF_ROWS_POINTS + HALF_ROWS_HELDOUT_POINTS,
                                                                 HALF_ROWS, "config")),
+    "producer": ("decode_producer_h200.json", "v17 (a producer warp issues the tiles) against the "
+                 "defaults in interleaved rounds, at the MQA points below 0.9 of the plain read and "
+                 "held-out points", lambda bench, args: rounds(bench, PRODUCER_POINTS + PRODUCER_HELDOUT_POINTS,
+                                                              PRODUCER, "config")),
+    "producer-heldout": ("decode_producer_heldout_h200.json", "v17 against v9 in interleaved rounds at "
+                         "held-out points with long loops", lambda bench, args: rounds(
+                             bench, PRODUCER_LONG_HELDOUT_POINTS, PRODUCER_HELDOUT, "config")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

@@ -217,7 +217,7 @@ def test_paged_cache_takes_the_wave_rule(B, kvh, n, wave, sm, P):
     assert (launch.splits, launch.split_rule) == (wave, "wave")
     assert decode.configure(B, 32, kvh, 128, kv_lens=[n] * B).splits == sm
     assert decode.configure(B, 32, kvh, 128, **paged, split_rule="sm").splits == sm
-    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v16"
+    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v17"
 
 
 @pytest.mark.parametrize("q_len", [1, 4, 16])
@@ -238,7 +238,8 @@ def test_launch_covers_every_row_once(q_len, kv_heads):
     assert launch.row_warps == (1 if rows <= 16 else 2 if rows < 32 else 4 if rows <= 64 else 8)
     split, *combine = launch.launches()
     assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads)
-    assert split.threads == 32 * launch.warps
+    assert split.threads == 32 * launch.warps + (128 if launch.producer else 0)   # v17's producer
+    assert launch.producer == (rows > 64 and launch.tma and not launch.fused)
     assert (launch.block_cols, launch.stages) == (decode.WGMMA_TILES if launch.wgmma else (64, 3))
     assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps, launch.block_cols,
                                                    launch.stages, launch.wgmma)
@@ -372,6 +373,34 @@ def test_fused_merge_only_where_the_grid_is_one_wave():
     assert (many.fused, many.pdl, len(many.launches())) == (0, 1, 2)
 
 
+def test_producer_where_v17_takes_it():
+    """v17 (a producer warp): the TMA loop only, without the ping-pong (off by default with it),
+    v11's overlap or v7's merge (its default fused is then 0); a warp beside one warpgroup, a
+    warpgroup beside two, in the launch's threads and the .cu file's PRODUCER. The default
+    where two warpgroups read by TMA and do not merge in decode_split; not at one warpgroup,
+    on pages or where v7 merges (above 32 splits)."""
+    for ql, threads in ((1, 128 + 32), (4, 256 + 128)):
+        d = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, producer=1)
+        assert (d.producer, d.tma, d.pingpong, d.fused, d.threads) == (1, 1, 0, 0, threads), ql
+        assert d.launches()[0].threads == threads and d.defines()["PRODUCER"] == 1
+        v9 = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, producer=0)
+        assert "PRODUCER" not in v9.defines() and v9.pingpong == (ql == 4)
+    for kw, want in ((dict(q_len=4), 1), (dict(q_len=1), 0), (dict(q_len=4, kv_lens=[32768]), 0),
+                     (dict(q_len=4, page_size=16, block_table=[[0, 1]], num_pages=2, kv_lens=[20]), 0),
+                     (dict(q_len=4, pingpong=1), 0), (dict(q_len=4, overlap=1, stages=3), 0)):
+        d = decode.configure(len(kw.get("kv_lens", [20] * 8)), 32, 1, 128, **{"kv_lens": [20] * 8, **kw})
+        assert d.producer == want and d.pingpong == (kw["q_len"] == 4 and not want), kw
+    assert decode.configure(1, 32, 1, 128, kv_lens=[32768], producer=1).fused == 0   # 128 splits
+    assert decode.configure(1, 32, 1, 128, kv_lens=[32768]).fused == 1               # (v7's rule)
+    assert decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, **decode.VARIANTS["v17"]).producer == 1
+    for bad, match in ((dict(page_size=16, block_table=[[0, 1]], num_pages=2), "producer"),
+                       (dict(tma=0), "producer"), (dict(pingpong=1, q_len=4), "producer"),
+                       (dict(overlap=1, stages=3), "producer"), (dict(fused=1, splits=4), "fused"),
+                       (dict(producer=2), "producer"), (dict(producer=True), "producer")):
+        _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], **{"producer": 1, **bad}, match=match)
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], producer=1, match="producer")   # mma.sync
+
+
 def test_tma_and_ping_pong_where_v9_takes_them():
     """v9's defaults: the TMA unit's copies wherever the wgmma loop reads a contiguous cache,
     cp.async for pages and for the mma.sync loop; the ping-pong wherever a block has two
@@ -380,7 +409,7 @@ def test_tma_and_ping_pong_where_v9_takes_them():
                                 (1, 4, 16, (1, 8, 0, 1)), (8, 1, None, (0, 4, 0, 0)),
                                 (8, 4, None, (0, 4, 0, 0)), (2, 16, None, (1, 8, 1, 1))):
         paged = dict(page_size=page, block_table=[[0, 1]], num_pages=2) if page else {}
-        d = decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged)
+        d = decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, producer=0, **paged)   # v9
         assert (d.wgmma, d.warps, d.tma, d.pingpong) == want, (kvh, ql, page)
         assert (d.defines()["TMA"], d.defines()["PINGPONG"]) == want[2:]
     for kvh, ql, page, want in ((1, 1, None, 1), (2, 2, None, 1), (1, 1, 16, 0), (8, 4, None, 0),
@@ -388,7 +417,7 @@ def test_tma_and_ping_pong_where_v9_takes_them():
         paged = dict(page_size=page, block_table=[[0, 1]], num_pages=2) if page else {}
         assert decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged).half_rows == want
     for name, kw in decode.VARIANTS.items():                  # the versions before v16 keep v9's rows
-        if name != "v16":
+        if name not in ("v16", "v17"):
             assert decode.configure(1, 32, 1, 128, kv_lens=[20], **kw).half_rows == 0, name
     for old in ("v5", "v5_w4", "v6", "v7", "v8"):         # the earlier versions keep cp.async
         d = decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, **decode.VARIANTS[old])

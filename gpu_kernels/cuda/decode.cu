@@ -111,6 +111,15 @@
 //       sub-partitions share the exponentials. (--timeline: at MQA, q_len 1, a v9 block computes
 //       for about 70 % of its loop; v16 computes less, and the short steps, whose few tiles a
 //       block does not overlap with loads, gain most.)
+//  (v17) PRODUCER 1 (TMA 1): one more warp, the producer, issues every K/V tile of the block as
+//       soon as its stage is free (an "empty" mbarrier each consumer warp arrives on once its
+//       GEMMs have read the stage), and the consumer warpgroups wait only on the "full"
+//       mbarrier of the tile they compute: no barrier of the whole block per tile. In v9 every
+//       tile starts at a __syncthreads, so two warpgroups meet at each tile and the tensor
+//       cores idle while both run their softmax; here they drift apart and one's softmax runs
+//       beside the other's GEMMs (flash3.cu's v3 step, with one producer warp instead of a
+//       producer warpgroup: the consumers keep their registers, no setmaxnreg). The ragged
+//       last tile: the producer warp's cp.async (zero-filling past kv_len), then its arrival.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -143,9 +152,11 @@
 //   PHASED     0, or 1: v14's order of loads (WGMMA 0, PAGE_SIZE 0, STAGES 1)
 //   TMAP_PREFETCH  0, or 1 (TMA 1): the tensor maps prefetched at entry (v15, below)
 //   HALF_ROWS  0, or 1 (WGMMA 1, NUM_WARPS 4, at most 32 packed rows): v16's row placement
+//   PRODUCER   0, or 1 (TMA 1, not PINGPONG, OVERLAP or FUSED): v17's producer warp
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
 //              ``timeline``, TL_FIELDS uint64 words a block
-// Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads; dynamic
+// Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads (v17:
+// 32 more, the producer warp last); dynamic
 // shared memory SMEM_BYTES. decode_combine: one warp per output row, 4 rows per 128-thread block
 // (v3, v4: one row per block).
 // Layouts: Q, O (B, q_len, H, d); L (B, H, q_len) fp32 (natural log); workspace O_part
@@ -215,7 +226,17 @@
 #ifndef HALF_ROWS
 #define HALF_ROWS 0
 #endif
-#define NUM_THREADS (32 * NUM_WARPS)
+#ifndef PRODUCER
+#define PRODUCER 0
+#endif
+#define NUM_THREADS (32 * NUM_WARPS)                 // the threads that compute (v17: the consumers)
+// v17's producer: one warp beside one consumer warpgroup; beside two, a warpgroup (ptxas sizes
+// registers by warpgroups: 288 threads would get 384's, 168 each), whose first warp issues the
+// tiles and which gives its registers to the consumers (setmaxnreg, as flash3.cu's v3)
+#define PRODUCER_THREADS (PRODUCER ? (NUM_WARPS == 8 ? 128 : 32) : 0)
+#define BLOCK_THREADS (NUM_THREADS + PRODUCER_THREADS)
+#define PRODUCER_REGS 40                             // 128 x 40 + 256 x 232 = 64512 of 65536
+#define CONSUMER_REGS 232
 #define COMBINE_WARPS 4
 #define COMBINE_THREADS (32 * COMBINE_WARPS)
 #define KEY_WARPS (NUM_WARPS / ROW_WARPS)
@@ -248,6 +269,8 @@ static_assert(!PINGPONG || (WGMMA && NUM_WARPS == 8), "v9: the ping-pong of two 
 static_assert(!TMA || (WGMMA && PAGE_SIZE == 0), "v9 (TMA): the wgmma loop over a contiguous cache");
 static_assert(!TMAP_PREFETCH || TMA, "v15 (TMAP_PREFETCH): the tensor maps of TMA 1");
 static_assert(!HALF_ROWS || (WGMMA && NUM_WARPS == 4), "v16 (HALF_ROWS): one warpgroup of wgmma");
+static_assert(!PRODUCER || (TMA && !PINGPONG && !OVERLAP && !FUSED),
+              "v17 (PRODUCER): the TMA loop without the ping-pong, v11's overlap or v7's merge");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
 static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
               "L2_PREFETCH is 0, 64, 128 or 256");
@@ -257,6 +280,7 @@ static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-bloc
 #if WGMMA
 #include "wgmma.cuh"     // flash3.cu's warpgroup GEMMs, swizzled panels and softmax step
 #define BAR_PINGPONG 1       // v9: warpgroup 0 has issued this tile's S (named barrier; 0 is __syncthreads)
+#define BAR_CONSUMERS 2      // v17: the consumer warps' Q_i stored (the producer warp not among them)
 #endif
 #if TMA
 #include "tma.cuh"       // mbarriers, the TMA unit's 4-D box copies
@@ -426,6 +450,7 @@ struct Timeline {
         return t;
     }
     __device__ __forceinline__ void mark(int field) { if (threadIdx.x == 0) rec[field] = now_ns(); }
+    __device__ __forceinline__ void mark_by(int field, bool me) { if (me) rec[field] = now_ns(); }
     __device__ __forceinline__ void wait_begin() { c0 = clock64(); }
     __device__ __forceinline__ void wait_end() { waited += clock64() - c0; }
     __device__ __forceinline__ void exit() {
@@ -442,6 +467,7 @@ struct Timeline {
 struct Timeline {
     __device__ __forceinline__ explicit Timeline(void*) {}
     __device__ __forceinline__ void mark(int) {}
+    __device__ __forceinline__ void mark_by(int, bool) {}
     __device__ __forceinline__ void wait_begin() {}
     __device__ __forceinline__ void wait_end() {}
     __device__ __forceinline__ void exit() {}
@@ -577,12 +603,17 @@ __device__ __forceinline__ void fused_combine(const float* O_part, const float* 
 // Without v13's hints: with the evict-first policy on these copies (a ragged last tile, two
 // warpgroups) the H200 raised an illegal instruction in decode_split (compute-sanitizer,
 // decode_h200_memcheck_v13a.log); why is not known.
+// NT threads (thread ``tid`` of them) share the tile: the block's NUM_THREADS, or v17's producer warp.
+template <int NT = NUM_THREADS>
 __device__ __forceinline__ void load_kv_wg(u32 K_st, u32 V_st, const u16* K, const u16* V,
                                            const int* bt_row, const CacheRows& cr, int key0, int kv_len,
-                                           const Pages& pages) {
-#pragma unroll
-    for (int it = 0; it < LOAD_ITERS; ++it) {
-        const int c = it * NUM_THREADS + threadIdx.x;
+                                           const Pages& pages, int tid = threadIdx.x) {
+    static_assert(BLOCK_C * CHUNKS % NT == 0, "whole tiles per thread sweep");
+    static_assert(NT == NUM_THREADS || PAGE_SIZE == 0, "pages: every thread's own entries (fetch_pages)");
+    constexpr int ITERS = NT == NUM_THREADS ? LOAD_ITERS : BLOCK_C * CHUNKS / NT;
+#pragma unroll (NT == NUM_THREADS ? ITERS : 1)    // the producer warp: few registers (setmaxnreg)
+    for (int it = 0; it < ITERS; ++it) {
+        const int c = it * NT + tid;
         const int r = c / CHUNKS, ch = c % CHUNKS;
         const int p = key0 + r;
         const bool valid = p < kv_len;
@@ -617,7 +648,8 @@ __device__ __forceinline__ void tma_kv(u32 K_st, u32 V_st, const TensorMap* map_
 
 // Two warpgroups: one block per SM, 256 threads of 150-215 registers (ptxas, d = 64, 128)
 // take most of the register file; one warpgroup (64 rows): room for two blocks.
-extern "C" __global__ void __launch_bounds__(NUM_THREADS, NUM_WARPS == 4 ? 2 : 1)
+// v17: 384 or 160 threads, one block per SM (its tiles take most of the shared memory anyway).
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, NUM_WARPS == 4 && !PRODUCER ? 2 : 1)
 decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
              u16* __restrict__ O, float* __restrict__ L, float* __restrict__ O_part,
              float* __restrict__ L_part, const int* __restrict__ block_table,
@@ -662,11 +694,14 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     // ---- prologue: the first AHEAD tiles in flight, then Q_i (generic 16-byte stores). A tile's
     // stage is free once the GEMMs that read it are done: tile j - 1's at tile j (v11: V_{j-1}
     // is read during tile j, so its stage is free at tile j + 1).
-    constexpr int AHEAD = OVERLAP ? STAGES - 2 : STAGES - 1;
     Pages pages;
+#if !PRODUCER
+    constexpr int AHEAD = OVERLAP ? STAGES - 2 : STAGES - 1;
+#endif
 #if TMA   // stage st's mbarrier completes a phase each time a tile lands in it by TMA
     __shared__ __align__(8) unsigned long long kv_full[STAGES];
     auto ragged = [&](int jt) { return (jt + 1) * B_c > kv_len; };
+#if !PRODUCER
     auto issue = [&](int jt, int st) {    // tile jt into stage st: TMA, or the ragged tile by cp.async
         if (ragged(jt)) {
             load_kv_wg(k_tile(st), v_tile(st), K, V, bt_row, cr, jt * B_c, kv_len, pages);
@@ -675,13 +710,49 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             tma_kv(k_tile(st), v_tile(st), &tm_k, &tm_v, jt * B_c, kvh, b, smem_addr(&kv_full[st]));
         }
     };
+#else          // v17: stage st is free once every consumer warp has arrived after its GEMMs
+    __shared__ __align__(8) unsigned long long kv_empty[STAGES];
+#endif
     if (threadIdx.x == 0) {
-        for (int st = 0; st < STAGES; ++st) mbar_init(smem_addr(&kv_full[st]), 1);
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(smem_addr(&kv_full[st]), 1);
+#if PRODUCER
+            mbar_init(smem_addr(&kv_empty[st]), NUM_WARPS);
+#endif
+        }
         mbar_init_fence();
     }
     __syncthreads();                      // the mbarriers initialised before anyone waits
+#if PRODUCER
+    if (threadIdx.x >= NUM_THREADS) {     // v17: the producer warp, tile n of the split into stage n % S
+#if NUM_WARPS == 8
+        setmaxnreg_dec<PRODUCER_REGS>();
+#endif
+        const int lane_p = threadIdx.x - NUM_THREADS;
+        if (lane_p < 32)                  // (beside two warpgroups: its first warp)
+        for (int n = 0; n < t_end - t_begin; ++n) {
+            const int jt = t_begin + n, st = n % STAGES;
+            if (n >= STAGES) mbar_wait(smem_addr(&kv_empty[st]), (n / STAGES - 1) & 1);   // tile n - S read
+            if (ragged(jt)) {             // cp.async zero-fills past kv_len; landed, then announced
+                load_kv_wg<32>(k_tile(st), v_tile(st), K, V, bt_row, cr, jt * B_c, kv_len, pages, lane_p);
+                cp_async_commit();
+                cp_async_wait<0>();
+                fence_proxy_async();      // this lane's copies visible to wgmma (async proxy)
+                __syncwarp();
+                if (lane_p == 0) mbar_arrive(smem_addr(&kv_full[st]));
+            } else if (lane_p == 0) {
+                tma_kv(k_tile(st), v_tile(st), &tm_k, &tm_v, jt * B_c, kvh, b, smem_addr(&kv_full[st]));
+            }
+            if (n == min(STAGES, t_end - t_begin) - 1) tl.mark_by(TL_ISSUED, lane_p == 0);
+        }
+    } else {                              // the consumers: the rest of the kernel (setmaxnreg acts
+#if NUM_WARPS == 8                        // only where each role is one branch of an if/else)
+    setmaxnreg_inc<CONSUMER_REGS>();
+#endif
+#else
     for (int st = 0; st < AHEAD && t_begin + st < t_end; ++st) issue(t_begin + st, st);
     tl.mark(TL_ISSUED);
+#endif
 #else
 #pragma unroll
     for (int st = 0; st < AHEAD; ++st) {
@@ -706,6 +777,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         *reinterpret_cast<uint4*>(q_gen + tile_off(BLOCK_R, r, ch)) = v;
     }
     fence_proxy_async();                  // Q_i's stores visible to wgmma (the loop's barrier orders them)
+#if PRODUCER                              // (v17: no such barrier; the consumers' own)
+    named_sync(BAR_CONSUMERS, NUM_THREADS);
+#endif
 
     // This thread's rows of the block: row_w + g and row_w + g + 8 (accumulator e: + 8 (e / 2)).
     const int row_w = w * 64 + warp * 16;
@@ -724,7 +798,13 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 
     for (int j = t_begin; j < t_end; ++j) {
         tl.wait_begin();
-#if TMA
+#if PRODUCER     // v17: tile j's stage filled (TMA, or the producer's cp.async); nothing to issue
+        {
+            const int n = j - t_begin;
+            mbar_wait(smem_addr(&kv_full[n % STAGES]), (n / STAGES) & 1);
+        }
+        tl.wait_end();
+#elif TMA
         {
             const int n = j - t_begin;
             if (ragged(j)) {              // the last tile (its cp.async group the last committed)
@@ -792,6 +872,10 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         fence_regs(o);
         fence_regs(p);
 #endif
+#if PRODUCER      // v17: this warp's GEMMs have read the stage; the last warp to arrive frees it
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&kv_empty[st]));
+#endif
     }
 #if OVERLAP
     if (t_begin < t_end) {                            // the last tile's O_i += P V
@@ -842,6 +926,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     }
 #else
     (void)counters;
+#endif
+#if PRODUCER
+    }                                     // the consumers' branch
 #endif
     tl.exit();
 }

@@ -115,13 +115,7 @@ static_assert(!MASK || VERSION == 3, "the mask path is built on v3 (MASK needs V
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
 
 // ---------------------------------------------------------------- mbarriers, TMA, registers
-#include "tma.cuh"      // TensorMap, mbar_*, tma_load (3-D boxes); named barriers: wgmma.cuh
-template <int regs> __device__ __forceinline__ void setmaxnreg_dec() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(regs));
-}
-template <int regs> __device__ __forceinline__ void setmaxnreg_inc() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(regs));
-}
+#include "tma.cuh"      // TensorMap, mbar_*, tma_load (3-D boxes); named barriers, setmaxnreg: wgmma.cuh
 
 // Named barrier ids (0 is __syncthreads): the ping-pong pair, then one per consumer warpgroup.
 #define BAR_SCHED 1     // 1 + w: warpgroup w may issue its GEMMs

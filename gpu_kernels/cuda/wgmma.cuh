@@ -99,6 +99,14 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
 }
+// A warpgroup's registers per thread lowered or raised (every warp of it executes the same one):
+// a producer warpgroup gives its registers to the consumers (flash3.cu's v3, decode.cu's v17).
+template <int regs> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(regs));
+}
+template <int regs> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(regs));
+}
 
 // ---------------------------------------------------------------- the two GEMMs of a warpgroup
 constexpr int S_REGS = BLOCK_C / 2;    // S_ij: 64 x B_c fp32 per warpgroup

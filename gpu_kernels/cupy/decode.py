@@ -83,7 +83,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -184,7 +184,7 @@ def default_split_rule(page_size) -> str:
 
 def default_version(page_size) -> str:
     """The version configure's defaults are, as the benchmark's rows name it."""
-    return "v12" if page_size else "v16"
+    return "v12" if page_size else "v17"
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
@@ -192,7 +192,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
             evict_first: int = 0, phased: int = 0, timeline: int = 0,
-            tmap_prefetch: int = 0, half_rows: int = 0) -> dict[str, int]:
+            tmap_prefetch: int = 0, half_rows: int = 0, producer: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -206,6 +206,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out["TMAP_PREFETCH"] = 1
     if half_rows:                     # v16, likewise
         out["HALF_ROWS"] = 1
+    if producer:                      # v17, likewise
+        out["PRODUCER"] = 1
     if timeline:                      # the probe (DecodeLaunch.probe), likewise
         out["TIMELINE"] = 1
     return out
@@ -270,6 +272,22 @@ def default_half_rows(wgmma: int, warps: int, rows: int, page_size) -> int:
     return int(bool(wgmma) and warps == 4 and rows <= 32 and not page_size)
 
 
+def default_producer(wgmma: int, warps: int, tma: int, fused: int) -> int:
+    """v17 where two warpgroups of wgmma read a contiguous cache by TMA and do not merge the
+    splits themselves (v7): without a barrier of the whole block a tile, one warpgroup's softmax
+    runs beside the other's GEMMs. Measured 1.08-1.15x v9 at the MQA points of q_len 4 with
+    long loops (B 8 at 128k, B 64 at 32k and 128k) under both flushes, 0.995-1.02x at the short
+    steps (decode_producer_h200.json); on held-out points (decode_producer_heldout_h200.json,
+    docs/decode.md's lines)."""
+    return int(bool(wgmma) and warps == 8 and bool(tma) and not fused)
+
+
+def producer_threads(warps: int, producer: int) -> int:
+    """v17's threads beside the consumers (PRODUCER_THREADS): a warp beside one warpgroup, a
+    warpgroup beside two (ptxas sizes registers by warpgroups; setmaxnreg moves them)."""
+    return (128 if warps == 8 else 32) if producer else 0
+
+
 def default_pingpong(wgmma: int, warps: int) -> int:
     """v9: the two warpgroups of a 128-row block take turns issuing S (PINGPONG)."""
     return int(bool(wgmma) and warps == 8)
@@ -301,8 +319,12 @@ def default_variant(rows: int) -> str:
 # 32 rows 64-row blocks of padding where the defaults run mma.sync; between, v9 itself).
 # v14: the mma.sync loop with K and V loaded apart (phased), cuDNN's 128-key tile, the wave
 # rule's splits (one 32 KB tile in flight a block: both resident slots wanted; --phased's run).
+# v16: v9 with v16's rows at 32 (one warpgroup); v17, the defaults over a contiguous cache: v16
+# with a producer warp(group) where two warpgroups of wgmma read by TMA without v7's merge
+# (``default_producer``; the ping-pong off there; --producer's runs).
 # v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
-VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
+VARIANTS = {name: {"producer": 0, **kw} for name, kw in {     # v1-v16: no producer warp
+            "v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v3": dict(combine=3, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -329,7 +351,9 @@ VARIANTS = {"v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wg
             "v14": dict(phased=1, wgmma=0, block_cols=PHASED_BLOCK_C, stages=1, combine=3,
                         split_rule="wave", pdl=None, fused=None),
             "v16": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
-                        half_rows=None)}
+                        half_rows=None),
+            "v17": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
+                        half_rows=None, producer=None)}.items()}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -367,6 +391,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     phased: int = 0                  # PHASED: v14, K and V loaded apart (FlashAttention-2's order)
     tmap_prefetch: int = 0           # TMAP_PREFETCH: v15, the tensor maps prefetched at entry
     half_rows: int = 0               # HALF_ROWS: v16, <= 32 rows in the first 8 of each warp's 16
+    producer: int = 0                # PRODUCER: v17, a producer warp issues the tiles (no block barrier a tile)
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -389,7 +414,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
                        self.evict_first, self.phased, self.timeline, self.tmap_prefetch,
-                       self.half_rows)
+                       self.half_rows, self.producer)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -417,7 +442,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
 
     def launches(self) -> list[KernelLaunch]:
         out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
-                            32 * self.warps, self.dynamic_smem)]
+                            32 * self.warps + producer_threads(self.warps, self.producer),
+                            self.dynamic_smem)]
         if self.splits > 1 and not self.fused:
             rows = self.batch * self.q_len * self.heads
             per_block = 1 if self.combine in (3, 4) else COMBINE_THREADS // 32
@@ -475,7 +501,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     wgmma=self.wgmma, pdl=self.pdl, fused=self.fused, pingpong=self.pingpong,
                     tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
                     evict_first=self.evict_first, phased=self.phased,
-                    tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows)
+                    tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows, producer=self.producer)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -816,7 +842,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
-              half_rows=None) -> DecodeLaunch:
+              half_rows=None, producer=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -842,7 +868,11 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     PHASED; mma.sync over a contiguous cache, stages 1, B_c 128 unless given), 0 not;
     ``tmap_prefetch``: 1 prefetches the tensor maps at entry (v15: TMAP_PREFETCH; tma 1), 0 not;
     ``half_rows``: 1 places at most 32 rows in the first 8 rows of each warp's 16 (v16:
-    HALF_ROWS; wgmma with 4 warps), 0 not, None: ``default_half_rows``."""
+    HALF_ROWS; wgmma with 4 warps), 0 not, None: ``default_half_rows``; ``producer``: 1 adds a
+    warp that issues every K/V tile as its stage frees, the others computing without a barrier of
+    the whole block a tile (v17: PRODUCER; tma 1, not with pingpong, overlap or fused; pingpong
+    None and fused None are then 0), 0 not, None: ``default_producer`` (where pingpong and
+    overlap are not asked for)."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -912,8 +942,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                "memory; a block has at most 227 KiB")
     if pingpong is not None and (isinstance(pingpong, bool) or pingpong not in (0, 1)):
         raise KernelInputError(f"pingpong = {pingpong!r}: 0 or 1")
-    if pingpong is None:
-        pingpong = default_pingpong(wgmma, warps)
+    if producer is not None and (isinstance(producer, bool) or producer not in (0, 1)):
+        raise KernelInputError(f"producer = {producer!r}: 0 or 1")
     if pingpong and not default_pingpong(wgmma, warps):
         raise KernelInputError(f"pingpong = {pingpong}: the ping-pong needs two warpgroups (v5 with 8 warps)")
     if tma is None:
@@ -951,8 +981,18 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                "fit one wave)")
     one_wave = splits * chunks * batch * kv_heads <= slots
     if fused is None:                      # v7: the merge in decode_split, where it can wait
-        fused = int(default_fused(splits) and one_wave)
+        fused = int(default_fused(splits) and one_wave and not producer)
     fused = int(fused and splits > 1)      # one split: nothing to merge
+    if producer is None:                   # v17: a producer warp, where the TMA loop has two warpgroups
+        producer = int(default_producer(wgmma, warps, tma, fused) and not pingpong and not overlap)
+    if pingpong is None:
+        pingpong = 0 if producer else default_pingpong(wgmma, warps)
+    if producer and (not tma or pingpong or overlap):
+        raise KernelInputError(f"producer = 1: the TMA unit's loop (tma 1, this launch {tma}) without "
+                               f"the ping-pong (pingpong {pingpong}) or the overlap (overlap {overlap})")
+    if fused and producer:
+        raise KernelInputError("producer = 1 with fused = 1: v17's consumers do not merge the splits; "
+                               "fused 0")
     if fused and not one_wave:
         raise KernelInputError(f"fused = 1 needs every block resident at once: {splits} splits x "
                                f"{chunks * batch * kv_heads} blocks exceed one wave of {slots}")
@@ -960,14 +1000,15 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         pdl = int(splits > 1 and not fused)
     name, algorithm = ("cupy_decode_paged", "paged") if page_size else ("cupy_decode", "flashdecoding")
     return DecodeLaunch(name, algorithm, batch, heads, max(lens), head_dim, dtype, causal,
-                        16 * rw, Bc, 32 * warps, 0, smem, None, kv_heads=kv_heads,
+                        16 * rw, Bc, 32 * warps + producer_threads(warps, producer), 0, smem, None,
+                        kv_heads=kv_heads,
                         q_len=q_len, kv_lens=lens, page_size=page_size or 0, block_table=bt,
                         num_pages=None if not page_size else int(num_pages), splits=splits,
                         chunks=chunks, row_warps=rw, stages=stages, warps=warps, combine=combine,
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
                         l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
-                        tmap_prefetch=tmap_prefetch, half_rows=half_rows)
+                        tmap_prefetch=tmap_prefetch, half_rows=half_rows, producer=producer)
 
 
 def compile_variants():
@@ -1058,6 +1099,14 @@ def compile_variants():
                 out.append((CU_FILE, defines(d, dtype, 0, 4, *WGMMA_TILES, warps=4, wgmma=1, pdl=pdl,
                                              fused=fused, tma=1, half_rows=1),
                             smem_bytes(d, 4, *WGMMA_TILES, wgmma=1), ("decode_split",) if fused else HOT))
+    for d in HEAD_DIMS:                      # v17: a producer warp, one or two warpgroups by TMA
+        for dtype in ("fp16", "bf16"):       # (one split, PDL; 2 and 3 stages)
+            for w in (4, 8):
+                for st in (2, 3):
+                    for pdl in (0, 1):
+                        out.append((CU_FILE, defines(d, dtype, 0, w, 128, st, warps=w, wgmma=1, pdl=pdl,
+                                                     tma=1, half_rows=int(w == 4), producer=1),
+                                    smem_bytes(d, w, 128, st, wgmma=1), HOT))
     # the probe (TIMELINE) of the defaults' two split kernels, as --timeline runs them
     out.append((CU_FILE, defines(128, "fp16", 0, 1, pdl=1, timeline=1), smem_bytes(128, 1), HOT))
     out.append((CU_FILE, defines(128, "fp16", 0, 4, *WGMMA_TILES, warps=4, wgmma=1, pdl=1, tma=1,
