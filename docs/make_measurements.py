@@ -276,22 +276,27 @@ def decode_rounds(h: dict, name: str, field: str, what: str) -> list[str]:
             "table's flush: " + "; ".join(f"{label} {_ratios(xs)}" for label, xs in peer.items()) + "."]
 
 
-def decode_half_rows(h: dict, name: str, grid: dict, note: str = "") -> list[str]:
-    """--half-rows (``rounds``): v16 against v9 at the table's points (``grid``: the table's
-    "configs", its batches, kv_lens, kv_heads and q_lens), where the rule was chosen, and at
-    the held-out points off that grid, apart."""
+def decode_rounds_split(h: dict, name: str, grid: dict, what: str, parts: tuple[str, str]) -> list[str]:
+    """A ``rounds`` run whose points on the table's grid (``grid``: the table's "configs", its
+    batches, kv_lens, kv_heads and q_lens) are where a version was chosen and whose points off
+    it are held out: ``decode_rounds`` of each, apart (``parts``: how each is named)."""
     def on_grid(r):
         return (r["batch"] in grid["batches"] and r["kv_len"] in grid["kv_lens"]
                 and r["kv_heads"] in grid["kv_heads"] and r["q_len"] in grid["q_lens"])
 
     out = []
-    for part, calibration in (("at the table's MQA points of q_len 1, where it was chosen", True),
-                              ("held out: off the grid, 32 rows a KV head, chosen before v16 was "
-                               "timed", False)):
+    for part, calibration in zip(parts, (True, False)):
         rows = [r for r in h.get("summary") or [] if on_grid(r) == calibration]
-        out += decode_rounds({**h, "summary": rows}, name, "config",
-                             f"v16 (a KV head's 32 rows spread over the four warps) {part}{note}")
+        out += decode_rounds({**h, "summary": rows}, name, "config", f"{what} {part}")
     return out
+
+
+def decode_half_rows(h: dict, name: str, grid: dict, note: str = "") -> list[str]:
+    """--half-rows: v16 against v9 at the table's MQA points, where the rule was chosen, and at
+    the held-out points off that grid."""
+    return decode_rounds_split(h, name, grid, "v16 (a KV head's 32 rows spread over the four warps)", (
+        f"at the table's MQA points of q_len 1, where it was chosen{note}",
+        f"held out: off the grid, 32 rows a KV head, chosen before v16 was timed{note}"))
 
 
 def _timeline_median(row: dict, key: str):
@@ -386,7 +391,7 @@ def decode_v5_w4(d: dict) -> list[str]:
     by = {}
     for p in d["points"]:
         if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1 \
-                and p.get("variant") not in ("v6", "v7", "v8", "v9", "v10", "v16"):
+                and p.get("variant") not in ("v6", "v7", "v8", "v9", "v10", "v16", "v17"):
             mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
             mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
@@ -1175,6 +1180,18 @@ def decode_md_text() -> str:
                        ("decode_half_rows_h200.json", "; again, after v16 became the default")):
         hr = _load(name)
         block += decode_half_rows(hr, name, d["configs"], note) if hr and d else []
+    pr = _load("decode_producer_h200.json")
+    block += decode_rounds_split(
+        pr, "decode_producer_h200.json", d["configs"], "v17 (a producer warp issues the tiles; no "
+        "barrier of the whole block a tile)", ("at the table's MQA points below 0.9 of the plain read "
+                                               "and beside them, where it was tried; its \"defaults\" the "
+                                               "defaults before v17 (v9 at two warpgroups, v16 at one)",
+                                               "held out in the same run: off the grid, chosen before "
+                                               "v17 was first timed")) if pr and d else []
+    ph = _load("decode_producer_heldout_h200.json")
+    block += decode_rounds(ph, "decode_producer_heldout_h200.json", "config", "v17 held out at long "
+                           "loops: off the grid, two warpgroups, 34 to 128 tiles a block, chosen after "
+                           "the run above and before any timing there") if ph else []
     tl = _load("decode_timeline_h200.json")
     block += decode_timeline(tl) if tl else []
     ck = _load("decode_clock_ramp_h200.json")
