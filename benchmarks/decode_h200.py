@@ -162,6 +162,10 @@ the grid, one or two warpgroups of wgmma, chosen before v17 was first timed).
 --producer-heldout (DIR/decode_producer_heldout_h200.json, ~2 min): the same rounds, v9 and
 v17, at PRODUCER_LONG_HELDOUT_POINTS (off the grid, two warpgroups, long loops).
 
+--kv-lens (DIR/decode_kv_lens_h200.json, ~1 min): the same rounds, v17 and v18 (``KV_LENS_ARG``:
+the kv_lens by value, so a block's first tile need not wait on a load of its kv_len), at
+KV_LENS_POINTS and KV_LENS_HELDOUT_POINTS (off the grid, chosen before v18 was timed).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -274,6 +278,15 @@ PRODUCER = (("defaults", dict(producer=0)), ("v17", dict(producer=1)), ("v17, 3 
 PRODUCER_HELDOUT = (("v9", dict(producer=0)), ("v17", dict(producer=1)))
 PRODUCER_LONG_HELDOUT_POINTS = [(32, 1, 65536, 4), (16, 1, 131072, 3), (4, 2, 131072, 8), (48, 1, 32768, 4),
                                 (8, 4, 65536, 16), (96, 1, 16384, 4), (12, 1, 49152, 4)]
+# --kv-lens: v18 (the kv_lens by value, a kernel parameter) against v17 (read from global memory
+# before the first tile can be issued): short steps where ours fell behind PyTorch's best or
+# near it in decode_h200.json of 2026-12-04, MQA at B 8 32k, and held-out points off the grid
+# (one to 128 rows a KV head, steps of 4 to 64 MB), chosen before v18 was first timed
+KV_LENS_ARGS = (("v17", dict(kv_lens_arg=0)), ("v18", dict(kv_lens_arg=1)))
+KV_LENS_POINTS = [(1, 1, 32768, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 32, 4096, 1), (64, 8, 4096, 1),
+                  (1, 1, 4096, 4), (8, 1, 32768, 1), (8, 1, 32768, 4)]
+KV_LENS_HELDOUT_POINTS = [(2, 1, 16384, 1), (4, 8, 8192, 1), (16, 2, 4096, 2), (2, 32, 8192, 1),
+                          (32, 4, 2048, 1), (3, 1, 65536, 4)]
 PRODUCER_POINTS = CONFIG_POINTS_Q4 + [(8, 1, 32768, 1), (8, 1, 131072, 1), (1, 1, 32768, 1)]
 PRODUCER_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (2, 2, 65536, 8), (32, 1, 8192, 3),
                            (4, 1, 65536, 1), (16, 1, 16384, 1), (2, 4, 131072, 4), (24, 2, 8192, 2)]
@@ -1059,7 +1072,18 @@ def tiny_cases():
                             (32, 2, 64, [70, 300, 256], 4, 0, "bf16", 3, dict(producer=1)),
                             (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(producer=1, head_major=True)),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(producer=1, probe=True)),
-                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(producer=1, probe=True))]
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(producer=1, probe=True)),
+                            # v18 (the kv_lens by value): ragged on mma.sync, one and two
+                            # warpgroups (the producer's cp.async last tile), fused, pages, d = 64,
+                            # bf16, head-major, probed; v17 beside it (kv_lens from memory)
+                            (4, 2, 128, [37, 300], 1, 0, "fp16", 3, dict(kv_lens_arg=1)),
+                            (32, 1, 128, [70, 1300], 1, 0, "fp16", 3, dict(kv_lens_arg=1)),
+                            (32, 1, 128, [70, 1300, 129], 4, 0, "fp16", 3, dict(kv_lens_arg=1)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(kv_lens_arg=1)),
+                            (8, 8, 64, [1, 64, 129], 1, 16, "bf16", 2, dict(kv_lens_arg=1)),
+                            (32, 2, 128, [129, 700], 2, 0, "fp16", None, dict(kv_lens_arg=1, head_major=True)),
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(kv_lens_arg=1, probe=True)),
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(decode.VARIANTS["v17"]))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1195,6 +1219,9 @@ MODES = {
     "producer-heldout": ("decode_producer_heldout_h200.json", "v17 against v9 in interleaved rounds at "
                          "held-out points with long loops", lambda bench, args: rounds(
                              bench, PRODUCER_LONG_HELDOUT_POINTS, PRODUCER_HELDOUT, "config")),
+    "kv-lens": ("decode_kv_lens_h200.json", "v18 (the kv_lens by value) against v17 in interleaved "
+                "rounds at short steps and held-out points",
+                lambda bench, args: rounds(bench, KV_LENS_POINTS + KV_LENS_HELDOUT_POINTS, KV_LENS_ARGS, "config")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

@@ -217,7 +217,7 @@ def test_paged_cache_takes_the_wave_rule(B, kvh, n, wave, sm, P):
     assert (launch.splits, launch.split_rule) == (wave, "wave")
     assert decode.configure(B, 32, kvh, 128, kv_lens=[n] * B).splits == sm
     assert decode.configure(B, 32, kvh, 128, **paged, split_rule="sm").splits == sm
-    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v17"
+    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v18"
 
 
 @pytest.mark.parametrize("q_len", [1, 4, 16])
@@ -373,6 +373,27 @@ def test_fused_merge_only_where_the_grid_is_one_wave():
     assert (many.fused, many.pdl, len(many.launches())) == (0, 1, 2)
 
 
+def test_kv_lens_by_value_where_v18_takes_it():
+    """v18: the kv_lens by value (KV_LENS_ARG) by default over a contiguous cache of at most
+    KV_LENS_MAX sequences, as a structured one-element array the kernel reads as KvLens; not on
+    pages (v12) nor beyond the parameter's slots; v17 and earlier read them from memory."""
+    lens = [37, 300, 129]
+    d = decode.configure(3, 32, 8, 128, kv_lens=lens)
+    assert d.kv_lens_arg == 1 and d.defines()["KV_LENS_ARG"] == 1
+    v = decode.kv_lens_value(d.kv_lens)
+    assert v.shape == (1,) and v.nbytes == 4 * decode.KV_LENS_MAX
+    assert v["n"][0][:3].tolist() == lens and not v["n"][0][3:].any()
+    paged = decode.configure(1, 32, 8, 128, kv_lens=[20], page_size=16, block_table=[[0, 1]], num_pages=2)
+    assert paged.kv_lens_arg == 0 and "KV_LENS_ARG" not in paged.defines()
+    big = decode.KV_LENS_MAX + 1
+    assert decode.configure(big, 32, 8, 128, kv_lens=[20] * big).kv_lens_arg == 0
+    _refused(decode.configure, big, 32, 8, 128, kv_lens=[20] * big, kv_lens_arg=1, match="kv_lens_arg")
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], kv_lens_arg=2, match="kv_lens_arg")
+    for name, kw in decode.VARIANTS.items():
+        want = 1 if name == "v18" else 0
+        assert decode.configure(3, 32, 8, 128, kv_lens=lens, **kw).kv_lens_arg == want, name
+
+
 def test_producer_where_v17_takes_it():
     """v17 (a producer warp): the TMA loop only, without the ping-pong (off by default with it),
     v11's overlap or v7's merge (its default fused is then 0); a warp beside one warpgroup, a
@@ -417,7 +438,7 @@ def test_tma_and_ping_pong_where_v9_takes_them():
         paged = dict(page_size=page, block_table=[[0, 1]], num_pages=2) if page else {}
         assert decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged).half_rows == want
     for name, kw in decode.VARIANTS.items():                  # the versions before v16 keep v9's rows
-        if name not in ("v16", "v17"):
+        if name not in ("v16", "v17", "v18"):
             assert decode.configure(1, 32, 1, 128, kv_lens=[20], **kw).half_rows == 0, name
     for old in ("v5", "v5_w4", "v6", "v7", "v8"):         # the earlier versions keep cp.async
         d = decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, **decode.VARIANTS[old])

@@ -120,6 +120,12 @@
 //       beside the other's GEMMs (flash3.cu's v3 step, with one producer warp instead of a
 //       producer warpgroup: the consumers keep their registers, no setmaxnreg). The ragged
 //       last tile: the producer warp's cp.async (zero-filling past kv_len), then its arrival.
+//  (v18) KV_LENS_ARG 1: the sequences' kv_lens by value, a kernel parameter (KvLens, up to
+//       KV_LENS_MAX sequences), where v1-v17 load kv_lens[b] from global memory first thing:
+//       every block's first tile is issued only once its kv_len is known (its split's tiles
+//       depend on it), so that load, a trip to DRAM after the benchmark's L2 flush, stood
+//       before every step's first bytes. The launch is built for its kv_lens (decode.py's
+//       configure takes them), so nothing is lost by passing them along.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -153,6 +159,8 @@
 //   TMAP_PREFETCH  0, or 1 (TMA 1): the tensor maps prefetched at entry (v15, below)
 //   HALF_ROWS  0, or 1 (WGMMA 1, NUM_WARPS 4, at most 32 packed rows): v16's row placement
 //   PRODUCER   0, or 1 (TMA 1, not PINGPONG, OVERLAP or FUSED): v17's producer warp
+//   KV_LENS_ARG  0, or 1: v18, one more parameter of decode_split, ``kv_lens_arg`` (KvLens, by
+//              value: kv_lens[b] for b < batch <= KV_LENS_MAX); ``kv_lens`` is then not read
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
 //              ``timeline``, TL_FIELDS uint64 words a block
 // Grid of decode_split: (row chunks, splits, B * kv_heads); block: 32 NUM_WARPS threads (v17:
@@ -229,6 +237,9 @@
 #ifndef PRODUCER
 #define PRODUCER 0
 #endif
+#ifndef KV_LENS_ARG
+#define KV_LENS_ARG 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)                 // the threads that compute (v17: the consumers)
 // v17's producer: one warp beside one consumer warpgroup; beside two, a warpgroup (ptxas sizes
 // registers by warpgroups: 288 threads would get 384's, 168 each), whose first warp issues the
@@ -281,6 +292,15 @@ static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-bloc
 #include "wgmma.cuh"     // flash3.cu's warpgroup GEMMs, swizzled panels and softmax step
 #define BAR_PINGPONG 1       // v9: warpgroup 0 has issued this tile's S (named barrier; 0 is __syncthreads)
 #define BAR_CONSUMERS 2      // v17: the consumer warps' Q_i stored (the producer warp not among them)
+#endif
+#if KV_LENS_ARG   // v18: the kv_lens by value (1 KiB of the 4 KiB of parameters)
+#define KV_LENS_MAX 256
+struct KvLens { int n[KV_LENS_MAX]; };
+#define KV_LENS_PARAMS , const __grid_constant__ KvLens kv_lens_arg
+#define KV_LEN_OF(b) (kv_lens_arg.n[b])
+#else
+#define KV_LENS_PARAMS
+#define KV_LEN_OF(b) (kv_lens[b])
 #endif
 #if TMA
 #include "tma.cuh"       // mbarriers, the TMA unit's 4-D box copies
@@ -656,7 +676,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
              int max_pages, long long kv_batch_stride, int kv_row_stride,
              long long kv_head_stride, int num_splits, int causal,
-             float scale_log2, int* __restrict__ counters TMA_PARAMS TIMELINE_PARAMS) {
+             float scale_log2, int* __restrict__ counters TMA_PARAMS KV_LENS_PARAMS TIMELINE_PARAMS) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     const float NEG_INF = neg_inf();
     Timeline tl(TL_ARG);
@@ -681,7 +701,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     const int H = kv_heads * group;
     const int R = q_len * group;
     const int row0 = chunk * BLOCK_R;
-    const int kv_len = kv_lens[b];
+    const int kv_len = KV_LEN_OF(b);
     // kv_batch_stride: between sequences (contiguous) or pages (paged)
     const CacheRows cr = {PAGE_SIZE ? (size_t)kv_batch_stride : (size_t)b * (size_t)kv_batch_stride,
                           kv_row_stride, (size_t)kvh * (size_t)kv_head_stride};
@@ -940,7 +960,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
              const int* __restrict__ kv_lens, int batch, int q_len, int group, int kv_heads,
              int max_pages, long long kv_batch_stride, int kv_row_stride,
              long long kv_head_stride, int num_splits, int causal,
-             float scale_log2, int* __restrict__ counters TIMELINE_PARAMS) {
+             float scale_log2, int* __restrict__ counters KV_LENS_PARAMS TIMELINE_PARAMS) {
     constexpr int D = HEAD_DIM, B_c = BLOCK_C;
     constexpr int NT = KW / 8;     // 8-key n-tiles of S per warp
     constexpr int DT = D / 8;      // 8-column n-tiles of O_i
@@ -962,7 +982,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     const int H = kv_heads * group;
     const int R = q_len * group;                  // packed rows of this KV head
     const int row0 = chunk * BLOCK_R;             // first packed row of this block
-    const int kv_len = kv_lens[b];
+    const int kv_len = KV_LEN_OF(b);
     // kv_batch_stride: between sequences (contiguous) or pages (paged)
     const CacheRows cr = {PAGE_SIZE ? (size_t)kv_batch_stride : (size_t)b * (size_t)kv_batch_stride,
                           kv_row_stride, (size_t)kvh * (size_t)kv_head_stride};

@@ -83,7 +83,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -95,6 +95,7 @@ BLOCK_C = 64                        # B_c: keys per K/V tile
 STAGES = {64: 4, 128: 3}            # K/V tiles in flight (cp.async buffers) per d
 MAX_Q_LEN = 16
 MAX_SPLITS = 128
+KV_LENS_MAX = 256                   # v18: sequences whose kv_lens go by value (decode.cu's KvLens)
 COMPILED_PAGE_SIZES = (0, 1, 16, 64)   # what CI compiles (any page size compiles on demand)
 SM_SHARED = 228 * 1024              # shared memory per SM on sm_90; 1 KiB of it reserved per block
 GRID_Z_LIMIT = 65535                # batch x kv_heads travel in gridDim.z
@@ -184,7 +185,7 @@ def default_split_rule(page_size) -> str:
 
 def default_version(page_size) -> str:
     """The version configure's defaults are, as the benchmark's rows name it."""
-    return "v12" if page_size else "v17"
+    return "v12" if page_size else "v18"
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
@@ -192,7 +193,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             page_prefetch: int = 1, wgmma: int = 0, pdl: int = 0, fused: int = 0,
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
             evict_first: int = 0, phased: int = 0, timeline: int = 0,
-            tmap_prefetch: int = 0, half_rows: int = 0, producer: int = 0) -> dict[str, int]:
+            tmap_prefetch: int = 0, half_rows: int = 0, producer: int = 0,
+            kv_lens_arg: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -208,6 +210,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out["HALF_ROWS"] = 1
     if producer:                      # v17, likewise
         out["PRODUCER"] = 1
+    if kv_lens_arg:                   # v18, likewise
+        out["KV_LENS_ARG"] = 1
     if timeline:                      # the probe (DecodeLaunch.probe), likewise
         out["TIMELINE"] = 1
     return out
@@ -272,6 +276,22 @@ def default_half_rows(wgmma: int, warps: int, rows: int, page_size) -> int:
     return int(bool(wgmma) and warps == 4 and rows <= 32 and not page_size)
 
 
+def kv_lens_value(lens) -> np.ndarray:
+    """v18's KvLens parameter: ``lens`` in the first of KV_LENS_MAX int32 slots, as a
+    one-element NumPy array of a structured dtype, which CuPy passes by value (as the tensor
+    maps, common.tensor_map)."""
+    words = np.zeros(KV_LENS_MAX, np.int32)
+    words[:len(lens)] = lens
+    return words.view(np.dtype([("n", np.int32, (KV_LENS_MAX,))]))
+
+
+def default_kv_lens_arg(batch: int, page_size) -> int:
+    """v18 wherever the batch fits the parameter (KV_LENS_MAX sequences), over a contiguous
+    cache (pages keep v12's launch: not measured there). Measured at the table's short MQA and
+    MHA steps and held-out points (decode_kv_lens_h200.json, docs/decode.md's lines)."""
+    return int(batch <= KV_LENS_MAX and not page_size)
+
+
 def default_producer(wgmma: int, warps: int, tma: int, fused: int) -> int:
     """v17 where two warpgroups of wgmma read a contiguous cache by TMA and do not merge the
     splits themselves (v7): without a barrier of the whole block a tile, one warpgroup's softmax
@@ -321,9 +341,10 @@ def default_variant(rows: int) -> str:
 # rule's splits (one 32 KB tile in flight a block: both resident slots wanted; --phased's run).
 # v16: v9 with v16's rows at 32 (one warpgroup); v17, the defaults over a contiguous cache: v16
 # with a producer warp(group) where two warpgroups of wgmma read by TMA without v7's merge
-# (``default_producer``; the ping-pong off there; --producer's runs).
+# (``default_producer``; the ping-pong off there; --producer's runs); v18: v17 with the kv_lens
+# by value (``default_kv_lens_arg``; --kv-lens' run); v17 takes kv_lens_arg=0.
 # v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
-VARIANTS = {name: {"producer": 0, **kw} for name, kw in {     # v1-v16: no producer warp
+VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, **kw} for name, kw in {   # v1-v16: neither
             "v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -353,7 +374,9 @@ VARIANTS = {name: {"producer": 0, **kw} for name, kw in {     # v1-v16: no produ
             "v16": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
                         half_rows=None),
             "v17": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
-                        half_rows=None, producer=None)}.items()}
+                        half_rows=None, producer=None),
+            "v18": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
+                        half_rows=None, producer=None, kv_lens_arg=None)}.items()}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -392,6 +415,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     tmap_prefetch: int = 0           # TMAP_PREFETCH: v15, the tensor maps prefetched at entry
     half_rows: int = 0               # HALF_ROWS: v16, <= 32 rows in the first 8 of each warp's 16
     producer: int = 0                # PRODUCER: v17, a producer warp issues the tiles (no block barrier a tile)
+    kv_lens_arg: int = 0             # KV_LENS_ARG: v18, the kv_lens by value (a kernel parameter)
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -414,7 +438,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
                        self.evict_first, self.phased, self.timeline, self.tmap_prefetch,
-                       self.half_rows, self.producer)
+                       self.half_rows, self.producer, self.kv_lens_arg)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -501,7 +525,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     wgmma=self.wgmma, pdl=self.pdl, fused=self.fused, pingpong=self.pingpong,
                     tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
                     evict_first=self.evict_first, phased=self.phased,
-                    tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows, producer=self.producer)
+                    tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows, producer=self.producer,
+                    kv_lens_arg=self.kv_lens_arg)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -667,6 +692,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
         per_launch = self.kernel_args(cupy, q, k, v, O, L, O_part, L_part, bt, kv_lens, self._counters())
         if self.tma:                          # v9: the caches' tensor maps, by value
             per_launch[0] += self.tensor_maps(k, v)
+        if self.kv_lens_arg:                  # v18: the kv_lens, by value
+            per_launch[0] += (kv_lens_value(self.kv_lens),)
         if self.timeline:
             per_launch[0] += (self._timeline(),)
         for kl, args in zip(kernels, per_launch):
@@ -842,7 +869,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
-              half_rows=None, producer=None) -> DecodeLaunch:
+              half_rows=None, producer=None, kv_lens_arg=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -872,7 +899,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     warp that issues every K/V tile as its stage frees, the others computing without a barrier of
     the whole block a tile (v17: PRODUCER; tma 1, not with pingpong, overlap or fused; pingpong
     None and fused None are then 0), 0 not, None: ``default_producer`` (where pingpong and
-    overlap are not asked for)."""
+    overlap are not asked for); ``kv_lens_arg``: 1 passes the kv_lens by value, a kernel
+    parameter (v18: KV_LENS_ARG; at most KV_LENS_MAX sequences), 0 through global memory,
+    None: ``default_kv_lens_arg``."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -960,6 +989,11 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         raise KernelInputError(f"half_rows = {half_rows!r}: 0, or 1 for at most 32 rows a KV head on "
                                f"one warpgroup of wgmma (this launch: {rows} rows, wgmma {wgmma}, "
                                f"{warps} warps)")
+    if kv_lens_arg is None:
+        kv_lens_arg = default_kv_lens_arg(batch, page_size)
+    if isinstance(kv_lens_arg, bool) or kv_lens_arg not in (0, 1) or (kv_lens_arg and batch > KV_LENS_MAX):
+        raise KernelInputError(f"kv_lens_arg = {kv_lens_arg!r}: 0, or 1 for at most {KV_LENS_MAX} "
+                               f"sequences (this batch: {batch})")
     if isinstance(tmap_prefetch, bool) or tmap_prefetch not in (0, 1) or (tmap_prefetch and not tma):
         raise KernelInputError(f"tmap_prefetch = {tmap_prefetch!r}: 0, or 1 with tma 1 (the tensor "
                                "maps' loop)")
@@ -1008,7 +1042,15 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         page_prefetch=int(bool(page_prefetch and page_size)), split_rule=split_rule,
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
                         l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
-                        tmap_prefetch=tmap_prefetch, half_rows=half_rows, producer=producer)
+                        tmap_prefetch=tmap_prefetch, half_rows=half_rows, producer=producer,
+                        kv_lens_arg=kv_lens_arg)
+
+
+# Shapes (B, kv_heads, kv_len, q_len; 32 query heads) whose default launches CI compiles for v18:
+# 1 to 128 rows a KV head (mma.sync at 1, 2, 4 row warps; one warpgroup; two), with and without
+# splits, v6's combine and v7's merge
+V18_SHAPES = ((64, 32, 4096, 1), (1, 32, 4096, 1), (1, 8, 4096, 4), (8, 4, 32768, 3), (1, 1, 32768, 1),
+              (8, 1, 32768, 1), (96, 1, 16384, 1), (1, 1, 32768, 4), (8, 1, 32768, 4), (96, 1, 16384, 4))
 
 
 def compile_variants():
@@ -1107,6 +1149,12 @@ def compile_variants():
                         out.append((CU_FILE, defines(d, dtype, 0, w, 128, st, warps=w, wgmma=1, pdl=pdl,
                                                      tma=1, half_rows=int(w == 4), producer=1),
                                     smem_bytes(d, w, 128, st, wgmma=1), HOT))
+    for d in HEAD_DIMS:                      # v18, the defaults over a contiguous cache: the kernels
+        for dtype in ("fp16", "bf16"):       # they build across the rows, splits and merges
+            for B, kvh, n, ql in V18_SHAPES:
+                lc = configure(B, 32, kvh, d, kv_lens=[n] * B, q_len=ql, dtype=dtype)
+                out.append((CU_FILE, lc.defines(), lc.dynamic_smem,
+                            ("decode_split",) if lc.fused or lc.splits == 1 else HOT))
     # the probe (TIMELINE) of the defaults' two split kernels, as --timeline runs them
     out.append((CU_FILE, defines(128, "fp16", 0, 1, pdl=1, timeline=1), smem_bytes(128, 1), HOT))
     out.append((CU_FILE, defines(128, "fp16", 0, 4, *WGMMA_TILES, warps=4, wgmma=1, pdl=1, tma=1,
