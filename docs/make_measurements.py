@@ -1192,6 +1192,11 @@ def decode_md_text() -> str:
     block += decode_rounds(ph, "decode_producer_heldout_h200.json", "config", "v17 held out at long "
                            "loops: off the grid, two warpgroups, 34 to 128 tiles a block, chosen after "
                            "the run above and before any timing there") if ph else []
+    kl = _load("decode_kv_lens_h200.json")
+    block += decode_rounds_split(
+        kl, "decode_kv_lens_h200.json", d["configs"], "v18 (the kv_lens by value, a kernel parameter)",
+        ("at the table's short steps where ours fell behind PyTorch's best or near it, and MQA at B 8 "
+         "32k, where it was tried", "held out: off the grid, chosen before v18 was first timed")) if kl and d else []
     tl = _load("decode_timeline_h200.json")
     block += decode_timeline(tl) if tl else []
     ck = _load("decode_clock_ramp_h200.json")
