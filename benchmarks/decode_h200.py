@@ -215,9 +215,10 @@ OVERHEAD_POINTS = [(1, 1, 4096, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 1, 327
                    (8, 1, 32768, 1), (1, 8, 32768, 1), (8, 8, 32768, 1), (8, 1, 131072, 1),
                    (1, 1, 32768, 4), (8, 1, 32768, 4), (64, 8, 4096, 1), (8, 32, 32768, 1)]
 # --timeline: MQA at q_len 1 (B 8 32k: the point below 0.9 of the plain read; 4k and 128k beside
-# it; B 1), and one and four query rows a KV head at B 8 32k
+# it; B 1), and one and four query rows a KV head at B 8 32k; MQA at q_len 4 (two warpgroups,
+# v17's producer: a short step and a long one, both below 0.9 of the plain read)
 TIMELINE_POINTS = [(8, 1, 32768, 1), (8, 1, 4096, 1), (8, 1, 131072, 1), (1, 1, 32768, 1),
-                   (8, 8, 32768, 1), (8, 32, 32768, 1)]
+                   (8, 8, 32768, 1), (8, 32, 32768, 1), (8, 1, 32768, 4), (64, 1, 131072, 4)]
 TIMELINE_RUNS = 9
 # --timeline's chunked plain reads (blocks, threads): one block an SM (128 blocks, as the MQA
 # points' 8 x 16 splits), each thread 8 loads of 16 bytes in flight: 64 KB a block, the bytes
