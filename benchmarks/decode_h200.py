@@ -166,6 +166,10 @@ v17, at PRODUCER_LONG_HELDOUT_POINTS (off the grid, two warpgroups, long loops).
 the kv_lens by value, so a block's first tile need not wait on a load of its kv_len), at
 KV_LENS_POINTS and KV_LENS_HELDOUT_POINTS (off the grid, chosen before v18 was timed).
 
+--stagger (DIR/decode_stagger_h200.json, ~1 min): the same rounds, the defaults and v19
+(``STAGGER``: v17's producer asks for its first tiles one at a time), at STAGGER_POINTS and
+STAGGER_HELDOUT_POINTS (off the grid, two warpgroups, short loops, chosen before v19 was timed).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -288,6 +292,13 @@ KV_LENS_POINTS = [(1, 1, 32768, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 32, 40
                   (1, 1, 4096, 4), (8, 1, 32768, 1), (8, 1, 32768, 4)]
 KV_LENS_HELDOUT_POINTS = [(2, 1, 16384, 1), (4, 8, 8192, 1), (16, 2, 4096, 2), (2, 32, 8192, 1),
                           (32, 4, 2048, 1), (3, 1, 65536, 4)]
+# --stagger: v19 (v17's producer asking for its first tiles one at a time) against the defaults
+# where v17's producer runs (two warpgroups): the MQA points of q_len 4 (the short ones, where
+# --timeline found the first tile landing 4 us later than at q_len 1, and long ones beside
+# them), and held-out points off the grid with short loops, chosen before v19 was first timed
+STAGGER = (("v18", {}), ("v19", dict(stagger=1, producer=1)))
+STAGGER_POINTS = [(8, 1, 32768, 4), (64, 1, 4096, 4), (8, 1, 131072, 4), (64, 1, 32768, 4)]
+STAGGER_HELDOUT_POINTS = [(16, 1, 8192, 4), (32, 1, 4096, 3), (4, 2, 32768, 8), (24, 1, 16384, 4)]
 PRODUCER_POINTS = CONFIG_POINTS_Q4 + [(8, 1, 32768, 1), (8, 1, 131072, 1), (1, 1, 32768, 1)]
 PRODUCER_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (2, 2, 65536, 8), (32, 1, 8192, 3),
                            (4, 1, 65536, 1), (16, 1, 16384, 1), (2, 4, 131072, 4), (24, 2, 8192, 2)]
@@ -1084,7 +1095,13 @@ def tiny_cases():
                             (8, 8, 64, [1, 64, 129], 1, 16, "bf16", 2, dict(kv_lens_arg=1)),
                             (32, 2, 128, [129, 700], 2, 0, "fp16", None, dict(kv_lens_arg=1, head_major=True)),
                             (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(kv_lens_arg=1, probe=True)),
-                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(decode.VARIANTS["v17"]))]
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(decode.VARIANTS["v17"])),
+                            # v19 (the producer's first tiles one at a time): two warpgroups
+                            # ragged, 3 stages with a one-tile split, one warpgroup, probed
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(producer=1, stagger=1)),
+                            (32, 1, 128, [129, 1000], 4, 0, "fp16", 8, dict(producer=1, stagger=1, stages=3)),
+                            (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(producer=1, stagger=1)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(producer=1, stagger=1, probe=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1223,6 +1240,9 @@ MODES = {
     "kv-lens": ("decode_kv_lens_h200.json", "v18 (the kv_lens by value) against v17 in interleaved "
                 "rounds at short steps and held-out points",
                 lambda bench, args: rounds(bench, KV_LENS_POINTS + KV_LENS_HELDOUT_POINTS, KV_LENS_ARGS, "config")),
+    "stagger": ("decode_stagger_h200.json", "v19 (the producer's first tiles one at a time) against the "
+                "defaults in interleaved rounds at MQA q_len-4 points and held-out points",
+                lambda bench, args: rounds(bench, STAGGER_POINTS + STAGGER_HELDOUT_POINTS, STAGGER, "config")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

@@ -394,6 +394,17 @@ def test_kv_lens_by_value_where_v18_takes_it():
         assert decode.configure(3, 32, 8, 128, kv_lens=lens, **kw).kv_lens_arg == want, name
 
 
+def test_stagger_needs_the_producer():
+    """v19 (STAGGER): an option of v17's producer, off by default, refused without it."""
+    d = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, stagger=1)
+    assert (d.producer, d.stagger, d.defines()["STAGGER"]) == (1, 1, 1)
+    assert decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4).stagger == 0
+    _refused(decode.configure, 8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, stagger=1, producer=0,
+             match="stagger")
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], stagger=1, match="stagger")      # mma.sync
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_len=4, stagger=2, match="stagger")
+
+
 def test_producer_where_v17_takes_it():
     """v17 (a producer warp): the TMA loop only, without the ping-pong (off by default with it),
     v11's overlap or v7's merge (its default fused is then 0); a warp beside one warpgroup, a

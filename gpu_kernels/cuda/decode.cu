@@ -126,6 +126,11 @@
 //       depend on it), so that load, a trip to DRAM after the benchmark's L2 flush, stood
 //       before every step's first bytes. The launch is built for its kv_lens (decode.py's
 //       configure takes them), so nothing is lost by passing them along.
+//  (v19) STAGGER 1 (PRODUCER 1): the producer asks for tile n of the prologue (n < STAGES) only
+//       once tile n - 1 has landed. v17's producer fills every stage at once: 2 x 8 MB across
+//       128 blocks, and a block's first tile lands when most of it has (--timeline: 10 us after
+//       the start at MQA q_len 4, B 8, 32k, where v16's one tile a block lands at 6 us); the
+//       loop, bound by arithmetic there, then starts that much later.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -159,6 +164,7 @@
 //   TMAP_PREFETCH  0, or 1 (TMA 1): the tensor maps prefetched at entry (v15, below)
 //   HALF_ROWS  0, or 1 (WGMMA 1, NUM_WARPS 4, at most 32 packed rows): v16's row placement
 //   PRODUCER   0, or 1 (TMA 1, not PINGPONG, OVERLAP or FUSED): v17's producer warp
+//   STAGGER    0, or 1 (PRODUCER 1): v19's prologue, one tile at a time
 //   KV_LENS_ARG  0, or 1: v18, one more parameter of decode_split, ``kv_lens_arg`` (KvLens, by
 //              value: kv_lens[b] for b < batch <= KV_LENS_MAX); ``kv_lens`` is then not read
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
@@ -240,6 +246,9 @@
 #ifndef KV_LENS_ARG
 #define KV_LENS_ARG 0
 #endif
+#ifndef STAGGER
+#define STAGGER 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)                 // the threads that compute (v17: the consumers)
 // v17's producer: one warp beside one consumer warpgroup; beside two, a warpgroup (ptxas sizes
 // registers by warpgroups: 288 threads would get 384's, 168 each), whose first warp issues the
@@ -280,6 +289,7 @@ static_assert(!PINGPONG || (WGMMA && NUM_WARPS == 8), "v9: the ping-pong of two 
 static_assert(!TMA || (WGMMA && PAGE_SIZE == 0), "v9 (TMA): the wgmma loop over a contiguous cache");
 static_assert(!TMAP_PREFETCH || TMA, "v15 (TMAP_PREFETCH): the tensor maps of TMA 1");
 static_assert(!HALF_ROWS || (WGMMA && NUM_WARPS == 4), "v16 (HALF_ROWS): one warpgroup of wgmma");
+static_assert(!STAGGER || PRODUCER, "v19 (STAGGER): v17's producer");
 static_assert(!PRODUCER || (TMA && !PINGPONG && !OVERLAP && !FUSED),
               "v17 (PRODUCER): the TMA loop without the ping-pong, v11's overlap or v7's merge");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
@@ -753,6 +763,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         for (int n = 0; n < t_end - t_begin; ++n) {
             const int jt = t_begin + n, st = n % STAGES;
             if (n >= STAGES) mbar_wait(smem_addr(&kv_empty[st]), (n / STAGES - 1) & 1);   // tile n - S read
+#if STAGGER
+            else if (n > 0) mbar_wait(smem_addr(&kv_full[n - 1]), 0);                      // v19: n - 1 landed
+#endif
             if (ragged(jt)) {             // cp.async zero-fills past kv_len; landed, then announced
                 load_kv_wg<32>(k_tile(st), v_tile(st), K, V, bt_row, cr, jt * B_c, kv_len, pages, lane_p);
                 cp_async_commit();
@@ -763,7 +776,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             } else if (lane_p == 0) {
                 tma_kv(k_tile(st), v_tile(st), &tm_k, &tm_v, jt * B_c, kvh, b, smem_addr(&kv_full[st]));
             }
-            if (n == min(STAGES, t_end - t_begin) - 1) tl.mark_by(TL_ISSUED, lane_p == 0);
+            if (n == (STAGGER ? 0 : min(STAGES, t_end - t_begin) - 1)) tl.mark_by(TL_ISSUED, lane_p == 0);
         }
     } else {                              // the consumers: the rest of the kernel (setmaxnreg acts
 #if NUM_WARPS == 8                        // only where each role is one branch of an if/else)

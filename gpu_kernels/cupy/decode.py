@@ -83,7 +83,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -194,7 +194,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
             evict_first: int = 0, phased: int = 0, timeline: int = 0,
             tmap_prefetch: int = 0, half_rows: int = 0, producer: int = 0,
-            kv_lens_arg: int = 0) -> dict[str, int]:
+            kv_lens_arg: int = 0, stagger: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -212,6 +212,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out["PRODUCER"] = 1
     if kv_lens_arg:                   # v18, likewise
         out["KV_LENS_ARG"] = 1
+    if stagger:                       # v19, likewise
+        out["STAGGER"] = 1
     if timeline:                      # the probe (DecodeLaunch.probe), likewise
         out["TIMELINE"] = 1
     return out
@@ -342,7 +344,8 @@ def default_variant(rows: int) -> str:
 # v16: v9 with v16's rows at 32 (one warpgroup); v17, the defaults over a contiguous cache: v16
 # with a producer warp(group) where two warpgroups of wgmma read by TMA without v7's merge
 # (``default_producer``; the ping-pong off there; --producer's runs); v18: v17 with the kv_lens
-# by value (``default_kv_lens_arg``; --kv-lens' run); v17 takes kv_lens_arg=0.
+# by value (``default_kv_lens_arg``; --kv-lens' run); v17 takes kv_lens_arg=0. (v19, ``stagger``,
+# is an option --stagger times, not a configuration of the table.)
 # v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
 VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, **kw} for name, kw in {   # v1-v16: neither
             "v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -416,6 +419,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     half_rows: int = 0               # HALF_ROWS: v16, <= 32 rows in the first 8 of each warp's 16
     producer: int = 0                # PRODUCER: v17, a producer warp issues the tiles (no block barrier a tile)
     kv_lens_arg: int = 0             # KV_LENS_ARG: v18, the kv_lens by value (a kernel parameter)
+    stagger: int = 0                 # STAGGER: v19, the producer's prologue one tile at a time
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -438,7 +442,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
                        self.evict_first, self.phased, self.timeline, self.tmap_prefetch,
-                       self.half_rows, self.producer, self.kv_lens_arg)
+                       self.half_rows, self.producer, self.kv_lens_arg, self.stagger)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -526,7 +530,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
                     evict_first=self.evict_first, phased=self.phased,
                     tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows, producer=self.producer,
-                    kv_lens_arg=self.kv_lens_arg)
+                    kv_lens_arg=self.kv_lens_arg, stagger=self.stagger)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -869,7 +873,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
-              half_rows=None, producer=None, kv_lens_arg=None) -> DecodeLaunch:
+              half_rows=None, producer=None, kv_lens_arg=None, stagger=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -901,7 +905,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     None and fused None are then 0), 0 not, None: ``default_producer`` (where pingpong and
     overlap are not asked for); ``kv_lens_arg``: 1 passes the kv_lens by value, a kernel
     parameter (v18: KV_LENS_ARG; at most KV_LENS_MAX sequences), 0 through global memory,
-    None: ``default_kv_lens_arg``."""
+    None: ``default_kv_lens_arg``; ``stagger``: 1 has the producer ask for its first tiles one
+    at a time, each once the one before has landed (v19: STAGGER; producer 1), 0 all at once."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -1024,6 +1029,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if producer and (not tma or pingpong or overlap):
         raise KernelInputError(f"producer = 1: the TMA unit's loop (tma 1, this launch {tma}) without "
                                f"the ping-pong (pingpong {pingpong}) or the overlap (overlap {overlap})")
+    if isinstance(stagger, bool) or stagger not in (0, 1) or (stagger and not producer):
+        raise KernelInputError(f"stagger = {stagger!r}: 0, or 1 with v17's producer (producer {producer})")
     if fused and producer:
         raise KernelInputError("producer = 1 with fused = 1: v17's consumers do not merge the splits; "
                                "fused 0")
@@ -1043,7 +1050,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
                         l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
                         tmap_prefetch=tmap_prefetch, half_rows=half_rows, producer=producer,
-                        kv_lens_arg=kv_lens_arg)
+                        kv_lens_arg=kv_lens_arg, stagger=stagger)
 
 
 # Shapes (B, kv_heads, kv_len, q_len; 32 query heads) whose default launches CI compiles for v18:
@@ -1149,6 +1156,9 @@ def compile_variants():
                         out.append((CU_FILE, defines(d, dtype, 0, w, 128, st, warps=w, wgmma=1, pdl=pdl,
                                                      tma=1, half_rows=int(w == 4), producer=1),
                                     smem_bytes(d, w, 128, st, wgmma=1), HOT))
+    for w in (4, 8):                         # v19 (an option of v17's producer), as --stagger runs it
+        lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=1 if w == 4 else 4, producer=1, stagger=1)
+        out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     for d in HEAD_DIMS:                      # v18, the defaults over a contiguous cache: the kernels
         for dtype in ("fp16", "bf16"):       # they build across the rows, splits and merges
             for B, kvh, n, ql in V18_SHAPES:
