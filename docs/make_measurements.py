@@ -1197,6 +1197,12 @@ def decode_md_text() -> str:
         kl, "decode_kv_lens_h200.json", d["configs"], "v18 (the kv_lens by value, a kernel parameter)",
         ("at the table's short steps where ours fell behind PyTorch's best or near it, and MQA at B 8 "
          "32k, where it was tried", "held out: off the grid, chosen before v18 was first timed")) if kl and d else []
+    sg = _load("decode_stagger_h200.json")
+    block += decode_rounds_split(
+        sg, "decode_stagger_h200.json", d["configs"], "v19 (v17's producer asking for its first tiles one "
+        "at a time; an option, not the defaults)", ("at the table's MQA points of q_len 4, where it was tried",
+                                                    "held out: off the grid, two warpgroups, short loops, chosen "
+                                                    "before v19 was first timed")) if sg and d else []
     tl = _load("decode_timeline_h200.json")
     block += decode_timeline(tl) if tl else []
     ck = _load("decode_clock_ramp_h200.json")
