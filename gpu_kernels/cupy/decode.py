@@ -202,20 +202,11 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
            "FUSED": fused, "PINGPONG": pingpong, "TMA": tma, "OVERLAP": overlap}
     if l2_prefetch or evict_first:    # v13's hints; absent otherwise, so earlier builds keep their keys
         out |= {"L2_PREFETCH": l2_prefetch, "EVICT_FIRST": evict_first}
-    if phased:                        # v14, likewise
-        out["PHASED"] = 1
-    if tmap_prefetch:                 # v15, likewise
-        out["TMAP_PREFETCH"] = 1
-    if half_rows:                     # v16, likewise
-        out["HALF_ROWS"] = 1
-    if producer:                      # v17, likewise
-        out["PRODUCER"] = 1
-    if kv_lens_arg:                   # v18, likewise
-        out["KV_LENS_ARG"] = 1
-    if stagger:                       # v19, likewise
-        out["STAGGER"] = 1
-    if timeline:                      # the probe (DecodeLaunch.probe), likewise
-        out["TIMELINE"] = 1
+    for name, on in (("PHASED", phased), ("TMAP_PREFETCH", tmap_prefetch), ("HALF_ROWS", half_rows),
+                     ("PRODUCER", producer), ("KV_LENS_ARG", kv_lens_arg), ("STAGGER", stagger),
+                     ("TIMELINE", timeline)):   # v14-v19 and the probe (DecodeLaunch.probe), likewise
+        if on:
+            out[name] = 1
     return out
 
 
