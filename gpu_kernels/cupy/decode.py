@@ -289,9 +289,10 @@ def default_producer(wgmma: int, warps: int, tma: int, fused: int) -> int:
     """v17 where two warpgroups of wgmma read a contiguous cache by TMA and do not merge the
     splits themselves (v7): without a barrier of the whole block a tile, one warpgroup's softmax
     runs beside the other's GEMMs. Measured 1.08-1.15x v9 at the MQA points of q_len 4 with
-    long loops (B 8 at 128k, B 64 at 32k and 128k) under both flushes, 0.995-1.02x at the short
-    steps (decode_producer_h200.json); on held-out points (decode_producer_heldout_h200.json,
-    docs/decode.md's lines)."""
+    long loops (B 8 at 128k, B 64 at 32k and 128k) under both flushes; at short steps (16
+    tiles a block or fewer) 0.97-1.00x after the table's flush, 1.02-1.08x after a clean one
+    (decode_producer_h200.json); 1.05-1.18x at 7 of 7 held-out long-loop points
+    (decode_producer_heldout_h200.json; docs/decode.md's lines)."""
     return int(bool(wgmma) and warps == 8 and bool(tma) and not fused)
 
 
