@@ -277,6 +277,9 @@ HALF_ROWS_HELDOUT_POINTS = [(4, 1, 16384, 1), (16, 1, 8192, 1), (2, 2, 65536, 2)
 # v17 was first timed
 # ("defaults": the defaults as they were before v17, v9 or v16 by the rows)
 PRODUCER = (("defaults", dict(producer=0)), ("v17", dict(producer=1)), ("v17, 3 stages", dict(producer=1, stages=3)))
+PRODUCER_POINTS = CONFIG_POINTS_Q4 + [(8, 1, 32768, 1), (8, 1, 131072, 1), (1, 1, 32768, 1)]
+PRODUCER_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (2, 2, 65536, 8), (32, 1, 8192, 3),
+                           (4, 1, 65536, 1), (16, 1, 16384, 1), (2, 4, 131072, 4), (24, 2, 8192, 2)]
 # --producer-heldout: v9 and v17 in the same rounds at points with long loops (32 to 512 tiles
 # of 128 keys a block) off the grid, two warpgroups each, chosen after --producer's run (where
 # v17 gained at the long steps only) and before any timing of them
@@ -299,9 +302,6 @@ KV_LENS_HELDOUT_POINTS = [(2, 1, 16384, 1), (4, 8, 8192, 1), (16, 2, 4096, 2), (
 STAGGER = (("v18", {}), ("v19", dict(stagger=1, producer=1)))
 STAGGER_POINTS = [(8, 1, 32768, 4), (64, 1, 4096, 4), (8, 1, 131072, 4), (64, 1, 32768, 4)]
 STAGGER_HELDOUT_POINTS = [(16, 1, 8192, 4), (32, 1, 4096, 3), (4, 2, 32768, 8), (24, 1, 16384, 4)]
-PRODUCER_POINTS = CONFIG_POINTS_Q4 + [(8, 1, 32768, 1), (8, 1, 131072, 1), (1, 1, 32768, 1)]
-PRODUCER_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (2, 2, 65536, 8), (32, 1, 8192, 3),
-                           (4, 1, 65536, 1), (16, 1, 16384, 1), (2, 4, 131072, 4), (24, 2, 8192, 2)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any

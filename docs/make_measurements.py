@@ -391,7 +391,7 @@ def decode_v5_w4(d: dict) -> list[str]:
     by = {}
     for p in d["points"]:
         if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1 \
-                and p.get("variant") not in ("v6", "v7", "v8", "v9", "v10", "v16", "v17"):
+                and p.get("variant") not in ("v6", "v7", "v8", "v9", "v10", "v16", "v17", "v18"):
             mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
             mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
