@@ -170,6 +170,17 @@ KV_LENS_POINTS and KV_LENS_HELDOUT_POINTS (off the grid, chosen before v18 was t
 (``STAGGER``: v17's producer asks for its first tiles one at a time), at STAGGER_POINTS and
 STAGGER_HELDOUT_POINTS (off the grid, two warpgroups, short loops, chosen before v19 was timed).
 
+--overlap-producer (DIR/decode_overlap_producer_h200.json, ~2 min): the same rounds, v18,
+v17 at 3 stages, v19 and v20 (v17's producer with v11's overlap: S_j's softmax while
+P_{j-1} V_{j-1} is on the tensor cores), plain and staggered, at OVERLAP_PRODUCER_POINTS (the
+table's MQA points of q_len 4) and OVERLAP_PRODUCER_HELDOUT_POINTS (off the grid, two
+warpgroups, chosen before v20 was timed).
+
+--q-first (DIR/decode_q_first_h200.json, ~1 min): the same rounds, v18, v21 (Q_i's loads
+issued before the prologue's K/V tiles; the defaults since), v19 and both, at Q_FIRST_POINTS (the table's
+short MQA steps, B 8 at 32k) and Q_FIRST_HELDOUT_POINTS (off the grid, chosen before v21 was
+timed).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -295,13 +306,34 @@ KV_LENS_POINTS = [(1, 1, 32768, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 32, 40
                   (1, 1, 4096, 4), (8, 1, 32768, 1), (8, 1, 32768, 4)]
 KV_LENS_HELDOUT_POINTS = [(2, 1, 16384, 1), (4, 8, 8192, 1), (16, 2, 4096, 2), (2, 32, 8192, 1),
                           (32, 4, 2048, 1), (3, 1, 65536, 4)]
-# --stagger: v19 (v17's producer asking for its first tiles one at a time) against the defaults
+# --stagger: v19 (v17's producer asking for its first tiles one at a time) against v18 (the defaults then)
 # where v17's producer runs (two warpgroups): the MQA points of q_len 4 (the short ones, where
 # --timeline found the first tile landing 4 us later than at q_len 1, and long ones beside
 # them), and held-out points off the grid with short loops, chosen before v19 was first timed
-STAGGER = (("v18", {}), ("v19", dict(stagger=1, producer=1)))
+STAGGER = (("v18", dict(q_first=0)), ("v19", dict(stagger=1, producer=1, q_first=0)))   # v18: the defaults then
 STAGGER_POINTS = [(8, 1, 32768, 4), (64, 1, 4096, 4), (8, 1, 131072, 4), (64, 1, 32768, 4)]
 STAGGER_HELDOUT_POINTS = [(16, 1, 8192, 4), (32, 1, 4096, 3), (4, 2, 32768, 8), (24, 1, 16384, 4)]
+# --overlap-producer: v20 (v17's producer with v11's overlap: a tile's softmax beside the previous
+# tile's P V) against v18, v17 at v20's 3 stages (what the stages alone do) and v19,
+# at the table's MQA points of q_len 4 (two warpgroups; --timeline found v17's loop there bound
+# by arithmetic) and held-out points off the grid (96 or 128 rows a KV head, short and long
+# loops), chosen before v20 was first timed
+V20 = dict(producer=1, overlap=1, stages=3, q_first=0)
+OVERLAP_PRODUCER = (("v18", dict(q_first=0)), ("v17, 3 stages", dict(producer=1, stages=3, q_first=0)),
+                    ("v19", dict(stagger=1, producer=1, q_first=0)),
+                    ("v20", V20), ("v20, staggered", dict(V20, stagger=1)))
+OVERLAP_PRODUCER_POINTS = [(B, 1, n, 4) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
+OVERLAP_PRODUCER_HELDOUT_POINTS = [(24, 1, 24576, 4), (6, 2, 65536, 8), (40, 1, 8192, 3), (12, 1, 98304, 4),
+                                   (3, 1, 131072, 4), (20, 2, 16384, 8), (2, 1, 65536, 4)]
+# --q-first: v21 (Q_i's loads issued before the prologue's K/V tiles) against v18 (the defaults then), v19
+# and both, where wgmma runs (MQA): the table's short MQA steps of q_len 1 and 4 (whose start is
+# a large part of them) and B 8 at 32k, and held-out points off the grid (32 to 128 rows a KV
+# head), chosen before v21 was first timed
+Q_FIRST = (("v18", dict(q_first=0)), ("v21", dict(q_first=1)), ("v19", dict(stagger=1, producer=1, q_first=0)),
+           ("v21 + v19", dict(q_first=1, stagger=1, producer=1)))
+Q_FIRST_POINTS = [(B, 1, n, ql) for ql in (1, 4) for B, n in ((1, 4096), (8, 4096), (64, 4096), (8, 32768))]
+Q_FIRST_HELDOUT_POINTS = [(16, 1, 8192, 1), (32, 1, 2048, 4), (4, 2, 16384, 4), (48, 1, 4096, 3),
+                          (2, 1, 16384, 1), (12, 2, 8192, 8)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1101,7 +1133,33 @@ def tiny_cases():
                             (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(producer=1, stagger=1)),
                             (32, 1, 128, [129, 1000], 4, 0, "fp16", 8, dict(producer=1, stagger=1, stages=3)),
                             (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(producer=1, stagger=1)),
-                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(producer=1, stagger=1, probe=True))]
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(producer=1, stagger=1, probe=True)),
+                            # v20 (the producer with the overlap, 3 stages): two warpgroups ragged,
+                            # splits of a tile or none, one warpgroup (half rows; 64 rows, bf16,
+                            # d = 64), head-major, staggered, probed
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(V20)),
+                            (32, 1, 128, [129, 1000], 4, 0, "fp16", 8, dict(V20)),
+                            (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(V20)),
+                            (32, 2, 64, [70, 300, 256], 4, 0, "bf16", 3, dict(V20)),
+                            (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(V20, head_major=True)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V20, stagger=1)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V20, probe=True)),
+                            # v21 (Q_i's loads first): one warpgroup (half rows; 64 rows, bf16,
+                            # d = 64), two (with v17's producer; with v19's), cp.async on pages,
+                            # fused, probed
+                            (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(q_first=1)),
+                            (32, 2, 64, [70, 300, 256], 4, 0, "bf16", 3, dict(q_first=1)),
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(q_first=1)),
+                            (32, 1, 128, [129, 1000], 4, 0, "fp16", 8, dict(q_first=1, stagger=1, producer=1)),
+                            (32, 1, 128, [129, 700], 4, 16, "fp16", 3, dict(q_first=1)),
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(q_first=1, fused=1)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(q_first=1, probe=True)),
+                            # since v21 is the defaults, the cases above run it on wgmma where
+                            # they do not say; v18's loop (q_first 0) at one and two warpgroups,
+                            # and v21 on two warpgroups merging the splits (v7, the ping-pong)
+                            (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(q_first=0)),
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(q_first=0)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(fused=1))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1240,9 +1298,17 @@ MODES = {
     "kv-lens": ("decode_kv_lens_h200.json", "v18 (the kv_lens by value) against v17 in interleaved "
                 "rounds at short steps and held-out points",
                 lambda bench, args: rounds(bench, KV_LENS_POINTS + KV_LENS_HELDOUT_POINTS, KV_LENS_ARGS, "config")),
-    "stagger": ("decode_stagger_h200.json", "v19 (the producer's first tiles one at a time) against the "
-                "defaults in interleaved rounds at MQA q_len-4 points and held-out points",
+    "stagger": ("decode_stagger_h200.json", "v19 (the producer's first tiles one at a time) against "
+                "v18 in interleaved rounds at MQA q_len-4 points and held-out points",
                 lambda bench, args: rounds(bench, STAGGER_POINTS + STAGGER_HELDOUT_POINTS, STAGGER, "config")),
+    "overlap-producer": ("decode_overlap_producer_h200.json", "v20 (the producer with the overlap) "
+                         "against v18, v17 at 3 stages and v19 in interleaved rounds at the "
+                         "MQA q_len-4 points and held-out points", lambda bench, args: rounds(
+                             bench, OVERLAP_PRODUCER_POINTS + OVERLAP_PRODUCER_HELDOUT_POINTS,
+                             OVERLAP_PRODUCER, "config")),
+    "q-first": ("decode_q_first_h200.json", "v21 (Q_i's loads before the K/V tiles) against v18 "
+                "and v19 in interleaved rounds at short MQA steps and held-out points", lambda bench, args:
+                rounds(bench, Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

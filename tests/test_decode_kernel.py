@@ -217,7 +217,7 @@ def test_paged_cache_takes_the_wave_rule(B, kvh, n, wave, sm, P):
     assert (launch.splits, launch.split_rule) == (wave, "wave")
     assert decode.configure(B, 32, kvh, 128, kv_lens=[n] * B).splits == sm
     assert decode.configure(B, 32, kvh, 128, **paged, split_rule="sm").splits == sm
-    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v18"
+    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v21"
 
 
 @pytest.mark.parametrize("q_len", [1, 4, 16])
@@ -390,7 +390,7 @@ def test_kv_lens_by_value_where_v18_takes_it():
     _refused(decode.configure, big, 32, 8, 128, kv_lens=[20] * big, kv_lens_arg=1, match="kv_lens_arg")
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], kv_lens_arg=2, match="kv_lens_arg")
     for name, kw in decode.VARIANTS.items():
-        want = 1 if name == "v18" else 0
+        want = 1 if name in ("v18", "v21") else 0
         assert decode.configure(3, 32, 8, 128, kv_lens=lens, **kw).kv_lens_arg == want, name
 
 
@@ -403,6 +403,37 @@ def test_stagger_needs_the_producer():
              match="stagger")
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], stagger=1, match="stagger")      # mma.sync
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_len=4, stagger=2, match="stagger")
+
+
+def test_q_first_where_v21_takes_it():
+    """v21 (QFIRST): the defaults on wgmma over a contiguous cache (one warpgroup and two, with
+    v7's merge too), not on pages (v12) nor on mma.sync, where asking for it is refused; v1-v18
+    keep Q_i's loads after the tiles'."""
+    for kvh, ql, kw in ((1, 4, {}), (1, 1, {}), (1, 4, dict(fused=1, splits=4))):
+        d = decode.configure(8, 32, kvh, 128, kv_lens=[32768] * 8, q_len=ql, **kw)
+        assert (d.wgmma, d.q_first, d.defines()["QFIRST"]) == (1, 1, 1), (kvh, ql, kw)
+    paged = decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, page_size=16, block_table=[[0, 1]],
+                             num_pages=2)
+    assert (paged.wgmma, paged.q_first) == (1, 0) and "QFIRST" not in paged.defines()
+    assert decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, page_size=16, block_table=[[0, 1]],
+                            num_pages=2, q_first=1).q_first == 1
+    assert decode.configure(8, 32, 8, 128, kv_lens=[32768] * 8).q_first == 0           # mma.sync
+    for name, kw in decode.VARIANTS.items():
+        want = 1 if name == "v21" else 0
+        assert decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, **kw).q_first == want, name
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], q_first=1, match="q_first")      # mma.sync
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_first=2, match="q_first")
+
+
+def test_overlap_with_the_producer():
+    """v20: v17's producer with v11's overlap (3 stages); overlap alone keeps v11's loop."""
+    d = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, producer=1, overlap=1, stages=3)
+    df = d.defines()
+    assert (d.producer, d.overlap, d.stages, df["PRODUCER"], df["OVERLAP"], df["STAGES"]) == (1, 1, 3, 1, 1, 3)
+    v11 = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, overlap=1, stages=3)
+    assert (v11.producer, v11.overlap, v11.pingpong) == (0, 1, 1)
+    _refused(decode.configure, 8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, producer=1, overlap=1,
+             match="overlap")                                          # 2 stages: V_j has none to spare
 
 
 def test_producer_where_v17_takes_it():
@@ -427,7 +458,7 @@ def test_producer_where_v17_takes_it():
     assert decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, **decode.VARIANTS["v17"]).producer == 1
     for bad, match in ((dict(page_size=16, block_table=[[0, 1]], num_pages=2), "producer"),
                        (dict(tma=0), "producer"), (dict(pingpong=1, q_len=4), "producer"),
-                       (dict(overlap=1, stages=3), "producer"), (dict(fused=1, splits=4), "fused"),
+                       (dict(overlap=1), "overlap"), (dict(fused=1, splits=4), "fused"),
                        (dict(producer=2), "producer"), (dict(producer=True), "producer")):
         _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], **{"producer": 1, **bad}, match=match)
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], producer=1, match="producer")   # mma.sync
@@ -449,7 +480,7 @@ def test_tma_and_ping_pong_where_v9_takes_them():
         paged = dict(page_size=page, block_table=[[0, 1]], num_pages=2) if page else {}
         assert decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged).half_rows == want
     for name, kw in decode.VARIANTS.items():                  # the versions before v16 keep v9's rows
-        if name not in ("v16", "v17", "v18"):
+        if name not in ("v16", "v17", "v18", "v21"):
             assert decode.configure(1, 32, 1, 128, kv_lens=[20], **kw).half_rows == 0, name
     for old in ("v5", "v5_w4", "v6", "v7", "v8"):         # the earlier versions keep cp.async
         d = decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, **decode.VARIANTS[old])

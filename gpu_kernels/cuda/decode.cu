@@ -131,6 +131,20 @@
 //       128 blocks, and a block's first tile lands when most of it has (--timeline: 10 us after
 //       the start at MQA q_len 4, B 8, 32k, where v16's one tile a block lands at 6 us); the
 //       loop, bound by arithmetic there, then starts that much later.
+//  (v20) PRODUCER 1 and OVERLAP 1 (3 stages): v17's producer with v11's loop, the softmax of
+//       S_j while P_{j-1} V_{j-1} is on the tensor cores (FlashAttention-3's intra-warpgroup
+//       pipelining beside its producer, flash3.cu's v3 and v4 steps together). --timeline
+//       found v17's MQA q_len-4 loop bound by arithmetic, a 128-key tile at about 2.1 us where
+//       its GEMMs alone take about 1.2 us: each warpgroup's exponentials (16 per SM and clock)
+//       ran between its own GEMMs. v11 alone did not pay, its block barrier a tile costing what
+//       the overlap saved; v17 has none. A consumer warp arrives on tile j - 1's empty
+//       mbarrier once P_{j-1} V_{j-1} is done (V_{j-1} holds its stage a tile longer).
+//  (v21) QFIRST 1 (wgmma): each consumer thread issues its loads of Q_i into registers first,
+//       before any K/V tile is asked for, and stores them to shared memory after the prologue.
+//       Nsight Compute's warp samples of v18 at MQA q_len 4, B 8, 32k (decode_loop_sass_ncu_h200
+//       .csv) hold a large share at Q_i's stores, waiting for Q_i's loads: issued after the
+//       prologue's tiles, they reach the memory system behind the whole GPU's first K/V stages
+//       (16 MB at that point), and the loop cannot start before Q_i is in. The defaults since.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -163,8 +177,9 @@
 //   PHASED     0, or 1: v14's order of loads (WGMMA 0, PAGE_SIZE 0, STAGES 1)
 //   TMAP_PREFETCH  0, or 1 (TMA 1): the tensor maps prefetched at entry (v15, below)
 //   HALF_ROWS  0, or 1 (WGMMA 1, NUM_WARPS 4, at most 32 packed rows): v16's row placement
-//   PRODUCER   0, or 1 (TMA 1, not PINGPONG, OVERLAP or FUSED): v17's producer warp
+//   PRODUCER   0, or 1 (TMA 1, not PINGPONG or FUSED): v17's producer warp (with OVERLAP: v20)
 //   STAGGER    0, or 1 (PRODUCER 1): v19's prologue, one tile at a time
+//   QFIRST     0, or 1 (WGMMA 1): v21, Q_i's loads before the prologue's tiles
 //   KV_LENS_ARG  0, or 1: v18, one more parameter of decode_split, ``kv_lens_arg`` (KvLens, by
 //              value: kv_lens[b] for b < batch <= KV_LENS_MAX); ``kv_lens`` is then not read
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
@@ -249,6 +264,9 @@
 #ifndef STAGGER
 #define STAGGER 0
 #endif
+#ifndef QFIRST
+#define QFIRST 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)                 // the threads that compute (v17: the consumers)
 // v17's producer: one warp beside one consumer warpgroup; beside two, a warpgroup (ptxas sizes
 // registers by warpgroups: 288 threads would get 384's, 168 each), whose first warp issues the
@@ -263,6 +281,7 @@
 #define BLOCK_R (16 * ROW_WARPS)
 #define KW (BLOCK_C / KEY_WARPS)                     // keys of a tile per warp
 #define KV_TILE_ELEMS (BLOCK_C * HEAD_DIM)
+#define Q_CHUNKS (BLOCK_R * HEAD_DIM / 8 / NUM_THREADS)   // v21: Q_i's 16-byte chunks per thread
 #if WGMMA   // 1 KiB to align the swizzled panels, Q_i, STAGES x (K_j, V_j)
 #define SMEM_BYTES (1024 + (BLOCK_R * HEAD_DIM + 2 * STAGES * KV_TILE_ELEMS) * 2)
 #else
@@ -290,8 +309,9 @@ static_assert(!TMA || (WGMMA && PAGE_SIZE == 0), "v9 (TMA): the wgmma loop over 
 static_assert(!TMAP_PREFETCH || TMA, "v15 (TMAP_PREFETCH): the tensor maps of TMA 1");
 static_assert(!HALF_ROWS || (WGMMA && NUM_WARPS == 4), "v16 (HALF_ROWS): one warpgroup of wgmma");
 static_assert(!STAGGER || PRODUCER, "v19 (STAGGER): v17's producer");
-static_assert(!PRODUCER || (TMA && !PINGPONG && !OVERLAP && !FUSED),
-              "v17 (PRODUCER): the TMA loop without the ping-pong, v11's overlap or v7's merge");
+static_assert(!QFIRST || (WGMMA && BLOCK_R * HEAD_DIM / 8 % NUM_THREADS == 0), "v21 (QFIRST): the wgmma loop");
+static_assert(!PRODUCER || (TMA && !PINGPONG && !FUSED),
+              "v17 (PRODUCER): the TMA loop without the ping-pong or v7's merge");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
 static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
               "L2_PREFETCH is 0, 64, 128 or 256");
@@ -721,6 +741,24 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     const int t_begin = (int)((long long)split * T_c / num_splits);
     const int t_end = (int)((long long)(split + 1) * T_c / num_splits);
 
+    auto q_chunk = [&](int c) {           // 16-byte chunk c of Q_i (row c / (d / 8)); 0 past R
+        const int pr = row0 + packed_row(c / (D / 8));
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (pr < R) {
+            const int qi = pr / group, hg = pr % group;
+            v = *reinterpret_cast<const uint4*>(
+                Q + ((size_t)(b * q_len + qi) * H + kvh * group + hg) * D + (c % (D / 8)) * 8);
+        }
+        return v;
+    };
+#if QFIRST   // v21: Q_i's loads in flight before any K/V tile is asked for (stored after the prologue)
+    uint4 q_regs[Q_CHUNKS];
+    if (threadIdx.x < NUM_THREADS) {
+#pragma unroll
+        for (int i = 0; i < Q_CHUNKS; ++i) q_regs[i] = q_chunk(threadIdx.x + i * NUM_THREADS);
+    }
+#endif
+
     // ---- prologue: the first AHEAD tiles in flight, then Q_i (generic 16-byte stores). A tile's
     // stage is free once the GEMMs that read it are done: tile j - 1's at tile j (v11: V_{j-1}
     // is read during tile j, so its stage is free at tile j + 1).
@@ -799,16 +837,16 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     tl.mark(TL_ISSUED);
 #endif
     unsigned char* q_gen = smem_raw + (q_tile - smem_addr(smem_raw));   // generic pointer to Q_i
-    for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS) {
-        const int r = c / (D / 8), ch = c % (D / 8), pr = row0 + packed_row(r);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (pr < R) {
-            const int qi = pr / group, hg = pr % group;
-            v = *reinterpret_cast<const uint4*>(
-                Q + ((size_t)(b * q_len + qi) * H + kvh * group + hg) * D + ch * 8);
-        }
-        *reinterpret_cast<uint4*>(q_gen + tile_off(BLOCK_R, r, ch)) = v;
+#if QFIRST
+#pragma unroll
+    for (int i = 0; i < Q_CHUNKS; ++i) {
+        const int c = threadIdx.x + i * NUM_THREADS;
+        *reinterpret_cast<uint4*>(q_gen + tile_off(BLOCK_R, c / (D / 8), c % (D / 8))) = q_regs[i];
     }
+#else
+    for (int c = threadIdx.x; c < BLOCK_R * (D / 8); c += NUM_THREADS)
+        *reinterpret_cast<uint4*>(q_gen + tile_off(BLOCK_R, c / (D / 8), c % (D / 8))) = q_chunk(c);
+#endif
     fence_proxy_async();                  // Q_i's stores visible to wgmma (the loop's barrier orders them)
 #if PRODUCER                              // (v17: no such barrier; the consumers' own)
     named_sync(BAR_CONSUMERS, NUM_THREADS);
@@ -829,6 +867,60 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         limit[h] = min(kv_len - 1, shift + (causal ? pr / group : 0));
     }
 
+    // S_j masked (the ragged end, the causal diagonal), then the online softmax: P_j in s
+    auto mask_softmax = [&](int j) {
+        const int key0 = j * B_c;
+        if (key0 + B_c - 1 > shift) {
+#pragma unroll
+            for (int n = 0; n < B_c / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < (HALF_ROWS ? 2 : 4); ++e)   // v16: rows g + 8 pad
+                    if (key0 + n * 8 + 2 * t + (e & 1) > limit[e >> 1]) s[4 * n + e] = NEG_INF;
+        }
+        softmax_step<HALF_ROWS ? 1 : 2>(s, m_i, l_i, alpha, scale_log2);
+    };
+
+#if PRODUCER && OVERLAP   // v20: flash3.cu's v4 order. Tile t_begin's S alone; then S_j and
+    // P_{j-1} V_{j-1} issued together, S_j's softmax while P V runs. (One loop with a guarded
+    // P V would have ptxas serialize every wgmma: warning C7514.)
+    auto full = [&](int j) {                          // tile j's stage filled
+        const int n = j - t_begin;
+        tl.wait_begin();
+        mbar_wait(smem_addr(&kv_full[n % STAGES]), (n / STAGES) & 1);
+        tl.wait_end();
+    };
+    if (t_begin < t_end) {
+        full(t_begin);
+        tl.mark(TL_FIRST);
+        gemm_qk(s, q_tile, w, k_tile(0));
+        wgmma_wait<0>();
+        fence_regs(s);
+        mask_softmax(t_begin);                        // O_i = 0: nothing to rescale
+        convert_p(s, p);
+    }
+    for (int j = t_begin + 1; j < t_end; ++j) {
+        const int st = (j - t_begin) % STAGES, prev = (j - 1 - t_begin) % STAGES;
+        full(j);
+        gemm_qk(s, q_tile, w, k_tile(st));            // S_j = Q_w K_j^T
+        gemm_pv(o, p, v_tile(prev));                  // O_i += P_{j-1} V_{j-1}
+        wgmma_wait<1>();                              // S_j done, P V running
+        fence_regs(s);
+        mask_softmax(j);
+        wgmma_wait<0>();                              // P_{j-1} V_{j-1} done: O_i, P and the stage free
+        fence_regs(o);
+        fence_regs(p);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&kv_empty[prev]));
+        rescale_o(o, alpha);
+        convert_p(s, p);
+    }
+    if (t_begin < t_end) {                            // the last tile's O_i += P V
+        gemm_pv(o, p, v_tile((t_end - 1 - t_begin) % STAGES));
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+    }
+#else
     for (int j = t_begin; j < t_end; ++j) {
         tl.wait_begin();
 #if PRODUCER     // v17: tile j's stage filled (TMA, or the producer's cp.async); nothing to issue
@@ -882,15 +974,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         wgmma_wait<0>();
 #endif
         fence_regs(s);
-        const int key0 = j * B_c;
-        if (key0 + B_c - 1 > shift) {                 // ragged end, causal diagonal
-#pragma unroll
-            for (int n = 0; n < B_c / 8; ++n)
-#pragma unroll
-                for (int e = 0; e < (HALF_ROWS ? 2 : 4); ++e)   // v16: rows g + 8 pad
-                    if (key0 + n * 8 + 2 * t + (e & 1) > limit[e >> 1]) s[4 * n + e] = NEG_INF;
-        }
-        softmax_step<HALF_ROWS ? 1 : 2>(s, m_i, l_i, alpha, scale_log2);
+        mask_softmax(j);
 #if OVERLAP
         wgmma_wait<0>();                              // P_{j-1} V_{j-1} done: O_i and P free
         fence_regs(o);
@@ -918,6 +1002,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         fence_regs(p);
     }
 #endif
+#endif   // v20's loop or the others
 #if !TMA
     cp_async_wait<0>();
 #endif

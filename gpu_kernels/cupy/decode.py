@@ -83,7 +83,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -185,7 +185,7 @@ def default_split_rule(page_size) -> str:
 
 def default_version(page_size) -> str:
     """The version configure's defaults are, as the benchmark's rows name it."""
-    return "v12" if page_size else "v18"
+    return "v12" if page_size else "v21"
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
@@ -194,7 +194,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
             evict_first: int = 0, phased: int = 0, timeline: int = 0,
             tmap_prefetch: int = 0, half_rows: int = 0, producer: int = 0,
-            kv_lens_arg: int = 0, stagger: int = 0) -> dict[str, int]:
+            kv_lens_arg: int = 0, stagger: int = 0, q_first: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -204,7 +204,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out |= {"L2_PREFETCH": l2_prefetch, "EVICT_FIRST": evict_first}
     for name, on in (("PHASED", phased), ("TMAP_PREFETCH", tmap_prefetch), ("HALF_ROWS", half_rows),
                      ("PRODUCER", producer), ("KV_LENS_ARG", kv_lens_arg), ("STAGGER", stagger),
-                     ("TIMELINE", timeline)):   # v14-v19 and the probe (DecodeLaunch.probe), likewise
+                     ("QFIRST", q_first), ("TIMELINE", timeline)):   # v14-v21, the probe: likewise
         if on:
             out[name] = 1
     return out
@@ -285,6 +285,15 @@ def default_kv_lens_arg(batch: int, page_size) -> int:
     return int(batch <= KV_LENS_MAX and not page_size)
 
 
+def default_q_first(wgmma: int, page_size) -> int:
+    """v21 wherever the loop is wgmma's over a contiguous cache (pages keep v12's launch: not
+    timed there). Nsight Compute's samples of v18 (decode_loop_sass_ncu_h200.csv) had the
+    consumers waiting to store Q_i behind the K/V tiles; --q-first's interleaved rounds time
+    v21 against v18 at the table's short MQA steps and B 8 at 32k, where it was chosen, and at
+    held-out points (decode_q_first_h200*.json; docs/decode.md's lines say by how much)."""
+    return int(bool(wgmma) and not page_size)
+
+
 def default_producer(wgmma: int, warps: int, tma: int, fused: int) -> int:
     """v17 where two warpgroups of wgmma read a contiguous cache by TMA and do not merge the
     splits themselves (v7): without a barrier of the whole block a tile, one warpgroup's softmax
@@ -337,9 +346,11 @@ def default_variant(rows: int) -> str:
 # with a producer warp(group) where two warpgroups of wgmma read by TMA without v7's merge
 # (``default_producer``; the ping-pong off there; --producer's runs); v18: v17 with the kv_lens
 # by value (``default_kv_lens_arg``; --kv-lens' run); v17 takes kv_lens_arg=0. (v19, ``stagger``,
-# is an option --stagger times, not a configuration of the table.)
+# and v20, the producer with the overlap, are options --stagger and --overlap-producer time, not
+# configurations of the table.) v21, the defaults over a contiguous cache: v18 with Q_i's loads
+# issued before the K/V tiles' (``default_q_first``; --q-first's runs); v1-v18 take q_first=0.
 # v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
-VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, **kw} for name, kw in {   # v1-v16: neither
+VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, **kw} for name, kw in {   # v1-v16: neither
             "v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -371,7 +382,9 @@ VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, **kw} for name, kw in {   # 
             "v17": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
                         half_rows=None, producer=None),
             "v18": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
-                        half_rows=None, producer=None, kv_lens_arg=None)}.items()}
+                        half_rows=None, producer=None, kv_lens_arg=None),
+            "v21": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
+                        half_rows=None, producer=None, kv_lens_arg=None, q_first=None)}.items()}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -412,6 +425,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     producer: int = 0                # PRODUCER: v17, a producer warp issues the tiles (no block barrier a tile)
     kv_lens_arg: int = 0             # KV_LENS_ARG: v18, the kv_lens by value (a kernel parameter)
     stagger: int = 0                 # STAGGER: v19, the producer's prologue one tile at a time
+    q_first: int = 0                 # QFIRST: v21, Q_i's loads issued before any K/V tile's
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -434,7 +448,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
                        self.evict_first, self.phased, self.timeline, self.tmap_prefetch,
-                       self.half_rows, self.producer, self.kv_lens_arg, self.stagger)
+                       self.half_rows, self.producer, self.kv_lens_arg, self.stagger, self.q_first)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -522,7 +536,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
                     evict_first=self.evict_first, phased=self.phased,
                     tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows, producer=self.producer,
-                    kv_lens_arg=self.kv_lens_arg, stagger=self.stagger)
+                    kv_lens_arg=self.kv_lens_arg, stagger=self.stagger, q_first=self.q_first)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -865,7 +879,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
-              half_rows=None, producer=None, kv_lens_arg=None, stagger=0) -> DecodeLaunch:
+              half_rows=None, producer=None, kv_lens_arg=None, stagger=0, q_first=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -893,12 +907,15 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     ``half_rows``: 1 places at most 32 rows in the first 8 rows of each warp's 16 (v16:
     HALF_ROWS; wgmma with 4 warps), 0 not, None: ``default_half_rows``; ``producer``: 1 adds a
     warp that issues every K/V tile as its stage frees, the others computing without a barrier of
-    the whole block a tile (v17: PRODUCER; tma 1, not with pingpong, overlap or fused; pingpong
-    None and fused None are then 0), 0 not, None: ``default_producer`` (where pingpong and
-    overlap are not asked for); ``kv_lens_arg``: 1 passes the kv_lens by value, a kernel
+    the whole block a tile (v17: PRODUCER; tma 1, not with pingpong or fused; pingpong
+    None and fused None are then 0; with ``overlap=1``, v20), 0 not, None: ``default_producer``
+    (where pingpong and overlap are not asked for); ``kv_lens_arg``: 1 passes the kv_lens by value, a kernel
     parameter (v18: KV_LENS_ARG; at most KV_LENS_MAX sequences), 0 through global memory,
     None: ``default_kv_lens_arg``; ``stagger``: 1 has the producer ask for its first tiles one
-    at a time, each once the one before has landed (v19: STAGGER; producer 1), 0 all at once."""
+    at a time, each once the one before has landed (v19: STAGGER; producer 1), 0 all at once;
+    ``q_first``: 1 issues the loads of Q_i into registers before any K/V tile is asked for, so
+    that they do not queue behind the tiles (v21: QFIRST; wgmma), 0 after them, None:
+    ``default_q_first``."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -1018,11 +1035,16 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         producer = int(default_producer(wgmma, warps, tma, fused) and not pingpong and not overlap)
     if pingpong is None:
         pingpong = 0 if producer else default_pingpong(wgmma, warps)
-    if producer and (not tma or pingpong or overlap):
+    if producer and (not tma or pingpong):
         raise KernelInputError(f"producer = 1: the TMA unit's loop (tma 1, this launch {tma}) without "
-                               f"the ping-pong (pingpong {pingpong}) or the overlap (overlap {overlap})")
+                               f"the ping-pong (pingpong {pingpong})")
     if isinstance(stagger, bool) or stagger not in (0, 1) or (stagger and not producer):
         raise KernelInputError(f"stagger = {stagger!r}: 0, or 1 with v17's producer (producer {producer})")
+    if q_first is None:
+        q_first = default_q_first(wgmma, page_size)
+    if isinstance(q_first, bool) or q_first not in (0, 1) or (q_first and not wgmma):
+        raise KernelInputError(f"q_first = {q_first!r}: 0, or 1 on wgmma (v5's loop; this launch: "
+                               f"wgmma {wgmma})")
     if fused and producer:
         raise KernelInputError("producer = 1 with fused = 1: v17's consumers do not merge the splits; "
                                "fused 0")
@@ -1042,13 +1064,13 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
                         l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
                         tmap_prefetch=tmap_prefetch, half_rows=half_rows, producer=producer,
-                        kv_lens_arg=kv_lens_arg, stagger=stagger)
+                        kv_lens_arg=kv_lens_arg, stagger=stagger, q_first=q_first)
 
 
-# Shapes (B, kv_heads, kv_len, q_len; 32 query heads) whose default launches CI compiles for v18:
+# Shapes (B, kv_heads, kv_len, q_len; 32 query heads) whose default launches CI compiles (v21):
 # 1 to 128 rows a KV head (mma.sync at 1, 2, 4 row warps; one warpgroup; two), with and without
 # splits, v6's combine and v7's merge
-V18_SHAPES = ((64, 32, 4096, 1), (1, 32, 4096, 1), (1, 8, 4096, 4), (8, 4, 32768, 3), (1, 1, 32768, 1),
+DEFAULT_SHAPES = ((64, 32, 4096, 1), (1, 32, 4096, 1), (1, 8, 4096, 4), (8, 4, 32768, 3), (1, 1, 32768, 1),
               (8, 1, 32768, 1), (96, 1, 16384, 1), (1, 1, 32768, 4), (8, 1, 32768, 4), (96, 1, 16384, 4))
 
 
@@ -1149,11 +1171,23 @@ def compile_variants():
                                                      tma=1, half_rows=int(w == 4), producer=1),
                                     smem_bytes(d, w, 128, st, wgmma=1), HOT))
     for w in (4, 8):                         # v19 (an option of v17's producer), as --stagger runs it
-        lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=1 if w == 4 else 4, producer=1, stagger=1)
+        lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=1 if w == 4 else 4, producer=1, stagger=1,
+                       q_first=0)
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
-    for d in HEAD_DIMS:                      # v18, the defaults over a contiguous cache: the kernels
+    for d in HEAD_DIMS:                      # v20: v17's producer with v11's overlap (3 stages), two
+        for dtype in ("fp16", "bf16"):       # warpgroups, as --overlap-producer runs it (and stagger)
+            for sg in (0, 1):
+                lc = configure(8, 32, 1, d, kv_lens=[32768] * 8, q_len=4, dtype=dtype, producer=1,
+                               overlap=1, stages=3, stagger=sg, q_first=0)
+                out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
+    for ql in (1, 4):                        # v18 (v21 without Q_i's loads first), as --q-first runs it
+        lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, q_first=0)
+        out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
+    lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, stagger=1, producer=1)   # v21 + v19
+    out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
+    for d in HEAD_DIMS:                      # v21, the defaults over a contiguous cache: the kernels
         for dtype in ("fp16", "bf16"):       # they build across the rows, splits and merges
-            for B, kvh, n, ql in V18_SHAPES:
+            for B, kvh, n, ql in DEFAULT_SHAPES:
                 lc = configure(B, 32, kvh, d, kv_lens=[n] * B, q_len=ql, dtype=dtype)
                 out.append((CU_FILE, lc.defines(), lc.dynamic_smem,
                             ("decode_split",) if lc.fused or lc.splits == 1 else HOT))
