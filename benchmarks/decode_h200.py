@@ -181,6 +181,10 @@ issued before the prologue's K/V tiles; the defaults since), v19 and both, at Q_
 short MQA steps, B 8 at 32k) and Q_FIRST_HELDOUT_POINTS (off the grid, chosen before v21 was
 timed).
 
+--stages (DIR/decode_stages_h200.json, ~1 min): the same rounds, v21 (the defaults) at 2 and 3
+stages, alone and with v19, at STAGES_POINTS (the table's MQA points of q_len 4, and q_len 1 at
+B 8, 32k) and STAGES_HELDOUT_POINTS (off the grid, chosen before any timing there).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -334,6 +338,16 @@ Q_FIRST = (("v18", dict(q_first=0)), ("v21", dict(q_first=1)), ("v19", dict(stag
 Q_FIRST_POINTS = [(B, 1, n, ql) for ql in (1, 4) for B, n in ((1, 4096), (8, 4096), (64, 4096), (8, 32768))]
 Q_FIRST_HELDOUT_POINTS = [(16, 1, 8192, 1), (32, 1, 2048, 4), (4, 2, 16384, 4), (48, 1, 4096, 3),
                           (2, 1, 16384, 1), (12, 2, 8192, 8)]
+# --stages: v21 at 3 stages of 128-key tiles (two tiles in flight while one is computed on)
+# against its 2, alone and with v19's prologue: v21's warp samples at MQA q_len 4, B 8, 32k
+# (decode_loop_sass_ncu_h200_v21.csv) have the consumers waiting on a tile's mbarrier where
+# v18's waited on Q_i's stores. The table's MQA points of q_len 4 and MQA q_len 1 at B 8, 32k,
+# and held-out points off the grid (one and two warpgroups), chosen before any timing here
+STAGES_V21 = (("v21", {}), ("v21, 3 stages", dict(stages=3)), ("v21 + v19", dict(stagger=1, producer=1)),
+              ("v21 + v19, 3 stages", dict(stagger=1, producer=1, stages=3)))
+STAGES_POINTS = [(B, 1, n, 4) for B in (1, 8, 64) for n in (4096, 32768, 131072)] + [(8, 1, 32768, 1)]
+STAGES_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (32, 1, 8192, 4), (12, 2, 32768, 8),
+                         (6, 1, 49152, 1), (24, 1, 65536, 1)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1306,6 +1320,9 @@ MODES = {
                          "MQA q_len-4 points and held-out points", lambda bench, args: rounds(
                              bench, OVERLAP_PRODUCER_POINTS + OVERLAP_PRODUCER_HELDOUT_POINTS,
                              OVERLAP_PRODUCER, "config")),
+    "stages": ("decode_stages_h200.json", "v21 at 3 stages against its 2, alone and with v19, in "
+               "interleaved rounds at MQA points and held-out points", lambda bench, args: rounds(
+                   bench, STAGES_POINTS + STAGES_HELDOUT_POINTS, STAGES_V21, "config")),
     "q-first": ("decode_q_first_h200.json", "v21 (Q_i's loads before the K/V tiles) against v18 "
                 "and v19 in interleaved rounds at short MQA steps and held-out points", lambda bench, args:
                 rounds(bench, Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config")),

@@ -1185,6 +1185,9 @@ def compile_variants():
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, stagger=1, producer=1)   # v21 + v19
     out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
+    for ql, kw in ((4, {}), (4, dict(stagger=1, producer=1)), (1, {})):   # v21 at 3 stages, as --stages
+        lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, stages=3, **kw)   # runs it
+        out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     for d in HEAD_DIMS:                      # v21, the defaults over a contiguous cache: the kernels
         for dtype in ("fp16", "bf16"):       # they build across the rows, splits and merges
             for B, kvh, n, ql in DEFAULT_SHAPES:
