@@ -185,6 +185,11 @@ timed).
 stages, alone and with v19, at STAGES_POINTS (the table's MQA points of q_len 4, and q_len 1 at
 B 8, 32k) and STAGES_HELDOUT_POINTS (off the grid, chosen before any timing there).
 
+--pingpong-producer (DIR/decode_pingpong_producer_h200.json, ~1 min): the same rounds, v21 (the
+defaults) and v22 (its two consumer warpgroups in strict ping-pong turns), plain and with v19's
+prologue, at PINGPONG_PRODUCER_POINTS (the table's MQA points of q_len 4) and
+PINGPONG_PRODUCER_HELDOUT_POINTS (off the grid, two warpgroups, chosen before v22 was timed).
+
 --splits-sweep: at every point of the grid with B in {1, 8} where the blocks without splits
 fill less than half the GPU's slots, ours (the default kernels, the contiguous cache) at split
 counts around each rule's choice (``sweep_splits``), each checked, then timed: the data that
@@ -348,6 +353,15 @@ STAGES_V21 = (("v21", {}), ("v21, 3 stages", dict(stages=3)), ("v21 + v19", dict
 STAGES_POINTS = [(B, 1, n, 4) for B in (1, 8, 64) for n in (4096, 32768, 131072)] + [(8, 1, 32768, 1)]
 STAGES_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (32, 1, 8192, 4), (12, 2, 32768, 8),
                          (6, 1, 49152, 1), (24, 1, 65536, 1)]
+# --pingpong-producer: v22 (v21 with FlashAttention-3's strict ping-pong turns of the two
+# consumer warpgroups beside the producer) against v21, alone and with v19's prologue, at the
+# table's MQA points of q_len 4 (two warpgroups) and held-out points off the grid with two
+# warpgroups, chosen before v22 was first timed
+V22 = dict(producer=1, pingpong=1)
+PINGPONG_PRODUCER = (("v21", {}), ("v22", V22), ("v22 + v19", dict(V22, stagger=1)))
+PINGPONG_PRODUCER_POINTS = [(B, 1, n, 4) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
+PINGPONG_PRODUCER_HELDOUT_POINTS = [(16, 1, 24576, 4), (5, 1, 98304, 4), (40, 1, 4096, 4), (10, 2, 16384, 8),
+                                    (3, 2, 65536, 8), (28, 1, 12288, 3)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1173,7 +1187,17 @@ def tiny_cases():
                             # and v21 on two warpgroups merging the splits (v7, the ping-pong)
                             (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(q_first=0)),
                             (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(q_first=0)),
-                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(fused=1))]
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(fused=1)),
+                            # v22 (strict ping-pong turns beside the producer): two warpgroups
+                            # ragged (one-tile splits, empty ones), 3 stages, bf16 d = 64,
+                            # head-major, staggered, probed
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(V22)),
+                            (32, 1, 128, [129, 1000], 4, 0, "fp16", 8, dict(V22, stages=3)),
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 40, dict(V22)),
+                            (32, 2, 64, [70, 300, 256], 8, 0, "bf16", 3, dict(V22)),
+                            (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(V22, head_major=True)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V22, stagger=1)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V22, probe=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1323,6 +1347,11 @@ MODES = {
     "stages": ("decode_stages_h200.json", "v21 at 3 stages against its 2, alone and with v19, in "
                "interleaved rounds at MQA points and held-out points", lambda bench, args: rounds(
                    bench, STAGES_POINTS + STAGES_HELDOUT_POINTS, STAGES_V21, "config")),
+    "pingpong-producer": ("decode_pingpong_producer_h200.json", "v22 (strict ping-pong turns beside the "
+                          "producer) against v21 in interleaved rounds at the MQA q_len-4 points and "
+                          "held-out points", lambda bench, args: rounds(
+                              bench, PINGPONG_PRODUCER_POINTS + PINGPONG_PRODUCER_HELDOUT_POINTS,
+                              PINGPONG_PRODUCER, "config")),
     "q-first": ("decode_q_first_h200.json", "v21 (Q_i's loads before the K/V tiles) against v18 "
                 "and v19 in interleaved rounds at short MQA steps and held-out points", lambda bench, args:
                 rounds(bench, Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config")),

@@ -425,6 +425,18 @@ def test_q_first_where_v21_takes_it():
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_first=2, match="q_first")
 
 
+def test_pingpong_with_the_producer():
+    """v22: v17's producer with strict ping-pong turns (PINGPONG beside PRODUCER), asked for;
+    the defaults keep the ping-pong off beside the producer, pingpong alone keeps v9."""
+    d = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, producer=1, pingpong=1)
+    assert (d.producer, d.pingpong, d.defines()["PRODUCER"], d.defines()["PINGPONG"]) == (1, 1, 1, 1)
+    assert decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4).pingpong == 0
+    v9 = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, pingpong=1)
+    assert (v9.producer, v9.pingpong) == (0, 1)
+    _refused(decode.configure, 8, 32, 1, 128, kv_lens=[32768] * 8, q_len=1, producer=1, pingpong=1,
+             match="pingpong")                                         # one warpgroup
+
+
 def test_overlap_with_the_producer():
     """v20: v17's producer with v11's overlap (3 stages); overlap alone keeps v11's loop."""
     d = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, producer=1, overlap=1, stages=3)
@@ -457,7 +469,7 @@ def test_producer_where_v17_takes_it():
     assert decode.configure(1, 32, 1, 128, kv_lens=[32768]).fused == 1               # (v7's rule)
     assert decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, **decode.VARIANTS["v17"]).producer == 1
     for bad, match in ((dict(page_size=16, block_table=[[0, 1]], num_pages=2), "producer"),
-                       (dict(tma=0), "producer"), (dict(pingpong=1, q_len=4), "producer"),
+                       (dict(tma=0), "producer"), (dict(pingpong=1, overlap=1, stages=3, q_len=4), "producer"),
                        (dict(overlap=1), "overlap"), (dict(fused=1, splits=4), "fused"),
                        (dict(producer=2), "producer"), (dict(producer=True), "producer")):
         _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], **{"producer": 1, **bad}, match=match)

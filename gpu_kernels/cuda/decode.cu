@@ -145,6 +145,12 @@
 //       .csv) hold a large share at Q_i's stores, waiting for Q_i's loads: issued after the
 //       prologue's tiles, they reach the memory system behind the whole GPU's first K/V stages
 //       (16 MB at that point), and the loop cannot start before Q_i is in. The defaults since.
+//  (v22) PRODUCER 1 and PINGPONG 1 (two warpgroups, not OVERLAP): FlashAttention-3's ping-pong
+//       beside v17's producer. v9's one-way turn (warpgroup 1 after 0, once a tile) leans on
+//       v9's block barrier a tile; without it (v17) warpgroup 0 could run a tile ahead and
+//       arrive twice at one phase of the named barrier. Here each warpgroup waits for its own
+//       turn before issuing S and hands the turn to the other after: strict alternation, one
+//       S issue at a time, at most a tile apart, where v17 lets the two drift.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -177,7 +183,8 @@
 //   PHASED     0, or 1: v14's order of loads (WGMMA 0, PAGE_SIZE 0, STAGES 1)
 //   TMAP_PREFETCH  0, or 1 (TMA 1): the tensor maps prefetched at entry (v15, below)
 //   HALF_ROWS  0, or 1 (WGMMA 1, NUM_WARPS 4, at most 32 packed rows): v16's row placement
-//   PRODUCER   0, or 1 (TMA 1, not PINGPONG or FUSED): v17's producer warp (with OVERLAP: v20)
+//   PRODUCER   0, or 1 (TMA 1, not FUSED): v17's producer warp (with OVERLAP: v20; with
+//              PINGPONG, not OVERLAP: v22)
 //   STAGGER    0, or 1 (PRODUCER 1): v19's prologue, one tile at a time
 //   QFIRST     0, or 1 (WGMMA 1): v21, Q_i's loads before the prologue's tiles
 //   KV_LENS_ARG  0, or 1: v18, one more parameter of decode_split, ``kv_lens_arg`` (KvLens, by
@@ -310,8 +317,8 @@ static_assert(!TMAP_PREFETCH || TMA, "v15 (TMAP_PREFETCH): the tensor maps of TM
 static_assert(!HALF_ROWS || (WGMMA && NUM_WARPS == 4), "v16 (HALF_ROWS): one warpgroup of wgmma");
 static_assert(!STAGGER || PRODUCER, "v19 (STAGGER): v17's producer");
 static_assert(!QFIRST || (WGMMA && BLOCK_R * HEAD_DIM / 8 % NUM_THREADS == 0), "v21 (QFIRST): the wgmma loop");
-static_assert(!PRODUCER || (TMA && !PINGPONG && !FUSED),
-              "v17 (PRODUCER): the TMA loop without the ping-pong or v7's merge");
+static_assert(!PRODUCER || (TMA && !FUSED && !(PINGPONG && OVERLAP)),
+              "v17 (PRODUCER): the TMA loop without v7's merge (v22's turns not with v20's overlap)");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
 static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
               "L2_PREFETCH is 0, 64, 128 or 256");
@@ -322,6 +329,7 @@ static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-bloc
 #include "wgmma.cuh"     // flash3.cu's warpgroup GEMMs, swizzled panels and softmax step
 #define BAR_PINGPONG 1       // v9: warpgroup 0 has issued this tile's S (named barrier; 0 is __syncthreads)
 #define BAR_CONSUMERS 2      // v17: the consumer warps' Q_i stored (the producer warp not among them)
+#define BAR_TURN 3           // v22: BAR_TURN + w, warpgroup w's turn to issue S (3 and 4)
 #endif
 #if KV_LENS_ARG   // v18: the kv_lens by value (1 KiB of the 4 KiB of parameters)
 #define KV_LENS_MAX 256
@@ -921,6 +929,9 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         fence_regs(p);
     }
 #else
+#if PINGPONG && PRODUCER   // v22: warpgroup 0 has the first turn (each phase: one arrive, one sync)
+    if (w == 1 && t_begin < t_end) named_arrive(BAR_TURN, 2 * 128);
+#endif
     for (int j = t_begin; j < t_end; ++j) {
         tl.wait_begin();
 #if PRODUCER     // v17: tile j's stage filled (TMA, or the producer's cp.async); nothing to issue
@@ -957,11 +968,15 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #endif
         if (j == t_begin) tl.mark(TL_FIRST);
         const int st = (j - t_begin) % STAGES;
-#if PINGPONG      // v9: warpgroup 1 issues S after warpgroup 0 has, so its GEMMs run during 0's softmax
+#if PINGPONG && PRODUCER   // v22: this warpgroup's turn, then the other's (none after 1's last S)
+        named_sync(BAR_TURN + w, 2 * 128);
+#elif PINGPONG    // v9: warpgroup 1 issues S after warpgroup 0 has, so its GEMMs run during 0's softmax
         if (w == 1) named_sync(BAR_PINGPONG, 2 * 128);
 #endif
         gemm_qk(s, q_tile, w, k_tile(st));            // S = Q_w K_j^T
-#if PINGPONG
+#if PINGPONG && PRODUCER
+        if (w == 0 || j + 1 < t_end) named_arrive(BAR_TURN + 1 - w, 2 * 128);
+#elif PINGPONG
         if (w == 0) named_arrive(BAR_PINGPONG, 2 * 128);
 #endif
 #if OVERLAP       // v11: O_i += P_{j-1} V_{j-1} on the tensor cores during S_j's softmax

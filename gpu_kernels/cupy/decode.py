@@ -83,7 +83,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -346,8 +346,9 @@ def default_variant(rows: int) -> str:
 # with a producer warp(group) where two warpgroups of wgmma read by TMA without v7's merge
 # (``default_producer``; the ping-pong off there; --producer's runs); v18: v17 with the kv_lens
 # by value (``default_kv_lens_arg``; --kv-lens' run); v17 takes kv_lens_arg=0. (v19, ``stagger``,
-# and v20, the producer with the overlap, are options --stagger and --overlap-producer time, not
-# configurations of the table.) v21, the defaults over a contiguous cache: v18 with Q_i's loads
+# v20, the producer with the overlap, and v22, the producer with strict ping-pong turns, are
+# options --stagger, --overlap-producer and --pingpong-producer time, not configurations of the
+# table.) v21, the defaults over a contiguous cache: v18 with Q_i's loads
 # issued before the K/V tiles' (``default_q_first``; --q-first's runs); v1-v18 take q_first=0.
 # v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
 VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, **kw} for name, kw in {   # v1-v16: neither
@@ -907,8 +908,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     ``half_rows``: 1 places at most 32 rows in the first 8 rows of each warp's 16 (v16:
     HALF_ROWS; wgmma with 4 warps), 0 not, None: ``default_half_rows``; ``producer``: 1 adds a
     warp that issues every K/V tile as its stage frees, the others computing without a barrier of
-    the whole block a tile (v17: PRODUCER; tma 1, not with pingpong or fused; pingpong
-    None and fused None are then 0; with ``overlap=1``, v20), 0 not, None: ``default_producer``
+    the whole block a tile (v17: PRODUCER; tma 1, not with fused; pingpong None and fused
+    None are then 0; with ``overlap=1``, v20; with ``pingpong=1``, strict turns of the two
+    warpgroups, v22), 0 not, None: ``default_producer``
     (where pingpong and overlap are not asked for); ``kv_lens_arg``: 1 passes the kv_lens by value, a kernel
     parameter (v18: KV_LENS_ARG; at most KV_LENS_MAX sequences), 0 through global memory,
     None: ``default_kv_lens_arg``; ``stagger``: 1 has the producer ask for its first tiles one
@@ -1035,9 +1037,10 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         producer = int(default_producer(wgmma, warps, tma, fused) and not pingpong and not overlap)
     if pingpong is None:
         pingpong = 0 if producer else default_pingpong(wgmma, warps)
-    if producer and (not tma or pingpong):
-        raise KernelInputError(f"producer = 1: the TMA unit's loop (tma 1, this launch {tma}) without "
-                               f"the ping-pong (pingpong {pingpong})")
+    if producer and (not tma or (pingpong and overlap)):
+        raise KernelInputError(f"producer = 1: the TMA unit's loop (tma 1, this launch {tma}), the "
+                               f"ping-pong (v22) or the overlap (v20) but not both (pingpong "
+                               f"{pingpong}, overlap {overlap})")
     if isinstance(stagger, bool) or stagger not in (0, 1) or (stagger and not producer):
         raise KernelInputError(f"stagger = {stagger!r}: 0, or 1 with v17's producer (producer {producer})")
     if q_first is None:
@@ -1185,6 +1188,12 @@ def compile_variants():
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, stagger=1, producer=1)   # v21 + v19
     out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
+    for d in HEAD_DIMS:                      # v22: v21 with strict ping-pong turns, as --pingpong-producer
+        for dtype in ("fp16", "bf16"):       # runs it (and beside v19's prologue)
+            for sg in (0, 1):
+                lc = configure(8, 32, 1, d, kv_lens=[32768] * 8, q_len=4, dtype=dtype, producer=1,
+                               pingpong=1, stagger=sg)
+                out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     for ql, kw in ((4, {}), (4, dict(stagger=1, producer=1)), (1, {})):   # v21 at 3 stages, as --stages
         lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, stages=3, **kw)   # runs it
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
