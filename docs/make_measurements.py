@@ -9,6 +9,9 @@ typed by hand. A test regenerates the page and fails if the committed copy diffe
 from __future__ import annotations
 
 import bisect
+import csv
+import io
+import json
 import pathlib
 import statistics
 import sys
@@ -391,7 +394,7 @@ def decode_v5_w4(d: dict) -> list[str]:
     by = {}
     for p in d["points"]:
         if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1 \
-                and p.get("variant") not in ("v6", "v7", "v8", "v9", "v10", "v16", "v17", "v18"):
+                and p.get("variant") not in ("v6", "v7", "v8", "v9", "v10", "v16", "v17", "v18", "v21"):
             mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
             mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
@@ -981,6 +984,79 @@ def decode_overheads(d: dict) -> list[str]:
         f"{least['point'][0]}, kv_heads {least['point'][1]}, q_len {least['point'][3]})."]
 
 
+NCU_STALLS = ["gpu__time_duration.sum", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+              "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+              "smsp__issue_active.avg.pct_of_peak_sustained_active"]
+
+
+def decode_stalls_ncu() -> list[str]:
+    """Where the defaults' split kernel spends its cycles at MQA, B 8, 32k (Nsight Compute's
+    sections, ``--profile-point`` under ncu: decode_stalls_ncu_h200.json and .csv), and where
+    its warps wait, instruction by instruction (source counters of one launch, its SASS
+    page: decode_loop_sass_ncu_h200*.csv): the share of the warp-state samples at each kind of
+    instruction (its opcode's first word) and at the instructions that hold the most."""
+    from gpu_kernels import ncu
+
+    out = []
+    js, cs = measured.path("decode_stalls_ncu_h200.json"), measured.path("decode_stalls_ncu_h200.csv")
+    if js.exists() and cs.exists():
+        d = json.loads(js.read_text())
+        rows, parts, i = ncu.parse_csv(cs.read_text(), NCU_STALLS), [], 0
+        for p in d["points"]:
+            mine, i = rows[i:i + len(p["launches"])], i + len(p["launches"])
+            pt = p["point"]
+            for r in mine:
+                parts.append(f"{r['kernel_name']} at {_pt(_key(pt))}: {r['gpu__time_duration.sum'] / 1e3:.1f} us"
+                             + (f", tensor pipe busy {r[NCU_STALLS[1]]:.0f} % of the active cycles, the "
+                                f"XU pipe (exp2) {r[NCU_STALLS[2]]:.0f} %, an instruction issued in "
+                                f"{r[NCU_STALLS[3]]:.0f} % of them" if r["kernel_name"] == "decode_split" else ""))
+        if i != len(rows):
+            raise ValueError(f"decode_stalls_ncu_h200.csv has {len(rows)} launches, the JSON's points {i}")
+        out.append(f"* Where the defaults' step goes (Nsight Compute, `decode_stalls_ncu_h200.json`, "
+                   f"{d['provenance']['date'][:10]}, the defaults then, v18; its own L2 flush and clocks "
+                   "unlocked): " + "; ".join(parts) + ".")
+    for name, who in (("decode_loop_sass_ncu_h200.csv", "v18, the defaults then"),
+                      ("decode_loop_sass_ncu_h200_v21.csv", "v21, the defaults since")):
+        path = measured.path(name)
+        if not path.exists():
+            continue
+        rows = list(csv.reader(io.StringIO(path.read_text())))
+        head = next(r for r in rows if "Source" in r and "Warp Stall Sampling (All Samples)" in r)
+        src, n = head.index("Source"), head.index("Warp Stall Sampling (All Samples)")
+        body = [(float(r[n].replace(",", "")), r[src].split()) for r in rows[rows.index(head) + 1:]
+                if len(r) > max(src, n) and r[n].replace(",", "").replace(".", "").isdigit()]
+        total = sum(x for x, _ in body)
+        kinds = {}
+        for x, words in body:
+            words = words[1:] if words and words[0].startswith("@") else words   # a predicate
+            kinds[words[0].split(".")[0] if words else "?"] = kinds.get(words[0].split(".")[0] if words else "?", 0) + x
+        top = sorted(kinds.items(), key=lambda kv: -kv[1])[:6]
+        heavy = sorted(body, key=lambda b: -b[0])[:4]
+        out.append(f"* Where the split kernel's warps wait ({who}; Nsight Compute's warp-state samples "
+                   f"of one launch at B 8, kv_heads 1, 32k, q_len 4, `{name}`, {int(total)} samples): by "
+                   "instruction kind " + ", ".join(f"{k} {100 * x / total:.1f} %" for k, x in top)
+                   + "; the instructions holding the most: " + ", ".join(
+                       f"`{' '.join(w)}` {100 * x / total:.1f} %" for x, w in heavy) + ".")
+    return out
+
+
+def decode_sanitizer() -> list[str]:
+    """compute-sanitizer's summaries of the decode kernel's ``--sanitize`` launches (every
+    variant and option on tiny ragged shapes, each checked against the float64 reference)."""
+    logs = [f"decode_h200_{t}.log" for t in ("memcheck", "racecheck")]
+    if not all(measured.path(x).exists() for x in logs):
+        return []
+    sync = "decode_h200_synccheck.log"          # the named barriers' and mbarriers' use (since v22)
+    logs += [sync] if measured.path(sync).exists() else []
+    summaries = [_sanitizer_summary(x) for x in logs]
+    ok = [y for y in measured.path(logs[0]).read_text().splitlines()
+          if y.endswith("tiny launches match the reference")]
+    return [f"* compute-sanitizer on `decode_h200 --sanitize` (every version and option on tiny ragged "
+            f"shapes; {ok[-1].strip() if ok else 'no check line'}): "
+            + ", ".join(f"{x.split('_')[-1][:-4]} `{m}`" for x, m in zip(logs, summaries))
+            + " (" + ", ".join(f"`{x}`" for x in logs) + ")."]
+
+
 def decode_overheads_ncu() -> list[str]:
     """Nsight Compute without its own cache control (``--overheads-profile``): the DRAM bytes
     written during the plain read and the step after each flush
@@ -1203,6 +1279,34 @@ def decode_md_text() -> str:
         "at a time; an option, not the defaults)", ("at the table's MQA points of q_len 4, where it was tried",
                                                     "held out: off the grid, two warpgroups, short loops, chosen "
                                                     "before v19 was first timed")) if sg and d else []
+    op = _load("decode_overlap_producer_h200.json")
+    block += decode_rounds_split(
+        op, "decode_overlap_producer_h200.json", d["configs"], "v20 (v17's producer with v11's overlap: "
+        "a tile's softmax while the previous tile's P V is on the tensor cores, 3 stages; an option, not "
+        "the defaults)", ("at the table's MQA points of q_len 4, where it was tried", "held out: off the "
+                          "grid, two warpgroups, chosen before v20 was first timed")) if op and d else []
+    block += decode_stalls_ncu()
+    for name, note in (("decode_q_first_h200.json", "the first run"),
+                       ("decode_q_first_h200_rerun.json", "again, in another run")):
+        qf = _load(name)
+        block += decode_rounds_split(
+            qf, name, d["configs"], f"v21 (Q_i's loads issued before the K/V tiles'; the defaults since; "
+            f"{note})", ("at the table's short MQA steps and B 8 at 32k, where it was chosen",
+                         "held out: off the grid, chosen before v21 was first timed")) if qf and d else []
+    st = _load("decode_stages_h200.json")
+    block += decode_rounds_split(
+        st, "decode_stages_h200.json", d["configs"], "v21 at 3 stages of 128-key tiles, alone and with "
+        "v19's prologue (options, not the defaults)", ("at the table's MQA points of q_len 4 and B 8 "
+                                                       "MQA 32k, where it was tried", "held out: off the "
+                                                       "grid, chosen before any timing there")) if st and d else []
+    pp = _load("decode_pingpong_producer_h200.json")
+    block += decode_rounds_split(
+        pp, "decode_pingpong_producer_h200.json", d["configs"], "v22 (v21 with strict ping-pong turns of "
+        "the two consumer warpgroups; an option, not the defaults)", ("at the table's MQA points of q_len 4, "
+                                                                      "where it was tried", "held out: off "
+                                                                      "the grid, two warpgroups, chosen "
+                                                                      "before v22 was first timed")) if pp and d else []
+    block += decode_sanitizer()
     tl = _load("decode_timeline_h200.json")
     block += decode_timeline(tl) if tl else []
     ck = _load("decode_clock_ramp_h200.json")
