@@ -1279,33 +1279,27 @@ def decode_md_text() -> str:
         "at a time; an option, not the defaults)", ("at the table's MQA points of q_len 4, where it was tried",
                                                     "held out: off the grid, two warpgroups, short loops, chosen "
                                                     "before v19 was first timed")) if sg and d else []
-    op = _load("decode_overlap_producer_h200.json")
-    block += decode_rounds_split(
-        op, "decode_overlap_producer_h200.json", d["configs"], "v20 (v17's producer with v11's overlap: "
-        "a tile's softmax while the previous tile's P V is on the tensor cores, 3 stages; an option, not "
-        "the defaults)", ("at the table's MQA points of q_len 4, where it was tried", "held out: off the "
-                          "grid, two warpgroups, chosen before v20 was first timed")) if op and d else []
-    block += decode_stalls_ncu()
-    for name, note in (("decode_q_first_h200.json", "the first run"),
-                       ("decode_q_first_h200_rerun.json", "again, in another run")):
-        qf = _load(name)
-        block += decode_rounds_split(
-            qf, name, d["configs"], f"v21 (Q_i's loads issued before the K/V tiles'; the defaults since; "
-            f"{note})", ("at the table's short MQA steps and B 8 at 32k, where it was chosen",
-                         "held out: off the grid, chosen before v21 was first timed")) if qf and d else []
-    st = _load("decode_stages_h200.json")
-    block += decode_rounds_split(
-        st, "decode_stages_h200.json", d["configs"], "v21 at 3 stages of 128-key tiles, alone and with "
-        "v19's prologue (options, not the defaults)", ("at the table's MQA points of q_len 4 and B 8 "
-                                                       "MQA 32k, where it was tried", "held out: off the "
-                                                       "grid, chosen before any timing there")) if st and d else []
-    pp = _load("decode_pingpong_producer_h200.json")
-    block += decode_rounds_split(
-        pp, "decode_pingpong_producer_h200.json", d["configs"], "v22 (v21 with strict ping-pong turns of "
-        "the two consumer warpgroups; an option, not the defaults)", ("at the table's MQA points of q_len 4, "
-                                                                      "where it was tried", "held out: off "
-                                                                      "the grid, two warpgroups, chosen "
-                                                                      "before v22 was first timed")) if pp and d else []
+    held = "held out: off the grid, {}chosen before {} was first timed"
+    for name, what, parts in (
+            ("decode_overlap_producer_h200.json", "v20 (v17's producer with v11's overlap: a tile's softmax "
+             "while the previous tile's P V is on the tensor cores, 3 stages; an option, not the defaults)",
+             ("at the table's MQA points of q_len 4, where it was tried", held.format("two warpgroups, ", "v20"))),
+            ("decode_q_first_h200.json", "v21 (Q_i's loads issued before the K/V tiles'; the defaults since; "
+             "the first run)", ("at the table's short MQA steps and B 8 at 32k, where it was chosen",
+                                held.format("", "v21"))),
+            ("decode_q_first_h200_rerun.json", "v21 (Q_i's loads issued before the K/V tiles'; the defaults "
+             "since; again, in another run)", ("at the table's short MQA steps and B 8 at 32k, where it was "
+                                               "chosen", held.format("", "v21"))),
+            ("decode_stages_h200.json", "v21 at 3 stages of 128-key tiles, alone and with v19's prologue "
+             "(options, not the defaults)", ("at the table's MQA points of q_len 4 and B 8 MQA 32k, where it "
+                                             "was tried", "held out: off the grid, chosen before any timing there")),
+            ("decode_pingpong_producer_h200.json", "v22 (v21 with strict ping-pong turns of the two consumer "
+             "warpgroups; an option, not the defaults)", ("at the table's MQA points of q_len 4, where it was "
+                                                          "tried", held.format("two warpgroups, ", "v22")))):
+        r = _load(name)
+        block += decode_rounds_split(r, name, d["configs"], what, parts) if r and d else []
+        if name == "decode_overlap_producer_h200.json":
+            block += decode_stalls_ncu()             # v18's samples, which v21 answers
     block += decode_sanitizer()
     tl = _load("decode_timeline_h200.json")
     block += decode_timeline(tl) if tl else []
