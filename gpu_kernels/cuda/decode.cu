@@ -147,7 +147,7 @@
 //       (16 MB at that point), and the loop cannot start before Q_i is in. The defaults since.
 //  (v22) PRODUCER 1 and PINGPONG 1 (two warpgroups, not OVERLAP): FlashAttention-3's ping-pong
 //       beside v17's producer. v9's one-way turn (warpgroup 1 after 0, once a tile) leans on
-//       v9's block barrier a tile; without it (v17) warpgroup 0 could run a tile ahead and
+//       v9's block barrier a tile; without it, as in v17, warpgroup 0 could run a tile ahead and
 //       arrive twice at one phase of the named barrier. Here each warpgroup waits for its own
 //       turn before issuing S and hands the turn to the other after: strict alternation, one
 //       S issue at a time, at most a tile apart, where v17 lets the two drift.
@@ -922,12 +922,6 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         rescale_o(o, alpha);
         convert_p(s, p);
     }
-    if (t_begin < t_end) {                            // the last tile's O_i += P V
-        gemm_pv(o, p, v_tile((t_end - 1 - t_begin) % STAGES));
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(p);
-    }
 #else
 #if PINGPONG && PRODUCER   // v22: warpgroup 0 has the first turn (each phase: one arrive, one sync)
     if (w == 1 && t_begin < t_end) named_arrive(BAR_TURN, 2 * 128);
@@ -968,14 +962,16 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #endif
         if (j == t_begin) tl.mark(TL_FIRST);
         const int st = (j - t_begin) % STAGES;
-#if PINGPONG && PRODUCER   // v22: this warpgroup's turn, then the other's (none after 1's last S)
-        named_sync(BAR_TURN + w, 2 * 128);
+#if PINGPONG && PRODUCER   // v22: this warpgroup's turn, then the other's (none after 1's last S);
+        if (w == 0) named_sync(BAR_TURN, 2 * 128);          // constant ids: ptxas reserves all 16
+        else named_sync(BAR_TURN + 1, 2 * 128);              // barriers for a computed one
 #elif PINGPONG    // v9: warpgroup 1 issues S after warpgroup 0 has, so its GEMMs run during 0's softmax
         if (w == 1) named_sync(BAR_PINGPONG, 2 * 128);
 #endif
         gemm_qk(s, q_tile, w, k_tile(st));            // S = Q_w K_j^T
 #if PINGPONG && PRODUCER
-        if (w == 0 || j + 1 < t_end) named_arrive(BAR_TURN + 1 - w, 2 * 128);
+        if (w == 0) named_arrive(BAR_TURN + 1, 2 * 128);
+        else if (j + 1 < t_end) named_arrive(BAR_TURN, 2 * 128);
 #elif PINGPONG
         if (w == 0) named_arrive(BAR_PINGPONG, 2 * 128);
 #endif
@@ -1009,7 +1005,8 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         if (lane == 0) mbar_arrive(smem_addr(&kv_empty[st]));
 #endif
     }
-#if OVERLAP
+#endif   // v20's loop or the others
+#if OVERLAP       // v11, v20: the last tile's O_i += P V (each P V trails its S by a tile)
     if (t_begin < t_end) {                            // the last tile's O_i += P V
         gemm_pv(o, p, v_tile((t_end - 1 - t_begin) % STAGES));
         wgmma_wait<0>();
@@ -1017,7 +1014,6 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         fence_regs(p);
     }
 #endif
-#endif   // v20's loop or the others
 #if !TMA
     cp_async_wait<0>();
 #endif
