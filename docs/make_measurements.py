@@ -1293,9 +1293,11 @@ def decode_md_text() -> str:
             ("decode_stages_h200.json", "v21 at 3 stages of 128-key tiles, alone and with v19's prologue "
              "(options, not the defaults)", ("at the table's MQA points of q_len 4 and B 8 MQA 32k, where it "
                                              "was tried", "held out: off the grid, chosen before any timing there")),
-            ("decode_pingpong_producer_h200.json", "v22 (v21 with strict ping-pong turns of the two consumer "
-             "warpgroups; an option, not the defaults)", ("at the table's MQA points of q_len 4, where it was "
-                                                          "tried", held.format("two warpgroups, ", "v22")))):
+            ("decode_pingpong_producer_h200_first.json", "v22 (v21 with strict ping-pong turns of the two "
+             "consumer warpgroups; an option, not the defaults; the first run, its turns' barrier id computed)",
+             ("at the table's MQA points of q_len 4, where it was tried", held.format("two warpgroups, ", "v22"))),
+            ("decode_pingpong_producer_h200.json", "v22 again, its barrier ids constants (the kernel since)",
+             ("at the table's MQA points of q_len 4", "at the same held-out points"))):
         r = _load(name)
         block += decode_rounds_split(r, name, d["configs"], what, parts) if r and d else []
         if name == "decode_overlap_producer_h200.json":
