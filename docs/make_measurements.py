@@ -182,7 +182,7 @@ def decode_done_when(d: dict) -> list[str]:
             worst, r = min(vals, key=lambda v: v[0])
             met = sum(v >= target for v, _ in vals)
             out.append(f"* {what}: at least {target:g} at {met} of {len(vals)} points; worst "
-                       f"{worst:.2f} (B = {r['batch']}, kv_heads = {r['kv_heads']}, kv_len = "
+                       f"{worst:.3f} (B = {r['batch']}, kv_heads = {r['kv_heads']}, kv_len = "
                        f"{r['kv_len']}, q_len = {r['q_len']}).")
     return out
 
