@@ -285,7 +285,7 @@ PHASED = (("defaults", {}), ("phased", dict(phased=1)), ("phased, wave rule", di
 # 32 rows: the table's MQA points of q_len 1 (where --timeline found v9's blocks computing for
 # about 70 % of their loop), and HALF_ROWS_HELDOUT_POINTS, off the grid (32 rows a KV
 # head by MQA, or groups of 16 and 8 at q_len 2 and 4), chosen before any timing of v16
-HALF_ROWS = (("v9", dict(half_rows=0)), ("v16", dict(half_rows=1)))
+HALF_ROWS = (("v9", decode.VARIANTS["v9"]), ("v16", dict(decode.VARIANTS["v16"], half_rows=1)))
 HALF_ROWS_POINTS = [(B, 1, n, 1) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
 HALF_ROWS_HELDOUT_POINTS = [(4, 1, 16384, 1), (16, 1, 8192, 1), (2, 2, 65536, 2), (8, 4, 32768, 4),
                             (32, 1, 2048, 1)]
@@ -296,21 +296,22 @@ HALF_ROWS_HELDOUT_POINTS = [(4, 1, 16384, 1), (16, 1, 8192, 1), (2, 2, 65536, 2)
 # points off the grid (two warpgroups: 96 or 128 rows a KV head; one: 32 rows), chosen before
 # v17 was first timed
 # ("defaults": the defaults as they were before v17, v9 or v16 by the rows)
-PRODUCER = (("defaults", dict(producer=0)), ("v17", dict(producer=1)), ("v17, 3 stages", dict(producer=1, stages=3)))
+V17 = dict(decode.VARIANTS["v17"], producer=1)
+PRODUCER = (("defaults", decode.VARIANTS["v16"]), ("v17", V17), ("v17, 3 stages", dict(V17, stages=3)))
 PRODUCER_POINTS = CONFIG_POINTS_Q4 + [(8, 1, 32768, 1), (8, 1, 131072, 1), (1, 1, 32768, 1)]
 PRODUCER_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (2, 2, 65536, 8), (32, 1, 8192, 3),
                            (4, 1, 65536, 1), (16, 1, 16384, 1), (2, 4, 131072, 4), (24, 2, 8192, 2)]
 # --producer-heldout: v9 and v17 in the same rounds at points with long loops (32 to 512 tiles
 # of 128 keys a block) off the grid, two warpgroups each, chosen after --producer's run (where
 # v17 gained at the long steps only) and before any timing of them
-PRODUCER_HELDOUT = (("v9", dict(producer=0)), ("v17", dict(producer=1)))
+PRODUCER_HELDOUT = (("v9", decode.VARIANTS["v9"]), ("v17", V17))
 PRODUCER_LONG_HELDOUT_POINTS = [(32, 1, 65536, 4), (16, 1, 131072, 3), (4, 2, 131072, 8), (48, 1, 32768, 4),
                                 (8, 4, 65536, 16), (96, 1, 16384, 4), (12, 1, 49152, 4)]
 # --kv-lens: v18 (the kv_lens by value, a kernel parameter) against v17 (read from global memory
 # before the first tile can be issued): short steps where ours fell behind PyTorch's best or
 # near it in decode_h200.json of 2026-12-04, MQA at B 8 32k, and held-out points off the grid
 # (one to 128 rows a KV head, steps of 4 to 64 MB), chosen before v18 was first timed
-KV_LENS_ARGS = (("v17", dict(kv_lens_arg=0)), ("v18", dict(kv_lens_arg=1)))
+KV_LENS_ARGS = (("v17", decode.VARIANTS["v17"]), ("v18", dict(decode.VARIANTS["v18"], kv_lens_arg=1)))
 KV_LENS_POINTS = [(1, 1, 32768, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 32, 4096, 1), (64, 8, 4096, 1),
                   (1, 1, 4096, 4), (8, 1, 32768, 1), (8, 1, 32768, 4)]
 KV_LENS_HELDOUT_POINTS = [(2, 1, 16384, 1), (4, 8, 8192, 1), (16, 2, 4096, 2), (2, 32, 8192, 1),
@@ -319,7 +320,8 @@ KV_LENS_HELDOUT_POINTS = [(2, 1, 16384, 1), (4, 8, 8192, 1), (16, 2, 4096, 2), (
 # where v17's producer runs (two warpgroups): the MQA points of q_len 4 (the short ones, where
 # --timeline found the first tile landing 4 us later than at q_len 1, and long ones beside
 # them), and held-out points off the grid with short loops, chosen before v19 was first timed
-STAGGER = (("v18", dict(q_first=0)), ("v19", dict(stagger=1, producer=1, q_first=0)))   # v18: the defaults then
+V18, V21 = decode.VARIANTS["v18"], decode.VARIANTS["v21"]
+STAGGER = (("v18", V18), ("v19", dict(V18, stagger=1, producer=1)))
 STAGGER_POINTS = [(8, 1, 32768, 4), (64, 1, 4096, 4), (8, 1, 131072, 4), (64, 1, 32768, 4)]
 STAGGER_HELDOUT_POINTS = [(16, 1, 8192, 4), (32, 1, 4096, 3), (4, 2, 32768, 8), (24, 1, 16384, 4)]
 # --overlap-producer: v20 (v17's producer with v11's overlap: a tile's softmax beside the previous
@@ -327,9 +329,9 @@ STAGGER_HELDOUT_POINTS = [(16, 1, 8192, 4), (32, 1, 4096, 3), (4, 2, 32768, 8), 
 # at the table's MQA points of q_len 4 (two warpgroups; --timeline found v17's loop there bound
 # by arithmetic) and held-out points off the grid (96 or 128 rows a KV head, short and long
 # loops), chosen before v20 was first timed
-V20 = dict(producer=1, overlap=1, stages=3, q_first=0)
-OVERLAP_PRODUCER = (("v18", dict(q_first=0)), ("v17, 3 stages", dict(producer=1, stages=3, q_first=0)),
-                    ("v19", dict(stagger=1, producer=1, q_first=0)),
+V20 = dict(V18, producer=1, overlap=1, stages=3)
+OVERLAP_PRODUCER = (("v18", V18), ("v17, 3 stages", dict(V18, producer=1, stages=3)),
+                    ("v19", dict(V18, stagger=1, producer=1)),
                     ("v20", V20), ("v20, staggered", dict(V20, stagger=1)))
 OVERLAP_PRODUCER_POINTS = [(B, 1, n, 4) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
 OVERLAP_PRODUCER_HELDOUT_POINTS = [(24, 1, 24576, 4), (6, 2, 65536, 8), (40, 1, 8192, 3), (12, 1, 98304, 4),
@@ -338,8 +340,8 @@ OVERLAP_PRODUCER_HELDOUT_POINTS = [(24, 1, 24576, 4), (6, 2, 65536, 8), (40, 1, 
 # and both, where wgmma runs (MQA): the table's short MQA steps of q_len 1 and 4 (whose start is
 # a large part of them) and B 8 at 32k, and held-out points off the grid (32 to 128 rows a KV
 # head), chosen before v21 was first timed
-Q_FIRST = (("v18", dict(q_first=0)), ("v21", dict(q_first=1)), ("v19", dict(stagger=1, producer=1, q_first=0)),
-           ("v21 + v19", dict(q_first=1, stagger=1, producer=1)))
+Q_FIRST = (("v18", V18), ("v21", dict(V21, q_first=1)), ("v19", dict(V18, stagger=1, producer=1)),
+           ("v21 + v19", dict(V21, q_first=1, stagger=1, producer=1)))
 Q_FIRST_POINTS = [(B, 1, n, ql) for ql in (1, 4) for B, n in ((1, 4096), (8, 4096), (64, 4096), (8, 32768))]
 Q_FIRST_HELDOUT_POINTS = [(16, 1, 8192, 1), (32, 1, 2048, 4), (4, 2, 16384, 4), (48, 1, 4096, 3),
                           (2, 1, 16384, 1), (12, 2, 8192, 8)]
@@ -348,8 +350,8 @@ Q_FIRST_HELDOUT_POINTS = [(16, 1, 8192, 1), (32, 1, 2048, 4), (4, 2, 16384, 4), 
 # (decode_loop_sass_ncu_h200_v21.csv) have the consumers waiting on a tile's mbarrier where
 # v18's waited on Q_i's stores. The table's MQA points of q_len 4 and MQA q_len 1 at B 8, 32k,
 # and held-out points off the grid (one and two warpgroups), chosen before any timing here
-STAGES_V21 = (("v21", {}), ("v21, 3 stages", dict(stages=3)), ("v21 + v19", dict(stagger=1, producer=1)),
-              ("v21 + v19, 3 stages", dict(stagger=1, producer=1, stages=3)))
+STAGES_V21 = (("v21", V21), ("v21, 3 stages", dict(V21, stages=3)), ("v21 + v19", dict(V21, stagger=1, producer=1)),
+              ("v21 + v19, 3 stages", dict(V21, stagger=1, producer=1, stages=3)))
 STAGES_POINTS = [(B, 1, n, 4) for B in (1, 8, 64) for n in (4096, 32768, 131072)] + [(8, 1, 32768, 1)]
 STAGES_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (32, 1, 8192, 4), (12, 2, 32768, 8),
                          (6, 1, 49152, 1), (24, 1, 65536, 1)]
@@ -357,8 +359,8 @@ STAGES_HELDOUT_POINTS = [(16, 1, 16384, 4), (4, 1, 65536, 4), (32, 1, 8192, 4), 
 # consumer warpgroups beside the producer) against v21, alone and with v19's prologue, at the
 # table's MQA points of q_len 4 (two warpgroups) and held-out points off the grid with two
 # warpgroups, chosen before v22 was first timed
-V22 = dict(producer=1, pingpong=1)
-PINGPONG_PRODUCER = (("v21", {}), ("v22", V22), ("v22 + v19", dict(V22, stagger=1)))
+V22 = dict(V21, producer=1, pingpong=1)
+PINGPONG_PRODUCER = (("v21", V21), ("v22", V22), ("v22 + v19", dict(V22, stagger=1)))
 PINGPONG_PRODUCER_POINTS = [(B, 1, n, 4) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
 PINGPONG_PRODUCER_HELDOUT_POINTS = [(16, 1, 24576, 4), (5, 1, 98304, 4), (40, 1, 4096, 4), (10, 2, 16384, 8),
                                     (3, 2, 65536, 8), (28, 1, 12288, 3)]
@@ -369,6 +371,7 @@ PINGPONG_PRODUCER_HELDOUT_POINTS = [(16, 1, 24576, 4), (5, 1, 98304, 4), (40, 1,
 # decode_h200.json of 2026-12-03, its calibration) to points it was not chosen on
 PHASED_HELDOUT_POINTS = [(16, 8, 16384, 1), (32, 4, 8192, 2), (4, 32, 65536, 1), (16, 16, 8192, 2),
                          (3, 32, 24576, 3), (40, 2, 8192, 1), (12, 8, 12288, 4), (24, 16, 6144, 1)]
+PHASED_HELDOUT = (("defaults", {}), ("phased", dict(phased=1)), ("v14", decode.VARIANTS["v14"]))
 # --l2-hints-profile: where a hint moved ours most in decode_l2_hints_h200.json (2026-12-03)
 L2_HINT_PROFILE_POINTS = [(8, 32, 4096, 1), (1, 8, 32768, 1), (8, 8, 32768, 1)]
 # --clock-ramp: (B, kv_heads, kv_len, q_len), the first where the table's slow timings fell
@@ -1292,6 +1295,30 @@ def profile_point(spec: str, torch) -> dict:
 
 
 # The modes that write a file of their own beside the table: flag -> (file, what, run(bench, args))
+# The interleaved-rounds runs (``rounds``), by mode: (points, candidates, the row field that
+# names a candidate). A candidate that names an earlier version pins it (decode.VARIANTS), so that
+# a run today times what the committed run timed, whatever the defaults have become since.
+ROUND_SETS = {
+    "l2-hints": (L2_HINT_POINTS, L2_HINTS, "hint"),
+    "phased-heldout": (PHASED_HELDOUT_POINTS, PHASED_HELDOUT, "config"),
+    "phased": (L2_HINT_POINTS, PHASED, "config"),
+    "half-rows": (HALF_ROWS_POINTS + HALF_ROWS_HELDOUT_POINTS, HALF_ROWS, "config"),
+    "producer": (PRODUCER_POINTS + PRODUCER_HELDOUT_POINTS, PRODUCER, "config"),
+    "producer-heldout": (PRODUCER_LONG_HELDOUT_POINTS, PRODUCER_HELDOUT, "config"),
+    "kv-lens": (KV_LENS_POINTS + KV_LENS_HELDOUT_POINTS, KV_LENS_ARGS, "config"),
+    "stagger": (STAGGER_POINTS + STAGGER_HELDOUT_POINTS, STAGGER, "config"),
+    "overlap-producer": (OVERLAP_PRODUCER_POINTS + OVERLAP_PRODUCER_HELDOUT_POINTS, OVERLAP_PRODUCER, "config"),
+    "stages": (STAGES_POINTS + STAGES_HELDOUT_POINTS, STAGES_V21, "config"),
+    "pingpong-producer": (PINGPONG_PRODUCER_POINTS + PINGPONG_PRODUCER_HELDOUT_POINTS, PINGPONG_PRODUCER, "config"),
+    "q-first": (Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config"),
+}
+
+
+def _rounds(mode: str):
+    """MODES' runner of an interleaved-rounds mode."""
+    return lambda bench, args: rounds(bench, *ROUND_SETS[mode])
+
+
 MODES = {
     "splits-sweep": ("decode_splits_h200.json", "ours at split counts around both rules'",
                      lambda bench, args: sweep(bench, args)),
@@ -1310,51 +1337,40 @@ MODES = {
              "the table has them within 2 percent", lambda bench, args: ties(bench)),
     "l2-hints": ("decode_l2_hints_h200.json", "ours with v13's L2 hints on the K/V copies, PyTorch's "
                  "backends and the plain read in interleaved rounds, under both flushes",
-                 lambda bench, args: rounds(bench, L2_HINT_POINTS, L2_HINTS, "hint")),
+                 _rounds("l2-hints")),
     "phased-heldout": ("decode_phased_heldout_h200.json", "v14 against the defaults in interleaved "
                        "rounds at held-out points without splits",
-                       lambda bench, args: rounds(bench, PHASED_HELDOUT_POINTS, (
-                           ("defaults", {}), ("phased", dict(phased=1)), ("v14", decode.VARIANTS["v14"])),
-                           "config")),
+                       _rounds("phased-heldout")),
     "phased": ("decode_phased_h200.json", "ours with v14's loads (K and V apart), PyTorch's backends "
                "and the plain read in interleaved rounds, under both flushes",
-               lambda bench, args: rounds(bench, L2_HINT_POINTS, PHASED, "config")),
+               _rounds("phased")),
     "timeline": ("decode_timeline_h200.json", "where a step's time goes, block by block: the "
                  "defaults' probe (TIMELINE) and the plain read's blocks, after the table's flush",
                  lambda bench, args: timeline(bench)),
     "half-rows": ("decode_half_rows_h200.json", "v16 (the rows of an MQA step spread over the 4 warps) "
                   "against v9 in interleaved rounds, at the table's MQA q_len-1 points and "
-                  "held-out points", lambda bench, args: rounds(bench, HALF_ROWS_POINTS + HALF_ROWS_HELDOUT_POINTS,
-                                                                HALF_ROWS, "config")),
+                  "held-out points", _rounds("half-rows")),
     "producer": ("decode_producer_h200.json", "v17 (a producer warp issues the tiles) against the "
                  "defaults in interleaved rounds, at the MQA points below 0.9 of the plain read and "
-                 "held-out points", lambda bench, args: rounds(bench, PRODUCER_POINTS + PRODUCER_HELDOUT_POINTS,
-                                                              PRODUCER, "config")),
+                 "held-out points", _rounds("producer")),
     "producer-heldout": ("decode_producer_heldout_h200.json", "v17 against v9 in interleaved rounds at "
-                         "held-out points with long loops", lambda bench, args: rounds(
-                             bench, PRODUCER_LONG_HELDOUT_POINTS, PRODUCER_HELDOUT, "config")),
+                         "held-out points with long loops", _rounds("producer-heldout")),
     "kv-lens": ("decode_kv_lens_h200.json", "v18 (the kv_lens by value) against v17 in interleaved "
                 "rounds at short steps and held-out points",
-                lambda bench, args: rounds(bench, KV_LENS_POINTS + KV_LENS_HELDOUT_POINTS, KV_LENS_ARGS, "config")),
+                _rounds("kv-lens")),
     "stagger": ("decode_stagger_h200.json", "v19 (the producer's first tiles one at a time) against "
                 "v18 in interleaved rounds at MQA q_len-4 points and held-out points",
-                lambda bench, args: rounds(bench, STAGGER_POINTS + STAGGER_HELDOUT_POINTS, STAGGER, "config")),
+                _rounds("stagger")),
     "overlap-producer": ("decode_overlap_producer_h200.json", "v20 (the producer with the overlap) "
                          "against v18, v17 at 3 stages and v19 in interleaved rounds at the "
-                         "MQA q_len-4 points and held-out points", lambda bench, args: rounds(
-                             bench, OVERLAP_PRODUCER_POINTS + OVERLAP_PRODUCER_HELDOUT_POINTS,
-                             OVERLAP_PRODUCER, "config")),
+                         "MQA q_len-4 points and held-out points", _rounds("overlap-producer")),
     "stages": ("decode_stages_h200.json", "v21 at 3 stages against its 2, alone and with v19, in "
-               "interleaved rounds at MQA points and held-out points", lambda bench, args: rounds(
-                   bench, STAGES_POINTS + STAGES_HELDOUT_POINTS, STAGES_V21, "config")),
+               "interleaved rounds at MQA points and held-out points", _rounds("stages")),
     "pingpong-producer": ("decode_pingpong_producer_h200.json", "v22 (strict ping-pong turns beside the "
                           "producer) against v21 in interleaved rounds at the MQA q_len-4 points and "
-                          "held-out points", lambda bench, args: rounds(
-                              bench, PINGPONG_PRODUCER_POINTS + PINGPONG_PRODUCER_HELDOUT_POINTS,
-                              PINGPONG_PRODUCER, "config")),
+                          "held-out points", _rounds("pingpong-producer")),
     "q-first": ("decode_q_first_h200.json", "v21 (Q_i's loads before the K/V tiles) against v18 "
-                "and v19 in interleaved rounds at short MQA steps and held-out points", lambda bench, args:
-                rounds(bench, Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config")),
+                "and v19 in interleaved rounds at short MQA steps and held-out points", _rounds("q-first")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

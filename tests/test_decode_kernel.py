@@ -1140,6 +1140,26 @@ def test_benchmark_points_are_the_issues_grid():
     assert {c[5] for c in names} == {0, 1, 16, 64} and {c[4] for c in names} >= {1, 4, 16}
 
 
+def test_every_rounds_candidate_configures_and_differs_somewhere():
+    """Each interleaved-rounds mode (bench.ROUND_SETS): every candidate configures at every one
+    of its points, and each two candidates of a mode launch differently at one point or more;
+    a candidate that named the defaults of its time ("v18" as {} once v21 became the default)
+    would otherwise time the same launch twice and call it a comparison."""
+    from benchmarks import decode_h200 as bench
+
+    assert set(bench.ROUND_SETS) <= set(bench.MODES)
+    for mode, (points, candidates, _) in bench.ROUND_SETS.items():
+        launches = {}
+        for label, kw in candidates:
+            for B, kvh, n, ql in points:
+                lc = decode.configure(B, bench.H, kvh, bench.D, kv_lens=[n] * B, q_len=ql, **kw)
+                launches.setdefault(label, []).append((tuple(sorted(lc.defines().items())), lc.splits))
+        labels = list(launches)
+        for i, a in enumerate(labels):
+            for b in labels[i + 1:]:
+                assert launches[a] != launches[b], (mode, a, b)
+
+
 def test_overhead_points_are_grid_points_with_and_without_splits():
     from benchmarks import decode_h200 as bench
 
