@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import csv
 import io
-import json
 import pathlib
 import statistics
 import sys
@@ -505,23 +504,31 @@ def decode_v7(d: dict) -> list[str]:
 NCU_DECODE = ["dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum"]
 
 
-def decode_ncu(d: dict) -> list[str]:
-    """Nsight Compute's DRAM bytes of the default launch at each profiled point beside
-    flashsim's prediction of that launch (``benchmarks/decode_h200.py --profile-point`` under
-    ncu: decode_ncu_h200.json and the CSV of the same run, the measured launches in order)."""
+def _profiled_launches(d: dict, csv_name: str, metrics: list) -> list[tuple[dict, list[dict]]]:
+    """Each point of a ``--profile-point`` JSON beside ncu's rows of its launches (the CSV of the
+    same run holds the measured launches only, in the points' order), names and count checked."""
     from gpu_kernels import ncu
 
-    csv_path = measured.path("decode_ncu_h200.csv")
-    if "provenance" not in d or not csv_path.exists():
-        return []                      # the first profile's files (warm-ups in the CSV too)
-    rows = ncu.parse_csv(csv_path.read_text(), NCU_DECODE)
-    parts, i = [], 0
+    rows, out, i = ncu.parse_csv(measured.path(csv_name).read_text(), metrics), [], 0
     for p in d["points"]:
         mine, i = rows[i:i + len(p["launches"])], i + len(p["launches"])
         names = [r["kernel_name"] for r in mine]
         if names != [k for k, _ in p["launches"]]:
-            raise ValueError(f"decode_ncu_h200.csv: launches {names} where the JSON has "
-                             f"{p['launches']}")
+            raise ValueError(f"{csv_name}: launches {names} where the JSON has {p['launches']}")
+        out.append((p, mine))
+    if i != len(rows):
+        raise ValueError(f"{csv_name} has {len(rows)} launches, the JSON's points {i}")
+    return out
+
+
+def decode_ncu(d: dict) -> list[str]:
+    """Nsight Compute's DRAM bytes of the default launch at each profiled point beside
+    flashsim's prediction of that launch (``benchmarks/decode_h200.py --profile-point`` under
+    ncu: decode_ncu_h200.json and the CSV of the same run, the measured launches in order)."""
+    if "provenance" not in d or not measured.path("decode_ncu_h200.csv").exists():
+        return []                      # the first profile's files (warm-ups in the CSV too)
+    parts = []
+    for p, mine in _profiled_launches(d, "decode_ncu_h200.csv", NCU_DECODE):
         pt, launch, pred = p["point"], p["launch"], p["flashsim"]
         read = sum(r["dram__bytes_read.sum"] for r in mine) / pred["hbm_read_bytes"]
         write = sum(r["dram__bytes_write.sum"] for r in mine) / pred["hbm_write_bytes"]
@@ -530,8 +537,6 @@ def decode_ncu(d: dict) -> list[str]:
                      f" ({launch['warps']} warps{', wgmma' if launch.get('wgmma') else ''}, "
                      f"{launch['splits']} split{'s' if launch['splits'] != 1 else ''}): read {read:.3f}, "
                      f"written {write:.2f}")
-    if i != len(rows):
-        raise ValueError(f"decode_ncu_h200.csv has {len(rows)} launches, the JSON's points {i}")
     return [f"* Nsight Compute beside flashsim (`decode_ncu_h200.json`, {d['provenance']['date'][:10]}; "
             "the default launch at each point; DRAM bytes read and written over flashsim's "
             "count of the launch's bytes below shared memory, `launch.plan().count()`, which "
@@ -995,23 +1000,16 @@ def decode_stalls_ncu() -> list[str]:
     its warps wait, instruction by instruction (source counters of one launch, its SASS
     page: decode_loop_sass_ncu_h200*.csv): the share of the warp-state samples at each kind of
     instruction (its opcode's first word) and at the instructions that hold the most."""
-    from gpu_kernels import ncu
-
     out = []
-    js, cs = measured.path("decode_stalls_ncu_h200.json"), measured.path("decode_stalls_ncu_h200.csv")
-    if js.exists() and cs.exists():
-        d = json.loads(js.read_text())
-        rows, parts, i = ncu.parse_csv(cs.read_text(), NCU_STALLS), [], 0
-        for p in d["points"]:
-            mine, i = rows[i:i + len(p["launches"])], i + len(p["launches"])
-            pt = p["point"]
+    d = _load("decode_stalls_ncu_h200.json")
+    if d and measured.path("decode_stalls_ncu_h200.csv").exists():
+        parts = []
+        for p, mine in _profiled_launches(d, "decode_stalls_ncu_h200.csv", NCU_STALLS):
             for r in mine:
-                parts.append(f"{r['kernel_name']} at {_pt(_key(pt))}: {r['gpu__time_duration.sum'] / 1e3:.1f} us"
+                parts.append(f"{r['kernel_name']} at {_pt(_key(p['point']))}: {r['gpu__time_duration.sum'] / 1e3:.1f} us"
                              + (f", tensor pipe busy {r[NCU_STALLS[1]]:.0f} % of the active cycles, the "
                                 f"XU pipe (exp2) {r[NCU_STALLS[2]]:.0f} %, an instruction issued in "
                                 f"{r[NCU_STALLS[3]]:.0f} % of them" if r["kernel_name"] == "decode_split" else ""))
-        if i != len(rows):
-            raise ValueError(f"decode_stalls_ncu_h200.csv has {len(rows)} launches, the JSON's points {i}")
         out.append(f"* Where the defaults' step goes (Nsight Compute, `decode_stalls_ncu_h200.json`, "
                    f"{d['provenance']['date'][:10]}, the defaults then, v18; its own L2 flush and clocks "
                    "unlocked): " + "; ".join(parts) + ".")
@@ -1029,7 +1027,8 @@ def decode_stalls_ncu() -> list[str]:
         kinds = {}
         for x, words in body:
             words = words[1:] if words and words[0].startswith("@") else words   # a predicate
-            kinds[words[0].split(".")[0] if words else "?"] = kinds.get(words[0].split(".")[0] if words else "?", 0) + x
+            kind = words[0].split(".")[0] if words else "?"
+            kinds[kind] = kinds.get(kind, 0) + x
         top = sorted(kinds.items(), key=lambda kv: -kv[1])[:6]
         heavy = sorted(body, key=lambda b: -b[0])[:4]
         out.append(f"* Where the split kernel's warps wait ({who}; Nsight Compute's warp-state samples "
@@ -1279,6 +1278,7 @@ def decode_md_text() -> str:
         "at a time; an option, not the defaults)", ("at the table's MQA points of q_len 4, where it was tried",
                                                     "held out: off the grid, two warpgroups, short loops, chosen "
                                                     "before v19 was first timed")) if sg and d else []
+    block += decode_stalls_ncu()                     # v18's warp samples, which v21 answers, and v21's
     held = "held out: off the grid, {}chosen before {} was first timed"
     for name, what, parts in (
             ("decode_overlap_producer_h200.json", "v20 (v17's producer with v11's overlap: a tile's softmax "
@@ -1300,8 +1300,6 @@ def decode_md_text() -> str:
              ("at the table's MQA points of q_len 4", "at the same held-out points"))):
         r = _load(name)
         block += decode_rounds_split(r, name, d["configs"], what, parts) if r and d else []
-        if name == "decode_overlap_producer_h200.json":
-            block += decode_stalls_ncu()             # v18's samples, which v21 answers
     block += decode_sanitizer()
     tl = _load("decode_timeline_h200.json")
     block += decode_timeline(tl) if tl else []

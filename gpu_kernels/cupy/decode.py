@@ -1177,23 +1177,20 @@ def compile_variants():
         lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=1 if w == 4 else 4, producer=1, stagger=1,
                        q_first=0)
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
-    for d in HEAD_DIMS:                      # v20: v17's producer with v11's overlap (3 stages), two
-        for dtype in ("fp16", "bf16"):       # warpgroups, as --overlap-producer runs it (and stagger)
-            for sg in (0, 1):
-                lc = configure(8, 32, 1, d, kv_lens=[32768] * 8, q_len=4, dtype=dtype, producer=1,
-                               overlap=1, stages=3, stagger=sg, q_first=0)
-                out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
+    # v20 (v17's producer with v11's overlap, 3 stages; on v18) and v22 (v21 with strict ping-pong
+    # turns), two warpgroups, plain and staggered, as --overlap-producer and --pingpong-producer run them
+    for kw in (dict(overlap=1, stages=3, q_first=0), dict(pingpong=1)):
+        for d in HEAD_DIMS:
+            for dtype in ("fp16", "bf16"):
+                for sg in (0, 1):
+                    lc = configure(8, 32, 1, d, kv_lens=[32768] * 8, q_len=4, dtype=dtype, producer=1,
+                                   stagger=sg, **kw)
+                    out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     for ql in (1, 4):                        # v18 (v21 without Q_i's loads first), as --q-first runs it
         lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, q_first=0)
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, stagger=1, producer=1)   # v21 + v19
     out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
-    for d in HEAD_DIMS:                      # v22: v21 with strict ping-pong turns, as --pingpong-producer
-        for dtype in ("fp16", "bf16"):       # runs it (and beside v19's prologue)
-            for sg in (0, 1):
-                lc = configure(8, 32, 1, d, kv_lens=[32768] * 8, q_len=4, dtype=dtype, producer=1,
-                               pingpong=1, stagger=sg)
-                out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     for ql, kw in ((4, {}), (4, dict(stagger=1, producer=1)), (1, {})):   # v21 at 3 stages, as --stages
         lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, stages=3, **kw)   # runs it
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
