@@ -364,6 +364,13 @@ PINGPONG_PRODUCER = (("v21", V21), ("v22", V22), ("v22 + v19", dict(V22, stagger
 PINGPONG_PRODUCER_POINTS = [(B, 1, n, 4) for B in (1, 8, 64) for n in (4096, 32768, 131072)]
 PINGPONG_PRODUCER_HELDOUT_POINTS = [(16, 1, 24576, 4), (5, 1, 98304, 4), (40, 1, 4096, 4), (10, 2, 16384, 8),
                                     (3, 2, 65536, 8), (28, 1, 12288, 3)]
+# --turn-pv: v23 (v22 whose turn issues P_{j-1} V_{j-1} with S_j, FlashAttention-3's grouping) at
+# 2 and 3 stages against v21 and v22, at the table's MQA points of q_len 4 and held-out points
+# off the grid with two warpgroups (none of v22's), chosen before v23 was first timed
+V23 = dict(V22, turn_pv=1)
+TURN_PV = (("v21", V21), ("v22", V22), ("v23", V23), ("v23, 3 stages", dict(V23, stages=3)))
+TURN_PV_HELDOUT_POINTS = [(20, 1, 20480, 4), (6, 1, 81920, 4), (48, 1, 6144, 4), (7, 2, 40960, 8),
+                          (2, 4, 65536, 16), (36, 1, 10240, 3)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1200,7 +1207,18 @@ def tiny_cases():
                             (32, 2, 64, [70, 300, 256], 8, 0, "bf16", 3, dict(V22)),
                             (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(V22, head_major=True)),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V22, stagger=1)),
-                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V22, probe=True))]
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V22, probe=True)),
+                            # v23 (a turn: P V with the next S): two warpgroups ragged (one-tile
+                            # splits, empty ones), 3 stages, bf16 d = 64, q_len 16 with a group of
+                            # 8, head-major, staggered, probed
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(V23)),
+                            (32, 1, 128, [129, 1000], 4, 0, "fp16", 8, dict(V23, stages=3)),
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 40, dict(V23)),
+                            (32, 2, 64, [70, 300, 256], 8, 0, "bf16", 3, dict(V23, stages=3)),
+                            (32, 4, 128, [300, 700], 16, 0, "fp16", 2, dict(V23)),
+                            (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(V23, head_major=True)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V23, stagger=1)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V23, probe=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1311,6 +1329,7 @@ ROUND_SETS = {
     "stages": (STAGES_POINTS + STAGES_HELDOUT_POINTS, STAGES_V21, "config"),
     "pingpong-producer": (PINGPONG_PRODUCER_POINTS + PINGPONG_PRODUCER_HELDOUT_POINTS, PINGPONG_PRODUCER, "config"),
     "q-first": (Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config"),
+    "turn-pv": (PINGPONG_PRODUCER_POINTS + TURN_PV_HELDOUT_POINTS, TURN_PV, "config"),
 }
 
 
@@ -1371,6 +1390,9 @@ MODES = {
                           "held-out points", _rounds("pingpong-producer")),
     "q-first": ("decode_q_first_h200.json", "v21 (Q_i's loads before the K/V tiles) against v18 "
                 "and v19 in interleaved rounds at short MQA steps and held-out points", _rounds("q-first")),
+    "turn-pv": ("decode_turn_pv_h200.json", "v23 (a turn issues P V and the next S together) at 2 and 3 "
+                "stages against v21 and v22 in interleaved rounds at the MQA q_len-4 points and held-out "
+                "points", _rounds("turn-pv")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

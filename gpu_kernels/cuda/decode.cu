@@ -151,6 +151,15 @@
 //       arrive twice at one phase of the named barrier. Here each warpgroup waits for its own
 //       turn before issuing S and hands the turn to the other after: strict alternation, one
 //       S issue at a time, at most a tile apart, where v17 lets the two drift.
+//  (v23) TURN_PV 1 (v22's constants): FlashAttention-3's turn. v22's turn covers S_j alone, so
+//       warpgroup 1's S_j queues right behind 0's and both softmaxes run at about the same time
+//       (the exp units shared, the tensor cores idle); each P V then goes whenever its softmax
+//       ends. Here a turn issues P_j V_j and S_{j+1} together: the other warpgroup's two GEMMs
+//       run on the tensor cores while this one's softmax of S_{j+1} runs, and the turns
+//       alternate, so one warpgroup's exponentials meet the other's GEMMs. A tile's stage is
+//       freed once its P V is done, which is issued with the next tile's S: at 2 stages the
+//       tile after that is asked for only during the next softmax (v21 asks a tile earlier),
+//       so --turn-pv times 3 stages too.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -187,6 +196,7 @@
 //              PINGPONG, not OVERLAP: v22)
 //   STAGGER    0, or 1 (PRODUCER 1): v19's prologue, one tile at a time
 //   QFIRST     0, or 1 (WGMMA 1): v21, Q_i's loads before the prologue's tiles
+//   TURN_PV    0, or 1 (PRODUCER 1, PINGPONG 1): v23, a turn covers P_j V_j and S_{j+1}
 //   KV_LENS_ARG  0, or 1: v18, one more parameter of decode_split, ``kv_lens_arg`` (KvLens, by
 //              value: kv_lens[b] for b < batch <= KV_LENS_MAX); ``kv_lens`` is then not read
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
@@ -274,6 +284,9 @@
 #ifndef QFIRST
 #define QFIRST 0
 #endif
+#ifndef TURN_PV
+#define TURN_PV 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)                 // the threads that compute (v17: the consumers)
 // v17's producer: one warp beside one consumer warpgroup; beside two, a warpgroup (ptxas sizes
 // registers by warpgroups: 288 threads would get 384's, 168 each), whose first warp issues the
@@ -320,6 +333,7 @@ static_assert(!QFIRST || (WGMMA && BLOCK_R * HEAD_DIM / 8 % NUM_THREADS == 0), "
 static_assert(!PRODUCER || (TMA && !FUSED && !(PINGPONG && OVERLAP)),
               "v17 (PRODUCER): the TMA loop without v7's merge (v22's turns not with v20's overlap)");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
+static_assert(!TURN_PV || (PRODUCER && PINGPONG && NUM_WARPS == 8), "v23 (TURN_PV): v22's turns, two warpgroups");
 static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
               "L2_PREFETCH is 0, 64, 128 or 256");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
@@ -921,6 +935,68 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         if (lane == 0) mbar_arrive(smem_addr(&kv_empty[prev]));
         rescale_o(o, alpha);
         convert_p(s, p);
+    }
+#elif PRODUCER && TURN_PV   // v23: a turn issues P_j V_j and S_{j+1} together (FlashAttention-3's)
+    auto full = [&](int j) {                          // tile j's stage filled
+        const int n = j - t_begin;
+        tl.wait_begin();
+        mbar_wait(smem_addr(&kv_full[n % STAGES]), (n / STAGES) & 1);
+        tl.wait_end();
+    };
+    auto freed = [&](int j) {                         // tile j's GEMMs done: its stage to the producer
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&kv_empty[(j - t_begin) % STAGES]));
+    };
+    // Warpgroup w waits for its turn at BAR_TURN + w and hands it over at the other's: each has
+    // T + 1 turns for the split's T tiles (the first S, then P_{j-1} V_{j-1} with S_j, then the
+    // last P V); warpgroup 1 hands over first (at the start) and not after its last, so every
+    // phase has one arrive and one sync.
+    auto turn = [&]() {
+        if (w == 0) named_sync(BAR_TURN, 2 * 128);
+        else named_sync(BAR_TURN + 1, 2 * 128);
+    };
+    auto hand_over = [&](bool last) {
+        if (w == 0) named_arrive(BAR_TURN + 1, 2 * 128);
+        else if (!last) named_arrive(BAR_TURN, 2 * 128);
+    };
+    // After a turn's GEMMs: both waited for (S_j, and P_{j-1} V_{j-1}: O_i, P free), tile j - 1's
+    // stage freed, the softmax of S_j. Each S is waited for in the iteration that issues it, and
+    // the first tile's turn (S alone) and the last's (P V alone) are peeled off the loop: an S
+    // that crosses the loop's back edge, or a GEMM issued under a condition, would have ptxas
+    // serialize every wgmma (C7515, C7518).
+    auto softmax_of = [&](int j) {
+        wgmma_wait<0>();
+        fence_regs(s);
+        fence_regs(o);
+        fence_regs(p);
+        if (j > t_begin) freed(j - 1);                // V_{j-1} read
+        mask_softmax(j);
+        rescale_o(o, alpha);
+        convert_p(s, p);
+    };
+    if (t_begin < t_end) {                            // (an empty split: no turns at all)
+        if (w == 1) named_arrive(BAR_TURN, 2 * 128);  // warpgroup 0 has the first turn
+        full(t_begin);
+        tl.mark(TL_FIRST);
+        turn();
+        gemm_qk(s, q_tile, w, k_tile(0));             // S_{t_begin}
+        hand_over(false);
+        softmax_of(t_begin);
+        for (int j = t_begin + 1; j < t_end; ++j) {
+            full(j);
+            turn();                                   // the other warpgroup's GEMMs were queued
+            gemm_pv(o, p, v_tile((j - 1 - t_begin) % STAGES));   // first: its softmax runs beside these
+            gemm_qk(s, q_tile, w, k_tile((j - t_begin) % STAGES));
+            hand_over(false);
+            softmax_of(j);
+        }
+        turn();                                       // the last tile's P V alone
+        gemm_pv(o, p, v_tile((t_end - 1 - t_begin) % STAGES));
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+        hand_over(true);
+        freed(t_end - 1);
     }
 #else
 #if PINGPONG && PRODUCER   // v22: warpgroup 0 has the first turn (each phase: one arrive, one sync)

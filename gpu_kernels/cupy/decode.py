@@ -83,7 +83,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -194,7 +194,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             pingpong: int = 0, tma: int = 0, overlap: int = 0, l2_prefetch: int = 0,
             evict_first: int = 0, phased: int = 0, timeline: int = 0,
             tmap_prefetch: int = 0, half_rows: int = 0, producer: int = 0,
-            kv_lens_arg: int = 0, stagger: int = 0, q_first: int = 0) -> dict[str, int]:
+            kv_lens_arg: int = 0, stagger: int = 0, q_first: int = 0,
+            turn_pv: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -204,7 +205,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out |= {"L2_PREFETCH": l2_prefetch, "EVICT_FIRST": evict_first}
     for name, on in (("PHASED", phased), ("TMAP_PREFETCH", tmap_prefetch), ("HALF_ROWS", half_rows),
                      ("PRODUCER", producer), ("KV_LENS_ARG", kv_lens_arg), ("STAGGER", stagger),
-                     ("QFIRST", q_first), ("TIMELINE", timeline)):   # v14-v21, the probe: likewise
+                     ("QFIRST", q_first), ("TURN_PV", turn_pv), ("TIMELINE", timeline)):   # v14-v23, the probe
         if on:
             out[name] = 1
     return out
@@ -346,9 +347,9 @@ def default_variant(rows: int) -> str:
 # with a producer warp(group) where two warpgroups of wgmma read by TMA without v7's merge
 # (``default_producer``; the ping-pong off there; --producer's runs); v18: v17 with the kv_lens
 # by value (``default_kv_lens_arg``; --kv-lens' run); v17 takes kv_lens_arg=0. (v19, ``stagger``,
-# v20, the producer with the overlap, and v22, the producer with strict ping-pong turns, are
-# options --stagger, --overlap-producer and --pingpong-producer time, not configurations of the
-# table.) v21, the defaults over a contiguous cache: v18 with Q_i's loads
+# v20, the producer with the overlap, v22, the producer with strict ping-pong turns, and v23,
+# v22 whose turn issues P V and the next S together (``turn_pv``), are options --stagger,
+# --overlap-producer, --pingpong-producer and --turn-pv time, not configurations of the table.) v21, the defaults over a contiguous cache: v18 with Q_i's loads
 # issued before the K/V tiles' (``default_q_first``; --q-first's runs); v1-v18 take q_first=0.
 # v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
 VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, **kw} for name, kw in {   # v1-v16: neither
@@ -427,6 +428,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     kv_lens_arg: int = 0             # KV_LENS_ARG: v18, the kv_lens by value (a kernel parameter)
     stagger: int = 0                 # STAGGER: v19, the producer's prologue one tile at a time
     q_first: int = 0                 # QFIRST: v21, Q_i's loads issued before any K/V tile's
+    turn_pv: int = 0                 # TURN_PV: v23, a warpgroup's turn issues P_j V_j and S_{j+1}
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -449,7 +451,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                        self.stages, self.warps, self.combine, self.page_prefetch, self.wgmma,
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
                        self.evict_first, self.phased, self.timeline, self.tmap_prefetch,
-                       self.half_rows, self.producer, self.kv_lens_arg, self.stagger, self.q_first)
+                       self.half_rows, self.producer, self.kv_lens_arg, self.stagger, self.q_first,
+                       self.turn_pv)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -537,7 +540,8 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     tma=self.tma, overlap=self.overlap, l2_prefetch=self.l2_prefetch,
                     evict_first=self.evict_first, phased=self.phased,
                     tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows, producer=self.producer,
-                    kv_lens_arg=self.kv_lens_arg, stagger=self.stagger, q_first=self.q_first)
+                    kv_lens_arg=self.kv_lens_arg, stagger=self.stagger, q_first=self.q_first,
+                    turn_pv=self.turn_pv)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -880,7 +884,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               stages=None, warps=None, combine=COMBINE, page_prefetch=1,
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
-              half_rows=None, producer=None, kv_lens_arg=None, stagger=0, q_first=None) -> DecodeLaunch:
+              half_rows=None, producer=None, kv_lens_arg=None, stagger=0, q_first=None,
+              turn_pv=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -917,7 +922,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     at a time, each once the one before has landed (v19: STAGGER; producer 1), 0 all at once;
     ``q_first``: 1 issues the loads of Q_i into registers before any K/V tile is asked for, so
     that they do not queue behind the tiles (v21: QFIRST; wgmma), 0 after them, None:
-    ``default_q_first``."""
+    ``default_q_first``; ``turn_pv``: 1 has a warpgroup's turn issue P_j V_j and S_{j+1}
+    together, FlashAttention-3's ping-pong (v23: TURN_PV; producer 1 and pingpong 1), 0 v22's
+    turn of S_j alone."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -1048,6 +1055,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if isinstance(q_first, bool) or q_first not in (0, 1) or (q_first and not wgmma):
         raise KernelInputError(f"q_first = {q_first!r}: 0, or 1 on wgmma (v5's loop; this launch: "
                                f"wgmma {wgmma})")
+    if isinstance(turn_pv, bool) or turn_pv not in (0, 1) or (turn_pv and not (producer and pingpong)):
+        raise KernelInputError(f"turn_pv = {turn_pv!r}: 0, or 1 with the producer's ping-pong (v22: "
+                               f"producer 1, pingpong 1; this launch {producer}, {pingpong})")
     if fused and producer:
         raise KernelInputError("producer = 1 with fused = 1: v17's consumers do not merge the splits; "
                                "fused 0")
@@ -1067,7 +1077,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
                         l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
                         tmap_prefetch=tmap_prefetch, half_rows=half_rows, producer=producer,
-                        kv_lens_arg=kv_lens_arg, stagger=stagger, q_first=q_first)
+                        kv_lens_arg=kv_lens_arg, stagger=stagger, q_first=q_first, turn_pv=turn_pv)
 
 
 # Shapes (B, kv_heads, kv_len, q_len; 32 query heads) whose default launches CI compiles (v21):
@@ -1177,9 +1187,11 @@ def compile_variants():
         lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=1 if w == 4 else 4, producer=1, stagger=1,
                        q_first=0)
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
-    # v20 (v17's producer with v11's overlap, 3 stages; on v18) and v22 (v21 with strict ping-pong
-    # turns), two warpgroups, plain and staggered, as --overlap-producer and --pingpong-producer run them
-    for kw in (dict(overlap=1, stages=3, q_first=0), dict(pingpong=1)):
+    # v20 (v17's producer with v11's overlap, 3 stages; on v18), v22 (v21 with strict ping-pong
+    # turns) and v23 (v22's turns covering P V and the next S; 2 and 3 stages), two warpgroups,
+    # plain and staggered, as --overlap-producer, --pingpong-producer and --turn-pv run them
+    for kw in (dict(overlap=1, stages=3, q_first=0), dict(pingpong=1), dict(pingpong=1, turn_pv=1),
+               dict(pingpong=1, turn_pv=1, stages=3)):
         for d in HEAD_DIMS:
             for dtype in ("fp16", "bf16"):
                 for sg in (0, 1):
