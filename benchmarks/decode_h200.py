@@ -371,6 +371,14 @@ V23 = dict(V22, turn_pv=1)
 TURN_PV = (("v21", V21), ("v22", V22), ("v23", V23), ("v23, 3 stages", dict(V23, stages=3)))
 TURN_PV_HELDOUT_POINTS = [(20, 1, 20480, 4), (6, 1, 81920, 4), (48, 1, 6144, 4), (7, 2, 40960, 8),
                           (2, 4, 65536, 16), (36, 1, 10240, 3)]
+# --turn-pv-heldout: the rule read off --turn-pv's calibration points (v23 at 3 stages above
+# decode.TURN_PV_MIN_TILES tiles a split, decode.default_turn_pv) against v21 at points chosen
+# after that run and before this one, none of its: two warpgroups with the producer, 18 to 64
+# tiles a split, and two below the rule's threshold (4 and 8 tiles), where it keeps v21
+TURN_PV_RULE_POINTS = [(12, 1, 24576, 4), (24, 1, 16384, 4), (96, 1, 8192, 4), (5, 2, 32768, 8),
+                       (10, 4, 12288, 16), (16, 1, 65536, 3), (40, 1, 12288, 4), (4, 1, 16384, 4),
+                       (32, 1, 4096, 4)]
+TURN_PV_RULE = (("v21", V21), ("v23, 3 stages", dict(V23, stages=3)), ("defaults", decode.VARIANTS["v23"]))
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1330,6 +1338,7 @@ ROUND_SETS = {
     "pingpong-producer": (PINGPONG_PRODUCER_POINTS + PINGPONG_PRODUCER_HELDOUT_POINTS, PINGPONG_PRODUCER, "config"),
     "q-first": (Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config"),
     "turn-pv": (PINGPONG_PRODUCER_POINTS + TURN_PV_HELDOUT_POINTS, TURN_PV, "config"),
+    "turn-pv-heldout": (TURN_PV_RULE_POINTS, TURN_PV_RULE, "config"),
 }
 
 
@@ -1393,6 +1402,9 @@ MODES = {
     "turn-pv": ("decode_turn_pv_h200.json", "v23 (a turn issues P V and the next S together) at 2 and 3 "
                 "stages against v21 and v22 in interleaved rounds at the MQA q_len-4 points and held-out "
                 "points", _rounds("turn-pv")),
+    "turn-pv-heldout": ("decode_turn_pv_heldout_h200.json", "the defaults' rule for v23 (default_turn_pv) "
+                        "against v21 and v23 at 3 stages in interleaved rounds at held-out points chosen "
+                        "after --turn-pv", _rounds("turn-pv-heldout")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

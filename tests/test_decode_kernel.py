@@ -219,7 +219,7 @@ def test_paged_cache_takes_the_wave_rule(B, kvh, n, wave, sm, P):
     assert (launch.splits, launch.split_rule) == (wave, "wave")
     assert decode.configure(B, 32, kvh, 128, kv_lens=[n] * B).splits == sm
     assert decode.configure(B, 32, kvh, 128, **paged, split_rule="sm").splits == sm
-    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v21"
+    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v23"
 
 
 @pytest.mark.parametrize("q_len", [1, 4, 16])
@@ -242,7 +242,8 @@ def test_launch_covers_every_row_once(q_len, kv_heads):
     assert split.grid == (launch.chunks, launch.splits, 3 * kv_heads)
     assert split.threads == 32 * launch.warps + (128 if launch.producer else 0)   # v17's producer
     assert launch.producer == (rows > 64 and launch.tma and not launch.fused)
-    assert (launch.block_cols, launch.stages) == (decode.WGMMA_TILES if launch.wgmma else (64, 3))
+    wgmma_tiles = (decode.WGMMA_TILES[0], decode.TURN_PV_STAGES if launch.turn_pv else decode.WGMMA_TILES[1])
+    assert (launch.block_cols, launch.stages) == (wgmma_tiles if launch.wgmma else (64, 3))   # v23: 3 stages
     assert split.dynamic_smem == decode.smem_bytes(128, launch.row_warps, launch.block_cols,
                                                    launch.stages, launch.wgmma)
     assert len(combine) == (1 < launch.splits <= 32) and launch.fused == (launch.splits > 32)
@@ -392,7 +393,7 @@ def test_kv_lens_by_value_where_v18_takes_it():
     _refused(decode.configure, big, 32, 8, 128, kv_lens=[20] * big, kv_lens_arg=1, match="kv_lens_arg")
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], kv_lens_arg=2, match="kv_lens_arg")
     for name, kw in decode.VARIANTS.items():
-        want = 1 if name in ("v18", "v21") else 0
+        want = 1 if name in ("v18", "v21", "v23") else 0
         assert decode.configure(3, 32, 8, 128, kv_lens=lens, **kw).kv_lens_arg == want, name
 
 
@@ -421,7 +422,7 @@ def test_q_first_where_v21_takes_it():
                             num_pages=2, q_first=1).q_first == 1
     assert decode.configure(8, 32, 8, 128, kv_lens=[32768] * 8).q_first == 0           # mma.sync
     for name, kw in decode.VARIANTS.items():
-        want = 1 if name == "v21" else 0
+        want = 1 if name in ("v21", "v23") else 0
         assert decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, **kw).q_first == want, name
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], q_first=1, match="q_first")      # mma.sync
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_first=2, match="q_first")
@@ -437,6 +438,35 @@ def test_pingpong_with_the_producer():
     assert (v9.producer, v9.pingpong) == (0, 1)
     _refused(decode.configure, 8, 32, 1, 128, kv_lens=[32768] * 8, q_len=1, producer=1, pingpong=1,
              match="pingpong")                                         # one warpgroup
+
+
+def test_turn_pv_where_v23_takes_it():
+    """v23 (TURN_PV, 3 stages, the ping-pong on): the defaults where the producer feeds two
+    warpgroups more than TURN_PV_MIN_TILES tiles a split (B 64 MQA at 32k: 128; B 8 at 36k: 18),
+    not at 16 (B 8 at 32k), one warpgroup, pages or v7's merge (B 1: 128 splits), nor where
+    stages or the ping-pong are given; asked for, it runs at 2 stages too, beside the producer's
+    ping-pong only. Of VARIANTS only v23 takes it."""
+    mqa4 = dict(heads=32, kv_heads=1, head_dim=128, q_len=4)
+    for B, n, want in ((64, 32768, 1), (8, 36864, 1), (8, 32768, 0), (1, 131072, 0), (8, 2048, 0)):
+        d = decode.configure(B, **mqa4, kv_lens=[n] * B)
+        tiles = cdiv(cdiv(n, d.block_cols), d.splits)
+        assert (tiles > decode.TURN_PV_MIN_TILES and d.producer) == bool(want), (B, n)
+        assert (d.turn_pv, d.pingpong, d.stages) == ((1, 1, 3) if want else (0, 0 if d.producer else 1, 2)), (B, n)
+        assert d.defines().get("TURN_PV", 0) == want and d.defines()["STAGES"] == d.stages
+        assert d.dynamic_smem == decode.smem_bytes(128, 8, 128, d.stages, wgmma=1) <= decode.SHARED_OPTIN
+    pages = dict(page_size=16, block_table=np.arange(64 * 2048).reshape(64, 2048), num_pages=64 * 2048)
+    for kw in (dict(q_len=1), dict(stages=2), dict(pingpong=0), pages):
+        d = decode.configure(64, 32, 1, 128, kv_lens=[32768] * 64, **{"q_len": 4, **kw})
+        assert d.turn_pv == 0 and "TURN_PV" not in d.defines(), kw
+    two = decode.configure(64, **mqa4, kv_lens=[32768] * 64, producer=1, pingpong=1, turn_pv=1, stages=2)
+    assert (two.turn_pv, two.stages, two.producer) == (1, 2, 1)
+    for name, kw in decode.VARIANTS.items():
+        d = decode.configure(64, **mqa4, kv_lens=[32768] * 64, **kw)
+        assert d.turn_pv == (name == "v23"), name
+    _refused(decode.configure, 64, **mqa4, kv_lens=[32768] * 64, turn_pv=1, producer=0, match="turn_pv")
+    _refused(decode.configure, 64, **mqa4, kv_lens=[32768] * 64, turn_pv=1, producer=1, pingpong=0,
+             match="turn_pv")
+    _refused(decode.configure, 64, **mqa4, kv_lens=[32768] * 64, turn_pv=2, match="turn_pv")
 
 
 def test_overlap_with_the_producer():
@@ -494,7 +524,7 @@ def test_tma_and_ping_pong_where_v9_takes_them():
         paged = dict(page_size=page, block_table=[[0, 1]], num_pages=2) if page else {}
         assert decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged).half_rows == want
     for name, kw in decode.VARIANTS.items():                  # the versions before v16 keep v9's rows
-        if name not in ("v16", "v17", "v18", "v21"):
+        if name not in ("v16", "v17", "v18", "v21", "v23"):
             assert decode.configure(1, 32, 1, 128, kv_lens=[20], **kw).half_rows == 0, name
     for old in ("v5", "v5_w4", "v6", "v7", "v8"):         # the earlier versions keep cp.async
         d = decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, **decode.VARIANTS[old])

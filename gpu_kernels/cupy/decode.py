@@ -185,7 +185,7 @@ def default_split_rule(page_size) -> str:
 
 def default_version(page_size) -> str:
     """The version configure's defaults are, as the benchmark's rows name it."""
-    return "v12" if page_size else "v21"
+    return "v12" if page_size else "v23"
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
@@ -312,6 +312,21 @@ def producer_threads(warps: int, producer: int) -> int:
     return (128 if warps == 8 else 32) if producer else 0
 
 
+TURN_PV_STAGES = 3                  # v23's stages by default (its P V frees a stage a turn later)
+TURN_PV_MIN_TILES = 16              # v23 by default above this many tiles a split (--turn-pv's calibration)
+
+
+def default_turn_pv(producer: int, warps: int, overlap: int, tiles_per_split: int) -> int:
+    """v23 (at TURN_PV_STAGES) where v17's producer feeds two warpgroups and a split has more
+    than TURN_PV_MIN_TILES tiles. Why: its turns let one warpgroup's softmax run beside the
+    other's GEMMs in every tile of the loop, but cost at each end of a split (the second
+    warpgroup waits for the first's S, the last P V runs alone) and, at 3 stages, a first tile
+    that lands later. --turn-pv timed it at the table's MQA points of q_len 4 (calibration):
+    1.03-1.10x v21 at 64 to 512 tiles a split, about even at 16 (B 8 at 32k, B 64 at 4k), slower
+    at 2 (decode_turn_pv_h200.json); docs/decode.md's lines say where it held out."""
+    return int(bool(producer) and warps == 8 and not overlap and tiles_per_split > TURN_PV_MIN_TILES)
+
+
 def default_pingpong(wgmma: int, warps: int) -> int:
     """v9: the two warpgroups of a 128-row block take turns issuing S (PINGPONG)."""
     return int(bool(wgmma) and warps == 8)
@@ -349,10 +364,13 @@ def default_variant(rows: int) -> str:
 # by value (``default_kv_lens_arg``; --kv-lens' run); v17 takes kv_lens_arg=0. (v19, ``stagger``,
 # v20, the producer with the overlap, v22, the producer with strict ping-pong turns, and v23,
 # v22 whose turn issues P V and the next S together (``turn_pv``), are options --stagger,
-# --overlap-producer, --pingpong-producer and --turn-pv time, not configurations of the table.) v21, the defaults over a contiguous cache: v18 with Q_i's loads
-# issued before the K/V tiles' (``default_q_first``; --q-first's runs); v1-v18 take q_first=0.
-# v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
-VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, **kw} for name, kw in {   # v1-v16: neither
+# --overlap-producer, --pingpong-producer and --turn-pv time, not configurations of the table.)
+# v21: v18 with Q_i's loads issued before the K/V tiles' (``default_q_first``; --q-first's runs);
+# v1-v18 take q_first=0. v23, the defaults over a contiguous cache: v21 with v23's turns at 3
+# stages where the producer feeds two warpgroups long splits (``default_turn_pv``; --turn-pv's
+# runs); v1-v21 take turn_pv=0. v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and
+# pingpong=0.
+VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, "turn_pv": 0, **kw} for name, kw in {   # v1-v16: neither
             "v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -386,7 +404,10 @@ VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, **kw} for name
             "v18": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
                         half_rows=None, producer=None, kv_lens_arg=None),
             "v21": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
-                        half_rows=None, producer=None, kv_lens_arg=None, q_first=None)}.items()}
+                        half_rows=None, producer=None, kv_lens_arg=None, q_first=None),
+            "v23": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
+                        half_rows=None, producer=None, kv_lens_arg=None, q_first=None, turn_pv=None,
+                        stages=None)}.items()}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -885,7 +906,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
               half_rows=None, producer=None, kv_lens_arg=None, stagger=0, q_first=None,
-              turn_pv=0) -> DecodeLaunch:
+              turn_pv=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -924,7 +945,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     that they do not queue behind the tiles (v21: QFIRST; wgmma), 0 after them, None:
     ``default_q_first``; ``turn_pv``: 1 has a warpgroup's turn issue P_j V_j and S_{j+1}
     together, FlashAttention-3's ping-pong (v23: TURN_PV; producer 1 and pingpong 1), 0 v22's
-    turn of S_j alone."""
+    turn of S_j alone, None: ``default_turn_pv`` where ``stages`` and ``pingpong`` are None (it
+    then sets pingpong 1 and TURN_PV_STAGES)."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -956,6 +978,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                "contiguous cache")
     Bc = ((WGMMA_TILES[0] if wgmma else PHASED_BLOCK_C if phased else BLOCK_C) if block_cols is None
           else _int(block_cols, "block_cols"))
+    stages_arg, pingpong_arg = stages, pingpong     # None: v23's default may set them (below)
     stages = ((WGMMA_TILES[1] if wgmma else 1 if phased else STAGES[head_dim]) if stages is None
               else _int(stages, "stages"))
     kv_buffers = 2 * stages * Bc * head_dim * 2        # the K/V stages, which the merge reuses
@@ -1055,6 +1078,12 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if isinstance(q_first, bool) or q_first not in (0, 1) or (q_first and not wgmma):
         raise KernelInputError(f"q_first = {q_first!r}: 0, or 1 on wgmma (v5's loop; this launch: "
                                f"wgmma {wgmma})")
+    if turn_pv is None:                    # v23 where it was chosen, at its own stages
+        turn_pv = int(stages_arg is None and pingpong_arg is None and
+                      default_turn_pv(producer, warps, overlap, cdiv(n_tiles, splits)))
+        if turn_pv:
+            pingpong, stages = 1, TURN_PV_STAGES
+            smem = smem_bytes(head_dim, rw, Bc, stages, wgmma)
     if isinstance(turn_pv, bool) or turn_pv not in (0, 1) or (turn_pv and not (producer and pingpong)):
         raise KernelInputError(f"turn_pv = {turn_pv!r}: 0, or 1 with the producer's ping-pong (v22: "
                                f"producer 1, pingpong 1; this launch {producer}, {pingpong})")
