@@ -379,6 +379,13 @@ TURN_PV_RULE_POINTS = [(12, 1, 24576, 4), (24, 1, 16384, 4), (96, 1, 8192, 4), (
                        (10, 4, 12288, 16), (16, 1, 65536, 3), (40, 1, 12288, 4), (4, 1, 16384, 4),
                        (32, 1, 4096, 4)]
 TURN_PV_RULE = (("v21", V21), ("v23, 3 stages", dict(V23, stages=3)), ("defaults", decode.VARIANTS["v23"]))
+# --turn-overlap: v24 (v23 with v20's order inside a warpgroup: the softmax of S_j beside
+# P_{j-1} V_{j-1}) against v23 and v21, at the table's MQA points of q_len 4 and held-out points
+# off the grid where the defaults run the producer, chosen before v24 was first timed
+V24 = dict(V23, stages=3, overlap=1)
+TURN_OVERLAP = (("v23, 3 stages", dict(V23, stages=3)), ("v24", V24), ("v21", V21))
+TURN_OVERLAP_HELDOUT_POINTS = [(32, 1, 16384, 4), (80, 1, 8192, 4), (3, 2, 98304, 8), (9, 1, 57344, 4),
+                               (14, 4, 24576, 16), (5, 1, 98304, 4)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1226,7 +1233,17 @@ def tiny_cases():
                             (32, 4, 128, [300, 700], 16, 0, "fp16", 2, dict(V23)),
                             (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(V23, head_major=True)),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V23, stagger=1)),
-                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V23, probe=True))]
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V23, probe=True)),
+                            # v24 (v23 with the overlap): two warpgroups ragged (one-tile splits,
+                            # empty ones), bf16 d = 64, q_len 16, head-major, staggered, probed
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(V24)),
+                            (32, 1, 128, [129, 1000], 4, 0, "fp16", 8, dict(V24)),
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 40, dict(V24)),
+                            (32, 2, 64, [70, 300, 256], 8, 0, "bf16", 3, dict(V24)),
+                            (32, 4, 128, [300, 700], 16, 0, "fp16", 2, dict(V24)),
+                            (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(V24, head_major=True)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V24, stagger=1)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V24, probe=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1339,6 +1356,7 @@ ROUND_SETS = {
     "q-first": (Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config"),
     "turn-pv": (PINGPONG_PRODUCER_POINTS + TURN_PV_HELDOUT_POINTS, TURN_PV, "config"),
     "turn-pv-heldout": (TURN_PV_RULE_POINTS, TURN_PV_RULE, "config"),
+    "turn-overlap": (PINGPONG_PRODUCER_POINTS + TURN_OVERLAP_HELDOUT_POINTS, TURN_OVERLAP, "config"),
 }
 
 
@@ -1405,6 +1423,9 @@ MODES = {
     "turn-pv-heldout": ("decode_turn_pv_heldout_h200.json", "the defaults' rule for v23 (default_turn_pv) "
                         "against v21 and v23 at 3 stages in interleaved rounds at held-out points chosen "
                         "after --turn-pv", _rounds("turn-pv-heldout")),
+    "turn-overlap": ("decode_turn_overlap_h200.json", "v24 (v23's turns with the softmax beside the previous "
+                     "P V) against v23 and v21 in interleaved rounds at the MQA q_len-4 points and "
+                     "held-out points", _rounds("turn-overlap")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

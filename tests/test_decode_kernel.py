@@ -445,7 +445,7 @@ def test_turn_pv_where_v23_takes_it():
     warpgroups more than TURN_PV_MIN_TILES tiles a split (B 64 MQA at 32k: 128; B 8 at 36k: 18),
     not at 16 (B 8 at 32k), one warpgroup, pages or v7's merge (B 1: 128 splits), nor where
     stages or the ping-pong are given; asked for, it runs at 2 stages too, beside the producer's
-    ping-pong only. Of VARIANTS only v23 takes it."""
+    ping-pong only (v24 with v20's overlap). Of VARIANTS only v23 takes it."""
     mqa4 = dict(heads=32, kv_heads=1, head_dim=128, q_len=4)
     for B, n, want in ((64, 32768, 1), (8, 36864, 1), (8, 32768, 0), (1, 131072, 0), (8, 2048, 0)):
         d = decode.configure(B, **mqa4, kv_lens=[n] * B)
@@ -460,6 +460,12 @@ def test_turn_pv_where_v23_takes_it():
         assert d.turn_pv == 0 and "TURN_PV" not in d.defines(), kw
     two = decode.configure(64, **mqa4, kv_lens=[32768] * 64, producer=1, pingpong=1, turn_pv=1, stages=2)
     assert (two.turn_pv, two.stages, two.producer) == (1, 2, 1)
+    v24 = decode.configure(64, **mqa4, kv_lens=[32768] * 64, producer=1, pingpong=1, turn_pv=1, overlap=1,
+                           stages=3)                              # v24: the turns with v20's overlap
+    assert {k: v24.defines()[k] for k in ("TURN_PV", "OVERLAP", "PINGPONG", "PRODUCER")} == dict.fromkeys(
+        ("TURN_PV", "OVERLAP", "PINGPONG", "PRODUCER"), 1)
+    _refused(decode.configure, 64, **mqa4, kv_lens=[32768] * 64, producer=1, pingpong=1, overlap=1, stages=3,
+             match="overlap")                                     # v20 with v22's turns: not without v23's
     for name, kw in decode.VARIANTS.items():
         d = decode.configure(64, **mqa4, kv_lens=[32768] * 64, **kw)
         assert d.turn_pv == (name == "v23"), name

@@ -160,6 +160,10 @@
 //       freed once its P V is done, which is issued with the next tile's S: at 2 stages the
 //       tile after that is asked for only during the next softmax (v21 asks a tile earlier),
 //       so --turn-pv times 3 stages too.
+//  (v24) TURN_PV 1 and OVERLAP 1 (3 stages): v23's turns with v20's order inside a warpgroup:
+//       a turn issues S_j, then P_{j-1} V_{j-1}, and the softmax of S_j starts once S_j is done,
+//       while P_{j-1} V_{j-1} and then the other warpgroup's GEMMs run (FlashAttention-3's two
+//       schedules together). v23's softmax waits for both GEMMs of its turn.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -196,7 +200,8 @@
 //              PINGPONG, not OVERLAP: v22)
 //   STAGGER    0, or 1 (PRODUCER 1): v19's prologue, one tile at a time
 //   QFIRST     0, or 1 (WGMMA 1): v21, Q_i's loads before the prologue's tiles
-//   TURN_PV    0, or 1 (PRODUCER 1, PINGPONG 1): v23, a turn covers P_j V_j and S_{j+1}
+//   TURN_PV    0, or 1 (PRODUCER 1, PINGPONG 1): v23, a turn covers P_j V_j and S_{j+1}; with
+//              OVERLAP 1 (3 stages): v24
 //   KV_LENS_ARG  0, or 1: v18, one more parameter of decode_split, ``kv_lens_arg`` (KvLens, by
 //              value: kv_lens[b] for b < batch <= KV_LENS_MAX); ``kv_lens`` is then not read
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
@@ -330,8 +335,8 @@ static_assert(!TMAP_PREFETCH || TMA, "v15 (TMAP_PREFETCH): the tensor maps of TM
 static_assert(!HALF_ROWS || (WGMMA && NUM_WARPS == 4), "v16 (HALF_ROWS): one warpgroup of wgmma");
 static_assert(!STAGGER || PRODUCER, "v19 (STAGGER): v17's producer");
 static_assert(!QFIRST || (WGMMA && BLOCK_R * HEAD_DIM / 8 % NUM_THREADS == 0), "v21 (QFIRST): the wgmma loop");
-static_assert(!PRODUCER || (TMA && !FUSED && !(PINGPONG && OVERLAP)),
-              "v17 (PRODUCER): the TMA loop without v7's merge (v22's turns not with v20's overlap)");
+static_assert(!PRODUCER || (TMA && !FUSED && !(PINGPONG && OVERLAP && !TURN_PV)),
+              "v17 (PRODUCER): the TMA loop without v7's merge (v22's turns with v20's overlap: v24)");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
 static_assert(!TURN_PV || (PRODUCER && PINGPONG && NUM_WARPS == 8), "v23 (TURN_PV): v22's turns, two warpgroups");
 static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
@@ -902,7 +907,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         softmax_step<HALF_ROWS ? 1 : 2>(s, m_i, l_i, alpha, scale_log2);
     };
 
-#if PRODUCER && OVERLAP   // v20: flash3.cu's v4 order. Tile t_begin's S alone; then S_j and
+#if PRODUCER && OVERLAP && !TURN_PV   // v20: flash3.cu's v4 order. Tile t_begin's S alone; then S_j and
     // P_{j-1} V_{j-1} issued together, S_j's softmax while P V runs. (One loop with a guarded
     // P V would have ptxas serialize every wgmma: warning C7514.)
     auto full = [&](int j) {                          // tile j's stage filled
@@ -985,10 +990,25 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         for (int j = t_begin + 1; j < t_end; ++j) {
             full(j);
             turn();                                   // the other warpgroup's GEMMs were queued
-            gemm_pv(o, p, v_tile((j - 1 - t_begin) % STAGES));   // first: its softmax runs beside these
+#if OVERLAP       // v24: S_j first, and its softmax while P_{j-1} V_{j-1} runs (v20's order)
+            gemm_qk(s, q_tile, w, k_tile((j - t_begin) % STAGES));
+            gemm_pv(o, p, v_tile((j - 1 - t_begin) % STAGES));
+            hand_over(false);
+            wgmma_wait<1>();                          // S_j done, P_{j-1} V_{j-1} running
+            fence_regs(s);
+            mask_softmax(j);
+            wgmma_wait<0>();                          // P_{j-1} V_{j-1} done: O_i, P, V_{j-1} free
+            fence_regs(o);
+            fence_regs(p);
+            freed(j - 1);
+            rescale_o(o, alpha);
+            convert_p(s, p);
+#else             // first: its softmax runs beside these
+            gemm_pv(o, p, v_tile((j - 1 - t_begin) % STAGES));
             gemm_qk(s, q_tile, w, k_tile((j - t_begin) % STAGES));
             hand_over(false);
             softmax_of(j);
+#endif
         }
         turn();                                       // the last tile's P V alone
         gemm_pv(o, p, v_tile((t_end - 1 - t_begin) % STAGES));
@@ -1082,7 +1102,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #endif
     }
 #endif   // v20's loop or the others
-#if OVERLAP       // v11, v20: the last tile's O_i += P V (each P V trails its S by a tile)
+#if OVERLAP && !TURN_PV   // v11, v20: the last tile's O_i += P V (each P V trails its S by a tile)
     if (t_begin < t_end) {                            // the last tile's O_i += P V
         gemm_pv(o, p, v_tile((t_end - 1 - t_begin) % STAGES));
         wgmma_wait<0>();

@@ -83,7 +83,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -944,7 +944,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     ``q_first``: 1 issues the loads of Q_i into registers before any K/V tile is asked for, so
     that they do not queue behind the tiles (v21: QFIRST; wgmma), 0 after them, None:
     ``default_q_first``; ``turn_pv``: 1 has a warpgroup's turn issue P_j V_j and S_{j+1}
-    together, FlashAttention-3's ping-pong (v23: TURN_PV; producer 1 and pingpong 1), 0 v22's
+    together, FlashAttention-3's ping-pong (v23: TURN_PV; producer 1 and pingpong 1; with
+    ``overlap=1`` and 3 stages, the softmax of S_j beside P_{j-1} V_{j-1} as well, v24), 0 v22's
     turn of S_j alone, None: ``default_turn_pv`` where ``stages`` and ``pingpong`` are None (it
     then sets pingpong 1 and TURN_PV_STAGES)."""
     from ..common import check_flag
@@ -1067,10 +1068,10 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
         producer = int(default_producer(wgmma, warps, tma, fused) and not pingpong and not overlap)
     if pingpong is None:
         pingpong = 0 if producer else default_pingpong(wgmma, warps)
-    if producer and (not tma or (pingpong and overlap)):
+    if producer and (not tma or (pingpong and overlap and not turn_pv)):
         raise KernelInputError(f"producer = 1: the TMA unit's loop (tma 1, this launch {tma}), the "
-                               f"ping-pong (v22) or the overlap (v20) but not both (pingpong "
-                               f"{pingpong}, overlap {overlap})")
+                               f"ping-pong (v22) or the overlap (v20), both only with turn_pv 1 (v24; "
+                               f"pingpong {pingpong}, overlap {overlap})")
     if isinstance(stagger, bool) or stagger not in (0, 1) or (stagger and not producer):
         raise KernelInputError(f"stagger = {stagger!r}: 0, or 1 with v17's producer (producer {producer})")
     if q_first is None:
@@ -1217,10 +1218,11 @@ def compile_variants():
                        q_first=0)
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     # v20 (v17's producer with v11's overlap, 3 stages; on v18), v22 (v21 with strict ping-pong
-    # turns) and v23 (v22's turns covering P V and the next S; 2 and 3 stages), two warpgroups,
-    # plain and staggered, as --overlap-producer, --pingpong-producer and --turn-pv run them
+    # turns), v23 (v22's turns covering P V and the next S; 2 and 3 stages) and v24 (v23 with
+    # v20's overlap), two warpgroups, plain and staggered, as --overlap-producer,
+    # --pingpong-producer, --turn-pv and --turn-overlap run them
     for kw in (dict(overlap=1, stages=3, q_first=0), dict(pingpong=1), dict(pingpong=1, turn_pv=1),
-               dict(pingpong=1, turn_pv=1, stages=3)):
+               dict(pingpong=1, turn_pv=1, stages=3), dict(pingpong=1, turn_pv=1, stages=3, overlap=1)):
         for d in HEAD_DIMS:
             for dtype in ("fp16", "bf16"):
                 for sg in (0, 1):
