@@ -12,6 +12,7 @@ import bisect
 import csv
 import io
 import pathlib
+import re
 import statistics
 import sys
 
@@ -393,7 +394,7 @@ def decode_v5_w4(d: dict) -> list[str]:
     by = {}
     for p in d["points"]:
         if p["impl"] == "cupy_decode" and p["check_ok"] and p["kv_heads"] == 1 and p["q_len"] == 1 \
-                and p.get("variant") not in ("v6", "v7", "v8", "v9", "v10", "v16", "v17", "v18", "v21"):
+                and re.fullmatch(r"v[1-5](_w[48])?", p.get("variant", "v1")):   # v1-v5 alone
             mine = by.setdefault((p["batch"], p["kv_len"]), {})     # a variant's best layout
             mine[p.get("variant", "v1")] = max(p["tbps"], mine.get(p.get("variant", "v1"), 0))
     here = {k: v for k, v in by.items() if "v5_w4" in v}
@@ -1297,7 +1298,20 @@ def decode_md_text() -> str:
              "consumer warpgroups; an option, not the defaults; the first run, its turns' barrier id computed)",
              ("at the table's MQA points of q_len 4, where it was tried", held.format("two warpgroups, ", "v22"))),
             ("decode_pingpong_producer_h200.json", "v22 again, its barrier ids constants (the kernel since)",
-             ("at the table's MQA points of q_len 4", "at the same held-out points"))):
+             ("at the table's MQA points of q_len 4", "at the same held-out points")),
+            ("decode_turn_pv_h200.json", "v23 (v22 whose turn issues P_{j-1} V_{j-1} with S_j, "
+             "FlashAttention-3's grouping; at 2 and 3 stages)", ("at the table's MQA points of q_len 4, "
+                                                                 "where its rule was read off",
+                                                                 held.format("two warpgroups, ", "v23"))),
+            ("decode_turn_pv_heldout_h200.json", "The rule for v23 (default_turn_pv: 3 stages, more than 16 "
+             "tiles a split; \"defaults\"; the defaults since)", ("at the table's points",
+                                                                  "held out: off the grid, chosen after the "
+                                                                  "run above and before any timing there; "
+                                                                  "18 to 64 tiles a split, and 4 and 8, where "
+                                                                  "the rule keeps v21")),
+            ("decode_turn_overlap_h200.json", "v24 (v23's turns with v20's overlap inside a warpgroup; an "
+             "option, not the defaults)", ("at the table's MQA points of q_len 4, where it was tried",
+                                           held.format("", "v24")))):
         r = _load(name)
         block += decode_rounds_split(r, name, d["configs"], what, parts) if r and d else []
     block += decode_sanitizer()
