@@ -386,6 +386,13 @@ V24 = dict(V23, stages=3, overlap=1)
 TURN_OVERLAP = (("v23, 3 stages", dict(V23, stages=3)), ("v24", V24), ("v21", V21))
 TURN_OVERLAP_HELDOUT_POINTS = [(32, 1, 16384, 4), (80, 1, 8192, 4), (3, 2, 98304, 8), (9, 1, 57344, 4),
                                (14, 4, 24576, 16), (5, 1, 98304, 4)]
+# --tree-softmax: v25 (the softmax's row max and sum in 4 partial chains) on the defaults against
+# the defaults, at the table's MQA points of q_len 4 and of q_len 1 with B >= 8 (two warpgroups
+# and one), and held-out points off the grid on wgmma, chosen before v25 was first timed
+TREE_SOFTMAX = (("v23", decode.VARIANTS["v23"]), ("v25", dict(decode.VARIANTS["v23"], tree_softmax=1)))
+TREE_SOFTMAX_POINTS = PINGPONG_PRODUCER_POINTS + [(B, 1, n, 1) for B in (8, 64) for n in (4096, 32768, 131072)]
+TREE_SOFTMAX_HELDOUT_POINTS = [(12, 1, 49152, 1), (40, 2, 8192, 2), (6, 1, 65536, 4), (24, 1, 32768, 3),
+                               (3, 4, 131072, 16), (72, 1, 4096, 1)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1243,7 +1250,14 @@ def tiny_cases():
                             (32, 4, 128, [300, 700], 16, 0, "fp16", 2, dict(V24)),
                             (32, 1, 128, [129, 700], 4, 0, "fp16", None, dict(V24, head_major=True)),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V24, stagger=1)),
-                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V24, probe=True))]
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(V24, probe=True)),
+                            # v25 (the softmax in 4 partial chains): one warpgroup (half rows) and
+                            # two (v21's loop, v23's), ragged, causal q_len 4, bf16 d = 64, fused
+                            (32, 1, 128, [37, 300], 1, 0, "fp16", 2, dict(tree_softmax=1)),
+                            (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(tree_softmax=1)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 2, dict(V23, tree_softmax=1)),
+                            (32, 2, 64, [70, 300, 256], 4, 0, "bf16", 3, dict(tree_softmax=1)),
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(tree_softmax=1, fused=1))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1357,6 +1371,7 @@ ROUND_SETS = {
     "turn-pv": (PINGPONG_PRODUCER_POINTS + TURN_PV_HELDOUT_POINTS, TURN_PV, "config"),
     "turn-pv-heldout": (TURN_PV_RULE_POINTS, TURN_PV_RULE, "config"),
     "turn-overlap": (PINGPONG_PRODUCER_POINTS + TURN_OVERLAP_HELDOUT_POINTS, TURN_OVERLAP, "config"),
+    "tree-softmax": (TREE_SOFTMAX_POINTS + TREE_SOFTMAX_HELDOUT_POINTS, TREE_SOFTMAX, "config"),
 }
 
 
@@ -1426,6 +1441,9 @@ MODES = {
     "turn-overlap": ("decode_turn_overlap_h200.json", "v24 (v23's turns with the softmax beside the previous "
                      "P V) against v23 and v21 in interleaved rounds at the MQA q_len-4 points and "
                      "held-out points", _rounds("turn-overlap")),
+    "tree-softmax": ("decode_tree_softmax_h200.json", "v25 (the softmax's row max and sum in 4 partial "
+                     "chains) on the defaults against the defaults in interleaved rounds at the MQA points "
+                     "and held-out points", _rounds("tree-softmax")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 

@@ -475,6 +475,17 @@ def test_turn_pv_where_v23_takes_it():
     _refused(decode.configure, 64, **mqa4, kv_lens=[32768] * 64, turn_pv=2, match="turn_pv")
 
 
+def test_tree_softmax_on_wgmma():
+    """v25 (TREE_SOFTMAX): an option of the wgmma loop (one warpgroup and two), off by default,
+    refused on mma.sync."""
+    for ql in (1, 4):
+        d = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, tree_softmax=1)
+        assert (d.wgmma, d.tree_softmax, d.defines()["TREE_SOFTMAX"]) == (1, 1, 1)
+        assert "TREE_SOFTMAX" not in decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql).defines()
+    _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], tree_softmax=1, match="tree_softmax")   # mma.sync
+    _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], tree_softmax=2, match="tree_softmax")
+
+
 def test_overlap_with_the_producer():
     """v20: v17's producer with v11's overlap (3 stages); overlap alone keeps v11's loop."""
     d = decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, producer=1, overlap=1, stages=3)

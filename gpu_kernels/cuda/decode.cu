@@ -164,6 +164,12 @@
 //       a turn issues S_j, then P_{j-1} V_{j-1}, and the softmax of S_j starts once S_j is done,
 //       while P_{j-1} V_{j-1} and then the other warpgroup's GEMMs run (FlashAttention-3's two
 //       schedules together). v23's softmax waits for both GEMMs of its turn.
+//  (v25) TREE_SOFTMAX 1 (WGMMA 1): the softmax's row max and row sum (wgmma.cuh's softmax_step)
+//       in 4 partial chains each, joined at the end, where v5-v24 fold each row's 32 pairs into
+//       one dependent chain of FMNMX and one of FADD. Nsight Compute's warp samples of v23 at
+//       MQA q_len 4 (decode_loop_sass_ncu_h200_v23.csv) hold about a quarter of the samples in
+//       fixed-latency waits: with the turns keeping the tensor cores fed, a softmax's latency
+//       sits on the loop's path. The sum's order changes (still the same every run).
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -202,6 +208,7 @@
 //   QFIRST     0, or 1 (WGMMA 1): v21, Q_i's loads before the prologue's tiles
 //   TURN_PV    0, or 1 (PRODUCER 1, PINGPONG 1): v23, a turn covers P_j V_j and S_{j+1}; with
 //              OVERLAP 1 (3 stages): v24
+//   TREE_SOFTMAX  0, or 1 (WGMMA 1): v25, a row's max and sum over 4 partial chains
 //   KV_LENS_ARG  0, or 1: v18, one more parameter of decode_split, ``kv_lens_arg`` (KvLens, by
 //              value: kv_lens[b] for b < batch <= KV_LENS_MAX); ``kv_lens`` is then not read
 //   TIMELINE   0, or 1: a probe, not a version (below): one more parameter of decode_split,
@@ -292,6 +299,9 @@
 #ifndef TURN_PV
 #define TURN_PV 0
 #endif
+#ifndef TREE_SOFTMAX
+#define TREE_SOFTMAX 0
+#endif
 #define NUM_THREADS (32 * NUM_WARPS)                 // the threads that compute (v17: the consumers)
 // v17's producer: one warp beside one consumer warpgroup; beside two, a warpgroup (ptxas sizes
 // registers by warpgroups: 288 threads would get 384's, 168 each), whose first warp issues the
@@ -339,6 +349,7 @@ static_assert(!PRODUCER || (TMA && !FUSED && !(PINGPONG && OVERLAP && !TURN_PV))
               "v17 (PRODUCER): the TMA loop without v7's merge (v22's turns with v20's overlap: v24)");
 static_assert(!OVERLAP || (WGMMA && STAGES >= 3), "v11: the wgmma loop, V_{j-1} a stage longer (3 stages)");
 static_assert(!TURN_PV || (PRODUCER && PINGPONG && NUM_WARPS == 8), "v23 (TURN_PV): v22's turns, two warpgroups");
+static_assert(!TREE_SOFTMAX || WGMMA, "v25 (TREE_SOFTMAX): the wgmma loop's softmax");
 static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 64 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
               "L2_PREFETCH is 0, 64, 128 or 256");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory above the 227 KB per-block limit");
@@ -904,7 +915,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
                 for (int e = 0; e < (HALF_ROWS ? 2 : 4); ++e)   // v16: rows g + 8 pad
                     if (key0 + n * 8 + 2 * t + (e & 1) > limit[e >> 1]) s[4 * n + e] = NEG_INF;
         }
-        softmax_step<HALF_ROWS ? 1 : 2>(s, m_i, l_i, alpha, scale_log2);
+        softmax_step<HALF_ROWS ? 1 : 2, (bool)TREE_SOFTMAX>(s, m_i, l_i, alpha, scale_log2);
     };
 
 #if PRODUCER && OVERLAP && !TURN_PV   // v20: flash3.cu's v4 order. Tile t_begin's S alone; then S_j and

@@ -137,28 +137,38 @@ __device__ __forceinline__ void gemm_pv(float (&o)[O_REGS], const u32 (&p)[P_REG
 // Online softmax of one block (base 2, statistics fp32): m_i, l_i updated, S_ij -> P_ij in place,
 // alpha[h] = exp2(m_old - m_new) returned for the rescale of O_i (rows g, g + 8: h = 0, 1).
 // HALVES 1: rows g only (decode.cu's v16 puts its padding rows at g + 8: left as they are, alpha 1).
-template <int HALVES = 2>
+// TREE (decode.cu's v25): a row's max and sum over 4 partial chains, not one: a chain of B_c / 4
+// dependent FMNMX / FADD is as many latencies per tile (the sum's order changes, still fixed).
+template <int HALVES = 2, bool TREE = false>
 __device__ __forceinline__ void softmax_step(float (&s)[S_REGS], float (&m_i)[2], float (&l_i)[2],
                                              float (&alpha)[2], float scale_log2) {
+    constexpr int CHAINS = TREE ? 4 : 1;
     const float NEG_INF = neg_inf();
     if (HALVES == 1) alpha[1] = 1.f;
 #pragma unroll
     for (int h = 0; h < HALVES; ++h) {
-        float mx = NEG_INF;
+        float mc[CHAINS];
 #pragma unroll
-        for (int n = 0; n < BLOCK_C / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+        for (int c = 0; c < CHAINS; ++c) mc[c] = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < BLOCK_C / 8; ++n)
+            mc[n % CHAINS] = fmaxf(mc[n % CHAINS], fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+        float mx = TREE ? fmaxf(fmaxf(mc[0], mc[1 % CHAINS]), fmaxf(mc[2 % CHAINS], mc[3 % CHAINS])) : mc[0];
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 threads of a row
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_i[h], mx * scale_log2);
         const float m_use = (m_new == NEG_INF) ? 0.f : m_new;  // fully masked so far
         alpha[h] = fast_exp2(m_i[h] - m_use);
-        float rowsum = 0.f;
+        float rc[CHAINS];
+#pragma unroll
+        for (int c = 0; c < CHAINS; ++c) rc[c] = 0.f;
 #pragma unroll
         for (int n = 0; n < BLOCK_C / 8; ++n) {
             s[4 * n + 2 * h] = fast_exp2(fmaf(s[4 * n + 2 * h], scale_log2, -m_use));
             s[4 * n + 2 * h + 1] = fast_exp2(fmaf(s[4 * n + 2 * h + 1], scale_log2, -m_use));
-            rowsum += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
+            rc[n % CHAINS] += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
         }
+        const float rowsum = TREE ? (rc[0] + rc[1 % CHAINS]) + (rc[2 % CHAINS] + rc[3 % CHAINS]) : rc[0];
         l_i[h] = l_i[h] * alpha[h] + rowsum;
         m_i[h] = m_new;
     }

@@ -85,7 +85,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)   # the .cu file's (v12 is a rule here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -197,7 +197,7 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
             evict_first: int = 0, phased: int = 0, timeline: int = 0,
             tmap_prefetch: int = 0, half_rows: int = 0, producer: int = 0,
             kv_lens_arg: int = 0, stagger: int = 0, q_first: int = 0,
-            turn_pv: int = 0) -> dict[str, int]:
+            turn_pv: int = 0, tree_softmax: int = 0) -> dict[str, int]:
     out = {"HEAD_DIM": d, "IS_BF16": int(dtype_name(dtype) == "bfloat16"), "PAGE_SIZE": page_size,
            "ROW_WARPS": rw, "BLOCK_C": block_cols, "STAGES": STAGES[d] if stages is None else stages,
            "NUM_WARPS": warps, "COMBINE": combine,
@@ -207,7 +207,8 @@ def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK
         out |= {"L2_PREFETCH": l2_prefetch, "EVICT_FIRST": evict_first}
     for name, on in (("PHASED", phased), ("TMAP_PREFETCH", tmap_prefetch), ("HALF_ROWS", half_rows),
                      ("PRODUCER", producer), ("KV_LENS_ARG", kv_lens_arg), ("STAGGER", stagger),
-                     ("QFIRST", q_first), ("TURN_PV", turn_pv), ("TIMELINE", timeline)):   # v14-v23, the probe
+                     ("QFIRST", q_first), ("TURN_PV", turn_pv), ("TREE_SOFTMAX", tree_softmax),
+                     ("TIMELINE", timeline)):   # v14-v25, the probe
         if on:
             out[name] = 1
     return out
@@ -452,6 +453,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     stagger: int = 0                 # STAGGER: v19, the producer's prologue one tile at a time
     q_first: int = 0                 # QFIRST: v21, Q_i's loads issued before any K/V tile's
     turn_pv: int = 0                 # TURN_PV: v23, a warpgroup's turn issues P_j V_j and S_{j+1}
+    tree_softmax: int = 0            # TREE_SOFTMAX: v25, a row's max and sum in 4 partial chains
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -475,7 +477,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                        self.pdl, self.fused, self.pingpong, self.tma, self.overlap, self.l2_prefetch,
                        self.evict_first, self.phased, self.timeline, self.tmap_prefetch,
                        self.half_rows, self.producer, self.kv_lens_arg, self.stagger, self.q_first,
-                       self.turn_pv)
+                       self.turn_pv, self.tree_softmax)
 
     def arch(self) -> str | None:
         """sm_90a for v5 (wgmma), else CuPy's target for the device."""
@@ -564,7 +566,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     evict_first=self.evict_first, phased=self.phased,
                     tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows, producer=self.producer,
                     kv_lens_arg=self.kv_lens_arg, stagger=self.stagger, q_first=self.q_first,
-                    turn_pv=self.turn_pv)
+                    turn_pv=self.turn_pv, tree_softmax=self.tree_softmax)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -908,7 +910,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
               half_rows=None, producer=None, kv_lens_arg=None, stagger=0, q_first=None,
-              turn_pv=None) -> DecodeLaunch:
+              turn_pv=None, tree_softmax=0) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -949,7 +951,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     together, FlashAttention-3's ping-pong (v23: TURN_PV; producer 1 and pingpong 1; with
     ``overlap=1`` and 3 stages, the softmax of S_j beside P_{j-1} V_{j-1} as well, v24), 0 v22's
     turn of S_j alone, None: ``default_turn_pv`` where ``stages`` and ``pingpong`` are None (it
-    then sets pingpong 1 and TURN_PV_STAGES)."""
+    then sets pingpong 1 and TURN_PV_STAGES); ``tree_softmax``: 1 folds a row's max and sum in
+    4 partial chains (v25: TREE_SOFTMAX; wgmma), 0 in one."""
     from ..common import check_flag
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
@@ -1090,6 +1093,9 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if isinstance(turn_pv, bool) or turn_pv not in (0, 1) or (turn_pv and not (producer and pingpong)):
         raise KernelInputError(f"turn_pv = {turn_pv!r}: 0, or 1 with the producer's ping-pong (v22: "
                                f"producer 1, pingpong 1; this launch {producer}, {pingpong})")
+    if isinstance(tree_softmax, bool) or tree_softmax not in (0, 1) or (tree_softmax and not wgmma):
+        raise KernelInputError(f"tree_softmax = {tree_softmax!r}: 0, or 1 on wgmma (v5's loop; this "
+                               f"launch: wgmma {wgmma})")
     if fused and producer:
         raise KernelInputError("producer = 1 with fused = 1: v17's consumers do not merge the splits; "
                                "fused 0")
@@ -1109,7 +1115,8 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         wgmma=wgmma, pdl=pdl, fused=fused, pingpong=pingpong, tma=tma, overlap=overlap,
                         l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
                         tmap_prefetch=tmap_prefetch, half_rows=half_rows, producer=producer,
-                        kv_lens_arg=kv_lens_arg, stagger=stagger, q_first=q_first, turn_pv=turn_pv)
+                        kv_lens_arg=kv_lens_arg, stagger=stagger, q_first=q_first, turn_pv=turn_pv,
+                        tree_softmax=tree_softmax)
 
 
 # Shapes (B, kv_heads, kv_len, q_len; 32 query heads) whose default launches CI compiles (v21):
@@ -1234,6 +1241,11 @@ def compile_variants():
     for ql in (1, 4):                        # v18 (v21 without Q_i's loads first), as --q-first runs it
         lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=ql, q_first=0)
         out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
+    for B, ql in ((64, 4), (8, 4), (8, 1)):    # v25 (tree_softmax) on v23's, v21's and v16's loops, as
+        for d in HEAD_DIMS:                  # --tree-softmax runs it
+            for dtype in ("fp16", "bf16"):
+                lc = configure(B, 32, 1, d, kv_lens=[32768] * B, q_len=ql, dtype=dtype, tree_softmax=1)
+                out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     lc = configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, stagger=1, producer=1)   # v21 + v19
     out.append((CU_FILE, lc.defines(), lc.dynamic_smem, HOT))
     for ql, kw in ((4, {}), (4, dict(stagger=1, producer=1)), (1, {})):   # v21 at 3 stages, as --stages
