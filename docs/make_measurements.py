@@ -1014,14 +1014,17 @@ def decode_stalls_ncu() -> list[str]:
         out.append(f"* Where the defaults' step goes (Nsight Compute, `decode_stalls_ncu_h200.json`, "
                    f"{d['provenance']['date'][:10]}, the defaults then, v18; its own L2 flush and clocks "
                    "unlocked): " + "; ".join(parts) + ".")
-    for name, who in (("decode_loop_sass_ncu_h200.csv", "v18, the defaults then"),
-                      ("decode_loop_sass_ncu_h200_v21.csv", "v21, the defaults since")):
+    for name, who, at in (("decode_loop_sass_ncu_h200.csv", "v18, the defaults then", "32k"),
+                          ("decode_loop_sass_ncu_h200_v21.csv", "v21, the defaults then", "32k"),
+                          ("decode_loop_sass_ncu_h200_v23.csv", "v23, the defaults since", "128k")):
         path = measured.path(name)
         if not path.exists():
             continue
         rows = list(csv.reader(io.StringIO(path.read_text())))
         head = next(r for r in rows if "Source" in r and "Warp Stall Sampling (All Samples)" in r)
         src, n = head.index("Source"), head.index("Warp Stall Sampling (All Samples)")
+        why = {h[len("stall_"):]: i for i, h in enumerate(head)
+               if h.startswith("stall_") and "Not Issued" not in h}         # the sampled reasons
         body = [(float(r[n].replace(",", "")), r[src].split()) for r in rows[rows.index(head) + 1:]
                 if len(r) > max(src, n) and r[n].replace(",", "").replace(".", "").isdigit()]
         total = sum(x for x, _ in body)
@@ -1032,9 +1035,13 @@ def decode_stalls_ncu() -> list[str]:
             kinds[kind] = kinds.get(kind, 0) + x
         top = sorted(kinds.items(), key=lambda kv: -kv[1])[:6]
         heavy = sorted(body, key=lambda b: -b[0])[:4]
+        reasons = {k: sum(float(r[i] or 0) for r in rows[rows.index(head) + 1:] if len(r) > i
+                          and r[n].replace(",", "").replace(".", "").isdigit()) for k, i in why.items()}
         out.append(f"* Where the split kernel's warps wait ({who}; Nsight Compute's warp-state samples "
-                   f"of one launch at B 8, kv_heads 1, 32k, q_len 4, `{name}`, {int(total)} samples): by "
+                   f"of one launch at B 8, kv_heads 1, {at}, q_len 4, `{name}`, {int(total)} samples): by "
                    "instruction kind " + ", ".join(f"{k} {100 * x / total:.1f} %" for k, x in top)
+                   + "; by reason " + ", ".join(f"{k} {100 * x / total:.1f} %" for k, x in sorted(
+                       reasons.items(), key=lambda kv: -kv[1])[:4])
                    + "; the instructions holding the most: " + ", ".join(
                        f"`{' '.join(w)}` {100 * x / total:.1f} %" for x, w in heavy) + ".")
     return out
@@ -1311,7 +1318,11 @@ def decode_md_text() -> str:
                                                                   "the rule keeps v21")),
             ("decode_turn_overlap_h200.json", "v24 (v23's turns with v20's overlap inside a warpgroup; an "
              "option, not the defaults)", ("at the table's MQA points of q_len 4, where it was tried",
-                                           held.format("", "v24")))):
+                                           held.format("", "v24"))),
+            ("decode_tree_softmax_h200.json", "v25 (the softmax's row max and sum in 4 partial chains, on "
+             "the defaults; an option, not the defaults)", ("at the table's MQA points of q_len 4 and of "
+                                                            "q_len 1 with B >= 8, where it was tried",
+                                                            held.format("", "v25")))):
         r = _load(name)
         block += decode_rounds_split(r, name, d["configs"], what, parts) if r and d else []
     block += decode_sanitizer()

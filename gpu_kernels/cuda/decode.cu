@@ -159,17 +159,20 @@
 //       alternate, so one warpgroup's exponentials meet the other's GEMMs. A tile's stage is
 //       freed once its P V is done, which is issued with the next tile's S: at 2 stages the
 //       tile after that is asked for only during the next softmax (v21 asks a tile earlier),
-//       so --turn-pv times 3 stages too.
+//       so --turn-pv times 3 stages too. The defaults at 3 stages where the producer feeds two
+//       warpgroups long splits (decode.py's default_turn_pv), v21 elsewhere.
 //  (v24) TURN_PV 1 and OVERLAP 1 (3 stages): v23's turns with v20's order inside a warpgroup:
 //       a turn issues S_j, then P_{j-1} V_{j-1}, and the softmax of S_j starts once S_j is done,
 //       while P_{j-1} V_{j-1} and then the other warpgroup's GEMMs run (FlashAttention-3's two
-//       schedules together). v23's softmax waits for both GEMMs of its turn.
+//       schedules together). v23's softmax waits for both GEMMs of its turn. --turn-overlap:
+//       no faster than v23; an option.
 //  (v25) TREE_SOFTMAX 1 (WGMMA 1): the softmax's row max and row sum (wgmma.cuh's softmax_step)
 //       in 4 partial chains each, joined at the end, where v5-v24 fold each row's 32 pairs into
 //       one dependent chain of FMNMX and one of FADD. Nsight Compute's warp samples of v23 at
-//       MQA q_len 4 (decode_loop_sass_ncu_h200_v23.csv) hold about a quarter of the samples in
-//       fixed-latency waits: with the turns keeping the tensor cores fed, a softmax's latency
-//       sits on the loop's path. The sum's order changes (still the same every run).
+//       MQA q_len 4 (decode_loop_sass_ncu_h200_v23.csv) have fixed-latency waits as their
+//       largest reason: with the turns keeping the tensor cores fed, a softmax's latency sits
+//       on the loop's path. The sum's order changes (still the same every run). --tree-softmax:
+//       no faster; an option.
 // Masks: keys >= kv_len (ragged tiles, zero-filled
 // by cp.async), and, causal, key k hidden from query position qi when k > kv_len - q_len + qi
 // (bottom-right aligned: the new tokens are the last q_len of the sequence).
@@ -1000,7 +1003,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         softmax_of(t_begin);
         for (int j = t_begin + 1; j < t_end; ++j) {
             full(j);
-            turn();                                   // the other warpgroup's GEMMs were queued
+            turn();           // the other's GEMMs are queued ahead of these; its softmax runs beside them
 #if OVERLAP       // v24: S_j first, and its softmax while P_{j-1} V_{j-1} runs (v20's order)
             gemm_qk(s, q_tile, w, k_tile((j - t_begin) % STAGES));
             gemm_pv(o, p, v_tile((j - 1 - t_begin) % STAGES));
@@ -1014,7 +1017,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
             freed(j - 1);
             rescale_o(o, alpha);
             convert_p(s, p);
-#else             // first: its softmax runs beside these
+#else
             gemm_pv(o, p, v_tile((j - 1 - t_begin) % STAGES));
             gemm_qk(s, q_tile, w, k_tile((j - t_begin) % STAGES));
             hand_over(false);

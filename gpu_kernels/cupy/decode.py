@@ -324,9 +324,10 @@ def default_turn_pv(producer: int, warps: int, overlap: int, tiles_per_split: in
     than TURN_PV_MIN_TILES tiles. Why: its turns let one warpgroup's softmax run beside the
     other's GEMMs in every tile of the loop, but cost at each end of a split (the second
     warpgroup waits for the first's S, the last P V runs alone) and, at 3 stages, a first tile
-    that lands later. --turn-pv timed it at the table's MQA points of q_len 4 (calibration):
-    1.03-1.10x v21 at 64 to 512 tiles a split, about even at 16 (B 8 at 32k, B 64 at 4k), slower
-    at 2 (decode_turn_pv_h200.json); docs/decode.md's lines say where it held out."""
+    that lands later. --turn-pv timed it at the table's MQA points of q_len 4 (calibration,
+    decode_turn_pv_h200.json): faster than v21 from 64 tiles a split up, about even at 16 (B 8
+    at 32k, B 64 at 4k), slower at 2; --turn-pv-heldout held the rule at points chosen after
+    that run (docs/decode.md's lines give the ratios)."""
     return int(bool(producer) and warps == 8 and not overlap and tiles_per_split > TURN_PV_MIN_TILES)
 
 
@@ -365,9 +366,9 @@ def default_variant(rows: int) -> str:
 # with a producer warp(group) where two warpgroups of wgmma read by TMA without v7's merge
 # (``default_producer``; the ping-pong off there; --producer's runs); v18: v17 with the kv_lens
 # by value (``default_kv_lens_arg``; --kv-lens' run); v17 takes kv_lens_arg=0. (v19, ``stagger``,
-# v20, the producer with the overlap, v22, the producer with strict ping-pong turns, and v23,
-# v22 whose turn issues P V and the next S together (``turn_pv``), are options --stagger,
-# --overlap-producer, --pingpong-producer and --turn-pv time, not configurations of the table.)
+# v20, the producer with the overlap, v22, the producer with strict ping-pong turns, v24, v23 with
+# the overlap, and v25, ``tree_softmax``, are options --stagger, --overlap-producer,
+# --pingpong-producer, --turn-overlap and --tree-softmax time, not configurations of the table.)
 # v21: v18 with Q_i's loads issued before the K/V tiles' (``default_q_first``; --q-first's runs);
 # v1-v18 take q_first=0. v23, the defaults over a contiguous cache: v21 with v23's turns at 3
 # stages where the producer feeds two warpgroups long splits (``default_turn_pv``; --turn-pv's
