@@ -393,6 +393,15 @@ TREE_SOFTMAX = (("v23", decode.VARIANTS["v23"]), ("v25", dict(decode.VARIANTS["v
 TREE_SOFTMAX_POINTS = PINGPONG_PRODUCER_POINTS + [(B, 1, n, 1) for B in (8, 64) for n in (4096, 32768, 131072)]
 TREE_SOFTMAX_HELDOUT_POINTS = [(12, 1, 49152, 1), (40, 2, 8192, 2), (6, 1, 65536, 4), (24, 1, 32768, 3),
                                (3, 4, 131072, 16), (72, 1, 4096, 1)]
+# --chunks-q4: at short MQA steps of q_len 4 (1 or 2 tiles a split: no loop for v23's turns),
+# the defaults against one warpgroup on each 64-row half of a KV head's 128 rows (two row
+# chunks, v9_w4's layout, with v21's loads): twice the blocks at the "sm" rule's splits (half
+# v23's where those fill the SMs), each half the arithmetic a tile; the table's short MQA points
+# of q_len 4 and held-out points off the grid, chosen before any timing here
+CHUNKS_Q4 = (("v23", decode.VARIANTS["v23"]),
+             ("one warpgroup, chunks", dict(decode.VARIANTS["v23"], warps=4, wgmma=1)))
+CHUNKS_Q4_POINTS = [(B, 1, 4096, 4) for B in (1, 8, 64)]
+CHUNKS_Q4_HELDOUT_POINTS = [(2, 1, 4096, 4), (4, 1, 8192, 4), (16, 1, 2048, 4), (3, 1, 6144, 3)]
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1372,6 +1381,7 @@ ROUND_SETS = {
     "turn-pv-heldout": (TURN_PV_RULE_POINTS, TURN_PV_RULE, "config"),
     "turn-overlap": (PINGPONG_PRODUCER_POINTS + TURN_OVERLAP_HELDOUT_POINTS, TURN_OVERLAP, "config"),
     "tree-softmax": (TREE_SOFTMAX_POINTS + TREE_SOFTMAX_HELDOUT_POINTS, TREE_SOFTMAX, "config"),
+    "chunks-q4": (CHUNKS_Q4_POINTS + CHUNKS_Q4_HELDOUT_POINTS, CHUNKS_Q4, "config"),
 }
 
 
@@ -1444,6 +1454,9 @@ MODES = {
     "tree-softmax": ("decode_tree_softmax_h200.json", "v25 (the softmax's row max and sum in 4 partial "
                      "chains) on the defaults against the defaults in interleaved rounds at the MQA points "
                      "and held-out points", _rounds("tree-softmax")),
+    "chunks-q4": ("decode_chunks_q4_h200.json", "at short MQA steps of q_len 4, the defaults against one "
+                  "warpgroup on each 64-row chunk in interleaved rounds, the table's points and held-out "
+                  "points", _rounds("chunks-q4")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
                    "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
 
