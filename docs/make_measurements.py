@@ -1322,7 +1322,10 @@ def decode_md_text() -> str:
             ("decode_tree_softmax_h200.json", "v25 (the softmax's row max and sum in 4 partial chains, on "
              "the defaults; an option, not the defaults)", ("at the table's MQA points of q_len 4 and of "
                                                             "q_len 1 with B >= 8, where it was tried",
-                                                            held.format("", "v25")))):
+                                                            held.format("", "v25"))),
+            ("decode_chunks_q4_h200.json", "One warpgroup on each 64-row chunk of a KV head's rows (v9_w4's "
+             "layout with v21's loads; configure's warps=4, wgmma=1; not the defaults) at short MQA steps of "
+             "q_len 4", ("at the table's points", "held out: off the grid, chosen before any timing there"))):
         r = _load(name)
         block += decode_rounds_split(r, name, d["configs"], what, parts) if r and d else []
     block += decode_sanitizer()
