@@ -921,15 +921,21 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         softmax_step<HALF_ROWS ? 1 : 2, (bool)TREE_SOFTMAX>(s, m_i, l_i, alpha, scale_log2);
     };
 
-#if PRODUCER && OVERLAP && !TURN_PV   // v20: flash3.cu's v4 order. Tile t_begin's S alone; then S_j and
-    // P_{j-1} V_{j-1} issued together, S_j's softmax while P V runs. (One loop with a guarded
-    // P V would have ptxas serialize every wgmma: warning C7514.)
-    auto full = [&](int j) {                          // tile j's stage filled
-        const int n = j - t_begin;
+#if PRODUCER      // v17: tile j's stage filled (TMA, or the producer's cp.async), and freed once this
+    auto full = [&](int j) {                          // warp's GEMMs have read it (the last warp to
+        const int n = j - t_begin;                    // arrive frees it)
         tl.wait_begin();
         mbar_wait(smem_addr(&kv_full[n % STAGES]), (n / STAGES) & 1);
         tl.wait_end();
     };
+    auto freed = [&](int j) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&kv_empty[(j - t_begin) % STAGES]));
+    };
+#endif
+#if PRODUCER && OVERLAP && !TURN_PV   // v20: flash3.cu's v4 order. Tile t_begin's S alone; then S_j and
+    // P_{j-1} V_{j-1} issued together, S_j's softmax while P V runs. (One loop with a guarded
+    // P V would have ptxas serialize every wgmma: warning C7514.)
     if (t_begin < t_end) {
         full(t_begin);
         tl.mark(TL_FIRST);
@@ -950,22 +956,11 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         wgmma_wait<0>();                              // P_{j-1} V_{j-1} done: O_i, P and the stage free
         fence_regs(o);
         fence_regs(p);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(&kv_empty[prev]));
+        freed(j - 1);
         rescale_o(o, alpha);
         convert_p(s, p);
     }
 #elif PRODUCER && TURN_PV   // v23: a turn issues P_j V_j and S_{j+1} together (FlashAttention-3's)
-    auto full = [&](int j) {                          // tile j's stage filled
-        const int n = j - t_begin;
-        tl.wait_begin();
-        mbar_wait(smem_addr(&kv_full[n % STAGES]), (n / STAGES) & 1);
-        tl.wait_end();
-    };
-    auto freed = [&](int j) {                         // tile j's GEMMs done: its stage to the producer
-        __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(&kv_empty[(j - t_begin) % STAGES]));
-    };
     // Warpgroup w waits for its turn at BAR_TURN + w and hands it over at the other's: each has
     // T + 1 turns for the split's T tiles (the first S, then P_{j-1} V_{j-1} with S_j, then the
     // last P V); warpgroup 1 hands over first (at the start) and not after its last, so every
@@ -1037,14 +1032,10 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
     if (w == 1 && t_begin < t_end) named_arrive(BAR_TURN, 2 * 128);
 #endif
     for (int j = t_begin; j < t_end; ++j) {
-        tl.wait_begin();
-#if PRODUCER     // v17: tile j's stage filled (TMA, or the producer's cp.async); nothing to issue
-        {
-            const int n = j - t_begin;
-            mbar_wait(smem_addr(&kv_full[n % STAGES]), (n / STAGES) & 1);
-        }
-        tl.wait_end();
+#if PRODUCER     // v17: nothing to issue
+        full(j);
 #elif TMA
+        tl.wait_begin();
         {
             const int n = j - t_begin;
             if (ragged(j)) {              // the last tile (its cp.async group the last committed)
@@ -1058,6 +1049,7 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         tl.wait_end();
         if (j + AHEAD < t_end) issue(j + AHEAD, (j + AHEAD - t_begin) % STAGES);
 #else
+        tl.wait_begin();
         cp_async_wait<AHEAD - 1>();       // tile j has landed (this thread's part) ...
         fence_proxy_async();              // ... visible to wgmma (async proxy) ...
         __syncthreads();                  // ... everyone's; and tile j + AHEAD's stage is free
@@ -1110,9 +1102,8 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         fence_regs(o);
         fence_regs(p);
 #endif
-#if PRODUCER      // v17: this warp's GEMMs have read the stage; the last warp to arrive frees it
-        __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(&kv_empty[st]));
+#if PRODUCER      // v17: this warp's GEMMs have read the stage
+        freed(j);
 #endif
     }
 #endif   // v20's loop or the others
