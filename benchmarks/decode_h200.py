@@ -1364,30 +1364,75 @@ def profile_point(spec: str, torch) -> dict:
 # The interleaved-rounds runs (``rounds``), by mode: (points, candidates, the row field that
 # names a candidate). A candidate that names an earlier version pins it (decode.VARIANTS), so that
 # a run today times what the committed run timed, whatever the defaults have become since.
+# The interleaved-rounds modes (``rounds``), one place each: --MODE's file, what it times (its
+# --help), its points, its candidates (label, configure keywords) and the rows' label field
 ROUND_SETS = {
-    "l2-hints": (L2_HINT_POINTS, L2_HINTS, "hint"),
-    "phased-heldout": (PHASED_HELDOUT_POINTS, PHASED_HELDOUT, "config"),
-    "phased": (L2_HINT_POINTS, PHASED, "config"),
-    "half-rows": (HALF_ROWS_POINTS + HALF_ROWS_HELDOUT_POINTS, HALF_ROWS, "config"),
-    "producer": (PRODUCER_POINTS + PRODUCER_HELDOUT_POINTS, PRODUCER, "config"),
-    "producer-heldout": (PRODUCER_LONG_HELDOUT_POINTS, PRODUCER_HELDOUT, "config"),
-    "kv-lens": (KV_LENS_POINTS + KV_LENS_HELDOUT_POINTS, KV_LENS_ARGS, "config"),
-    "stagger": (STAGGER_POINTS + STAGGER_HELDOUT_POINTS, STAGGER, "config"),
-    "overlap-producer": (OVERLAP_PRODUCER_POINTS + OVERLAP_PRODUCER_HELDOUT_POINTS, OVERLAP_PRODUCER, "config"),
-    "stages": (STAGES_POINTS + STAGES_HELDOUT_POINTS, STAGES_V21, "config"),
-    "pingpong-producer": (PINGPONG_PRODUCER_POINTS + PINGPONG_PRODUCER_HELDOUT_POINTS, PINGPONG_PRODUCER, "config"),
-    "q-first": (Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config"),
-    "turn-pv": (PINGPONG_PRODUCER_POINTS + TURN_PV_HELDOUT_POINTS, TURN_PV, "config"),
-    "turn-pv-heldout": (TURN_PV_RULE_POINTS, TURN_PV_RULE, "config"),
-    "turn-overlap": (PINGPONG_PRODUCER_POINTS + TURN_OVERLAP_HELDOUT_POINTS, TURN_OVERLAP, "config"),
-    "tree-softmax": (TREE_SOFTMAX_POINTS + TREE_SOFTMAX_HELDOUT_POINTS, TREE_SOFTMAX, "config"),
-    "chunks-q4": (CHUNKS_Q4_POINTS + CHUNKS_Q4_HELDOUT_POINTS, CHUNKS_Q4, "config"),
+    "l2-hints": ("decode_l2_hints_h200.json", "ours with v13's L2 hints on the K/V copies, PyTorch's "
+                 "backends and the plain read in interleaved rounds, under both flushes",
+                 L2_HINT_POINTS, L2_HINTS, "hint"),
+    "phased-heldout": ("decode_phased_heldout_h200.json", "v14 against the defaults in interleaved "
+                       "rounds at held-out points without splits",
+                       PHASED_HELDOUT_POINTS, PHASED_HELDOUT, "config"),
+    "phased": ("decode_phased_h200.json", "ours with v14's loads (K and V apart), PyTorch's backends "
+               "and the plain read in interleaved rounds, under both flushes",
+               L2_HINT_POINTS, PHASED, "config"),
+    "half-rows": ("decode_half_rows_h200.json", "v16 (the rows of an MQA step spread over the 4 warps) "
+                  "against v9 in interleaved rounds, at the table's MQA q_len-1 points and "
+                  "held-out points",
+                  HALF_ROWS_POINTS + HALF_ROWS_HELDOUT_POINTS, HALF_ROWS, "config"),
+    "producer": ("decode_producer_h200.json", "v17 (a producer warp issues the tiles) against the "
+                 "defaults in interleaved rounds, at the MQA points below 0.9 of the plain read and "
+                 "held-out points",
+                 PRODUCER_POINTS + PRODUCER_HELDOUT_POINTS, PRODUCER, "config"),
+    "producer-heldout": ("decode_producer_heldout_h200.json", "v17 against v9 in interleaved rounds at "
+                         "held-out points with long loops",
+                         PRODUCER_LONG_HELDOUT_POINTS, PRODUCER_HELDOUT, "config"),
+    "kv-lens": ("decode_kv_lens_h200.json", "v18 (the kv_lens by value) against v17 in interleaved "
+                "rounds at short steps and held-out points",
+                KV_LENS_POINTS + KV_LENS_HELDOUT_POINTS, KV_LENS_ARGS, "config"),
+    "stagger": ("decode_stagger_h200.json", "v19 (the producer's first tiles one at a time) against "
+                "v18 in interleaved rounds at MQA q_len-4 points and held-out points",
+                STAGGER_POINTS + STAGGER_HELDOUT_POINTS, STAGGER, "config"),
+    "overlap-producer": ("decode_overlap_producer_h200.json", "v20 (the producer with the overlap) "
+                         "against v18, v17 at 3 stages and v19 in interleaved rounds at the "
+                         "MQA q_len-4 points and held-out points",
+                         OVERLAP_PRODUCER_POINTS + OVERLAP_PRODUCER_HELDOUT_POINTS, OVERLAP_PRODUCER, "config"),
+    "stages": ("decode_stages_h200.json", "v21 at 3 stages against its 2, alone and with v19, in "
+               "interleaved rounds at MQA points and held-out points",
+               STAGES_POINTS + STAGES_HELDOUT_POINTS, STAGES_V21, "config"),
+    "pingpong-producer": ("decode_pingpong_producer_h200.json", "v22 (strict ping-pong turns beside the "
+                          "producer) against v21 in interleaved rounds at the MQA q_len-4 points and "
+                          "held-out points",
+                          PINGPONG_PRODUCER_POINTS + PINGPONG_PRODUCER_HELDOUT_POINTS, PINGPONG_PRODUCER, "config"),
+    "q-first": ("decode_q_first_h200.json", "v21 (Q_i's loads before the K/V tiles) against v18 "
+                "and v19 in interleaved rounds at short MQA steps and held-out points",
+                Q_FIRST_POINTS + Q_FIRST_HELDOUT_POINTS, Q_FIRST, "config"),
+    "turn-pv": ("decode_turn_pv_h200.json", "v23 (a turn issues P V and the next S together) at 2 and 3 "
+                "stages against v21 and v22 in interleaved rounds at the MQA q_len-4 points and held-out "
+                "points",
+                PINGPONG_PRODUCER_POINTS + TURN_PV_HELDOUT_POINTS, TURN_PV, "config"),
+    "turn-pv-heldout": ("decode_turn_pv_heldout_h200.json", "the defaults' rule for v23 (default_turn_pv) "
+                        "against v21 and v23 at 3 stages in interleaved rounds at held-out points chosen "
+                        "after --turn-pv",
+                        TURN_PV_RULE_POINTS, TURN_PV_RULE, "config"),
+    "turn-overlap": ("decode_turn_overlap_h200.json", "v24 (v23's turns with the softmax beside the previous "
+                     "P V) against v23 and v21 in interleaved rounds at the MQA q_len-4 points and "
+                     "held-out points",
+                     PINGPONG_PRODUCER_POINTS + TURN_OVERLAP_HELDOUT_POINTS, TURN_OVERLAP, "config"),
+    "tree-softmax": ("decode_tree_softmax_h200.json", "v25 (the softmax's row max and sum in 4 partial "
+                     "chains) on the defaults against the defaults in interleaved rounds at the MQA points "
+                     "and held-out points",
+                     TREE_SOFTMAX_POINTS + TREE_SOFTMAX_HELDOUT_POINTS, TREE_SOFTMAX, "config"),
+    "chunks-q4": ("decode_chunks_q4_h200.json", "at short MQA steps of q_len 4, the defaults against one "
+                  "warpgroup on each 64-row chunk in interleaved rounds, the table's points and held-out "
+                  "points",
+                  CHUNKS_Q4_POINTS + CHUNKS_Q4_HELDOUT_POINTS, CHUNKS_Q4, "config"),
 }
 
 
 def _rounds(mode: str):
     """MODES' runner of an interleaved-rounds mode."""
-    return lambda bench, args: rounds(bench, *ROUND_SETS[mode])
+    return lambda bench, args: rounds(bench, *ROUND_SETS[mode][2:])
 
 
 MODES = {
@@ -1406,59 +1451,12 @@ MODES = {
                    "warm-ups, every repeat", lambda bench, args: clock_ramp(bench)),
     "ties": ("decode_ties_h200.json", "ours and PyTorch's backends in interleaved rounds where "
              "the table has them within 2 percent", lambda bench, args: ties(bench)),
-    "l2-hints": ("decode_l2_hints_h200.json", "ours with v13's L2 hints on the K/V copies, PyTorch's "
-                 "backends and the plain read in interleaved rounds, under both flushes",
-                 _rounds("l2-hints")),
-    "phased-heldout": ("decode_phased_heldout_h200.json", "v14 against the defaults in interleaved "
-                       "rounds at held-out points without splits",
-                       _rounds("phased-heldout")),
-    "phased": ("decode_phased_h200.json", "ours with v14's loads (K and V apart), PyTorch's backends "
-               "and the plain read in interleaved rounds, under both flushes",
-               _rounds("phased")),
     "timeline": ("decode_timeline_h200.json", "where a step's time goes, block by block: the "
                  "defaults' probe (TIMELINE) and the plain read's blocks, after the table's flush",
                  lambda bench, args: timeline(bench)),
-    "half-rows": ("decode_half_rows_h200.json", "v16 (the rows of an MQA step spread over the 4 warps) "
-                  "against v9 in interleaved rounds, at the table's MQA q_len-1 points and "
-                  "held-out points", _rounds("half-rows")),
-    "producer": ("decode_producer_h200.json", "v17 (a producer warp issues the tiles) against the "
-                 "defaults in interleaved rounds, at the MQA points below 0.9 of the plain read and "
-                 "held-out points", _rounds("producer")),
-    "producer-heldout": ("decode_producer_heldout_h200.json", "v17 against v9 in interleaved rounds at "
-                         "held-out points with long loops", _rounds("producer-heldout")),
-    "kv-lens": ("decode_kv_lens_h200.json", "v18 (the kv_lens by value) against v17 in interleaved "
-                "rounds at short steps and held-out points",
-                _rounds("kv-lens")),
-    "stagger": ("decode_stagger_h200.json", "v19 (the producer's first tiles one at a time) against "
-                "v18 in interleaved rounds at MQA q_len-4 points and held-out points",
-                _rounds("stagger")),
-    "overlap-producer": ("decode_overlap_producer_h200.json", "v20 (the producer with the overlap) "
-                         "against v18, v17 at 3 stages and v19 in interleaved rounds at the "
-                         "MQA q_len-4 points and held-out points", _rounds("overlap-producer")),
-    "stages": ("decode_stages_h200.json", "v21 at 3 stages against its 2, alone and with v19, in "
-               "interleaved rounds at MQA points and held-out points", _rounds("stages")),
-    "pingpong-producer": ("decode_pingpong_producer_h200.json", "v22 (strict ping-pong turns beside the "
-                          "producer) against v21 in interleaved rounds at the MQA q_len-4 points and "
-                          "held-out points", _rounds("pingpong-producer")),
-    "q-first": ("decode_q_first_h200.json", "v21 (Q_i's loads before the K/V tiles) against v18 "
-                "and v19 in interleaved rounds at short MQA steps and held-out points", _rounds("q-first")),
-    "turn-pv": ("decode_turn_pv_h200.json", "v23 (a turn issues P V and the next S together) at 2 and 3 "
-                "stages against v21 and v22 in interleaved rounds at the MQA q_len-4 points and held-out "
-                "points", _rounds("turn-pv")),
-    "turn-pv-heldout": ("decode_turn_pv_heldout_h200.json", "the defaults' rule for v23 (default_turn_pv) "
-                        "against v21 and v23 at 3 stages in interleaved rounds at held-out points chosen "
-                        "after --turn-pv", _rounds("turn-pv-heldout")),
-    "turn-overlap": ("decode_turn_overlap_h200.json", "v24 (v23's turns with the softmax beside the previous "
-                     "P V) against v23 and v21 in interleaved rounds at the MQA q_len-4 points and "
-                     "held-out points", _rounds("turn-overlap")),
-    "tree-softmax": ("decode_tree_softmax_h200.json", "v25 (the softmax's row max and sum in 4 partial "
-                     "chains) on the defaults against the defaults in interleaved rounds at the MQA points "
-                     "and held-out points", _rounds("tree-softmax")),
-    "chunks-q4": ("decode_chunks_q4_h200.json", "at short MQA steps of q_len 4, the defaults against one "
-                  "warpgroup on each 64-row chunk in interleaved rounds, the table's points and held-out "
-                  "points", _rounds("chunks-q4")),
     "flashinfer": ("decode_flashinfer_h200.json", "FlashInfer's decode and paged kernels beside ours, "
-                   "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args))}
+                   "PyTorch's and the plain read", lambda bench, args: flashinfer_table(bench, args)),
+    **{mode: (name, what, _rounds(mode)) for mode, (name, what, *_) in ROUND_SETS.items()}}
 
 
 def main(argv=None) -> int:

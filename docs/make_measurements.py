@@ -1025,8 +1025,9 @@ def decode_stalls_ncu() -> list[str]:
         src, n = head.index("Source"), head.index("Warp Stall Sampling (All Samples)")
         why = {h[len("stall_"):]: i for i, h in enumerate(head)
                if h.startswith("stall_") and "Not Issued" not in h}         # the sampled reasons
-        body = [(float(r[n].replace(",", "")), r[src].split()) for r in rows[rows.index(head) + 1:]
-                if len(r) > max(src, n) and r[n].replace(",", "").replace(".", "").isdigit()]
+        sampled = [r for r in rows[rows.index(head) + 1:]
+                   if len(r) > max(src, n) and r[n].replace(",", "").replace(".", "").isdigit()]
+        body = [(float(r[n].replace(",", "")), r[src].split()) for r in sampled]
         total = sum(x for x, _ in body)
         kinds = {}
         for x, words in body:
@@ -1035,8 +1036,7 @@ def decode_stalls_ncu() -> list[str]:
             kinds[kind] = kinds.get(kind, 0) + x
         top = sorted(kinds.items(), key=lambda kv: -kv[1])[:6]
         heavy = sorted(body, key=lambda b: -b[0])[:4]
-        reasons = {k: sum(float(r[i] or 0) for r in rows[rows.index(head) + 1:] if len(r) > i
-                          and r[n].replace(",", "").replace(".", "").isdigit()) for k, i in why.items()}
+        reasons = {k: sum(float(r[i] or 0) for r in sampled if len(r) > i) for k, i in why.items()}
         out.append(f"* Where the split kernel's warps wait ({who}; Nsight Compute's warp-state samples "
                    f"of one launch at B 8, kv_heads 1, {at}, q_len 4, `{name}`, {int(total)} samples): by "
                    "instruction kind " + ", ".join(f"{k} {100 * x / total:.1f} %" for k, x in top)
