@@ -398,10 +398,22 @@ TREE_SOFTMAX_HELDOUT_POINTS = [(12, 1, 49152, 1), (40, 2, 8192, 2), (6, 1, 65536
 # chunks, v9_w4's layout, with v21's loads): twice the blocks at the "sm" rule's splits (half
 # v23's where those fill the SMs), each half the arithmetic a tile; the table's short MQA points
 # of q_len 4 and held-out points off the grid, chosen before any timing here
-CHUNKS_Q4 = (("v23", decode.VARIANTS["v23"]),
-             ("one warpgroup, chunks", dict(decode.VARIANTS["v23"], warps=4, wgmma=1)))
+CHUNKS = dict(decode.VARIANTS["v23"], warps=4, wgmma=1)
+CHUNKS_Q4 = (("v23", decode.VARIANTS["v23"]), ("one warpgroup, chunks", CHUNKS))
 CHUNKS_Q4_POINTS = [(B, 1, 4096, 4) for B in (1, 8, 64)]
 CHUNKS_Q4_HELDOUT_POINTS = [(2, 1, 4096, 4), (4, 1, 8192, 4), (16, 1, 2048, 4), (3, 1, 6144, 3)]
+# --chunks-rule: the second run of that lead, over the whole range of split lengths, so that a
+# rule can be read off it: the defaults against one warpgroup a 64-row chunk (with v23's
+# 128-key tiles at 2 stages, and with 64-key tiles at 4: twice the splits where a split would
+# be one tile) at the table's 9 MQA points of q_len 4 (calibration: any rule is read off these
+# alone) and at held-out points off the grid with more than 64 rows a KV head (MQA at q_len 3
+# to 5, groups of 16 at q_len 6 and 8), chosen before this run; CHUNKS_RULE_ROUNDS rounds,
+# twice ROUNDS, because the first run's rounds of ours scattered
+CHUNKS_RULE = CHUNKS_Q4 + (("chunks, 64-key tiles", dict(CHUNKS, block_cols=64, stages=4)),)
+CHUNKS_RULE_HELDOUT_POINTS = [(2, 1, 16384, 4), (4, 1, 4096, 3), (16, 2, 8192, 8), (32, 1, 8192, 4),
+                              (1, 1, 65536, 4), (12, 1, 2048, 4), (6, 2, 4096, 6), (24, 1, 24576, 4),
+                              (3, 1, 12288, 5)]
+CHUNKS_RULE_ROUNDS = 8
 # --phased-heldout: the phased loop (at the defaults' splits, 1 here, and at v14's wave rule)
 # against the defaults off the table's grid, where a step needs no splits (batch x kv_heads
 # blocks fill half the slots or more) and a KV head has at most 16 rows, chosen before any
@@ -1266,7 +1278,19 @@ def tiny_cases():
                             (32, 1, 128, [70, 1300], 4, 0, "fp16", 3, dict(tree_softmax=1)),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 2, dict(V23, tree_softmax=1)),
                             (32, 2, 64, [70, 300, 256], 4, 0, "bf16", 3, dict(tree_softmax=1)),
-                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(tree_softmax=1, fused=1))]
+                            (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(tree_softmax=1, fused=1)),
+                            # one warpgroup a 64-row chunk with v21's loads (Q_i first, the kv_lens
+                            # by value; --chunks-q4, --chunks-rule): 128 rows ragged (TMA and its
+                            # cp.async last tile), one split, fused over many (some empty), 96 rows
+                            # (the second chunk half padding) bf16 d = 64, 160 rows (3 chunks),
+                            # 64-key tiles at 4 stages, a group of 16 at q_len 8 head-major
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(CHUNKS)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 1, dict(CHUNKS)),
+                            (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(CHUNKS)),
+                            (32, 1, 64, [70, 300, 256], 3, 0, "bf16", 3, dict(CHUNKS)),
+                            (32, 1, 128, [70, 1300], 5, 0, "fp16", None, dict(CHUNKS)),
+                            (32, 1, 128, [37, 300], 4, 0, "fp16", 3, dict(CHUNKS, block_cols=64, stages=4)),
+                            (32, 2, 128, [129, 700], 8, 0, "fp16", 2, dict(CHUNKS, head_major=True))]
 
 
 def case_options(tiles: dict) -> tuple[dict, dict]:
@@ -1361,11 +1385,11 @@ def profile_point(spec: str, torch) -> dict:
 
 
 # The modes that write a file of their own beside the table: flag -> (file, what, run(bench, args))
-# The interleaved-rounds runs (``rounds``), by mode: (points, candidates, the row field that
-# names a candidate). A candidate that names an earlier version pins it (decode.VARIANTS), so that
-# a run today times what the committed run timed, whatever the defaults have become since.
 # The interleaved-rounds modes (``rounds``), one place each: --MODE's file, what it times (its
-# --help), its points, its candidates (label, configure keywords) and the rows' label field
+# --help), its points, its candidates (label, configure keywords), the rows' label field and,
+# where not ROUNDS, its rounds. A candidate that names an earlier version pins it
+# (decode.VARIANTS), so that a run today times what the committed run timed, whatever the
+# defaults have become since.
 ROUND_SETS = {
     "l2-hints": ("decode_l2_hints_h200.json", "ours with v13's L2 hints on the K/V copies, PyTorch's "
                  "backends and the plain read in interleaved rounds, under both flushes",
@@ -1427,6 +1451,11 @@ ROUND_SETS = {
                   "warpgroup on each 64-row chunk in interleaved rounds, the table's points and held-out "
                   "points",
                   CHUNKS_Q4_POINTS + CHUNKS_Q4_HELDOUT_POINTS, CHUNKS_Q4, "config"),
+    "chunks-rule": ("decode_chunks_rule_h200.json", "the defaults against one warpgroup on each 64-row "
+                    "chunk (128- and 64-key tiles) in interleaved rounds at the MQA q_len-4 points and "
+                    "held-out points with more than 64 rows a KV head",
+                    PINGPONG_PRODUCER_POINTS + CHUNKS_RULE_HELDOUT_POINTS, CHUNKS_RULE, "config",
+                    CHUNKS_RULE_ROUNDS),
 }
 
 
@@ -2055,10 +2084,10 @@ def ties_summary(bench):
     bench.results["summary"] = rows
 
 
-def rounds(bench, points, candidates, field: str) -> int:
+def rounds(bench, points, candidates, field: str, n_rounds: int = ROUNDS) -> int:
     """At each of ``points``, on PyTorch's own K and V tensors (ours through transposed views),
     ours with each of ``candidates`` ((label, configure keywords over the defaults)), PyTorch's
-    cuDNN and flash backends and the plain read, each checked once, then timed in ROUNDS
+    cuDNN and flash backends and the plain read, each checked once, then timed in ``n_rounds``
     rounds, one timing of each a round under each flush ("dirty": the table's, "clean":
     ``harness.Harness(clean=True)``). Rows as the table's with ``field`` (the label), "flush"
     and "round"; "summary" per point and flush (``rounds_summary``). --l2-hints, --phased and
@@ -2068,7 +2097,7 @@ def rounds(bench, points, candidates, field: str) -> int:
           "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)}
     bench.results["timing_clean"] = hs["clean"].method()
     bench.results["configs"] = {"points": [list(p) for p in points],
-                                field + "s": {name: kw for name, kw in candidates}, "rounds": ROUNDS}
+                                field + "s": {name: kw for name, kw in candidates}, "rounds": n_rounds}
 
     def run():
         for B, kvh, n, ql, base in bench.due_points(points):
@@ -2085,7 +2114,7 @@ def rounds(bench, points, candidates, field: str) -> int:
             calls += bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS)
             calls.append(("plain_read", {"page_size": 0}, plain_read_call(bench._plain, kh, vh, bench._flag),
                           None))
-            for rnd in range(ROUNDS):
+            for rnd in range(n_rounds):
                 for flush, h in hs.items():
                     bench.harness = h
                     for impl, fields, fn, check in calls:
