@@ -201,6 +201,7 @@ pages of P tokens (DIR/decode_splits_p<P>_h200.json): the rules for a paged cach
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -572,7 +573,8 @@ class Bench(Recorder):
         import torch
 
         self.torch, self.cupy = torch, cupy
-        self.harness = harness.Harness("cupy", target_s=0.06, max_repeats=12)   # the 4-minute budget
+        self.harness = harness.Harness("cupy", target_s=0.06, max_repeats=12,   # the 4-minute budget
+                                       lead_s=args.lead_ms / 1e3)
         super().__init__(args, name, METHOD, timing=self.harness.method(),
                          notes={}, tuning=[], config={}, plain_read_source=PLAIN_READ.strip())
         self.tile = dict(block_cols=decode.BLOCK_C, stages=decode.STAGES[D])   # until tune()
@@ -615,7 +617,8 @@ class Bench(Recorder):
             self.failures += 1
         row = {**what, "time_s": t.median_s, "tbps": tb, "check_ok": ok,
                "repeats": len(t.times_s), "min_s": min(t.times_s), "check": verdict,
-               "host_t": [t_start, time.perf_counter()]}
+               "host_t": [t_start, time.perf_counter()], "launch_s": statistics.median(t.launch_s),
+               "launch_max_s": max(t.launch_s)}
         self.results[into].append(row)
         print(f"{what['impl']:>18} B={what['batch']:>2} kvh={what['kv_heads']:>2} n={what['kv_len']:>6} "
               f"q={what['q_len']} P={what['page_size']}: {t.median_s * 1e6:9.1f} us {tb:5.2f} TB/s"
@@ -1491,6 +1494,8 @@ MODES = {
 def main(argv=None) -> int:
     ap = parser(__doc__, deadline_s=200.0)
     ap.add_argument("--quick", action="store_true", help="the reference points only")
+    ap.add_argument("--lead-ms", type=float, default=0.5,
+                    help="the GPU's spin before each timed call, while the host issues it (ms)")
     ap.add_argument("--sanitize", action="store_true", help="tiny launches of every variant, no timing")
     ap.add_argument("--profile-point", nargs="+",
                     help="B,kv_heads,kv_len,q_len,page (one or more): one NVTX-marked launch each")
@@ -1584,7 +1589,8 @@ def overheads(bench) -> int:
     empty = cupy.RawKernel(EMPTY, "empty_launch")
     flag = cupy.zeros(2, cupy.int32)
     hs = {"dirty": bench.harness,
-          "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)}
+          "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True,
+                                   lead_s=bench.harness.lead_s)}
     bench.results["timing_clean"] = hs["clean"].method()
 
     def run():
@@ -2094,7 +2100,8 @@ def rounds(bench, points, candidates, field: str, n_rounds: int = ROUNDS) -> int
     --phased-heldout."""
     torch = bench.torch
     hs = {"dirty": bench.harness,
-          "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)}
+          "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True,
+                                   lead_s=bench.harness.lead_s)}
     bench.results["timing_clean"] = hs["clean"].method()
     bench.results["configs"] = {"points": [list(p) for p in points],
                                 field + "s": {name: kw for name, kw in candidates}, "rounds": n_rounds}

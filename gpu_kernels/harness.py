@@ -57,9 +57,13 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 @dataclass
 class Timing:
-    """Seconds per call of the timed repeats; ``parts_s``: per-kernel medians (split runs)."""
+    """Seconds per call of the timed repeats; ``parts_s``: per-kernel medians (split runs);
+    ``launch_s``: the host's seconds to issue each timed call (from the start event to the
+    end event's record), which the GPU's ``lead_s`` spin must outlast for the call to be
+    timed without an idle gap."""
     times_s: list
     parts_s: list = field(default_factory=list)
+    launch_s: list = field(default_factory=list)
 
     @property
     def median_s(self) -> float:
@@ -70,6 +74,8 @@ class Timing:
                "min_s": min(self.times_s), "max_s": max(self.times_s)}
         if self.parts_s:
             out["parts_s"] = [statistics.median(p) for p in zip(*self.parts_s)]
+        if self.launch_s:
+            out |= {"launch_s": statistics.median(self.launch_s), "launch_max_s": max(self.launch_s)}
         return out
 
 
@@ -233,13 +239,14 @@ class Harness:
         if repeats is None:
             first = self._one(fn, split)[0]
             repeats = int(min(self.max_repeats, max(self.min_repeats, self.target_s / max(first, 1e-6))))
-        times, parts = [], []
+        times, parts, launches = [], [], []
         for _ in range(repeats):
-            total, part = self._one(fn, split)
+            total, part, launch = self._one(fn, split)
             times.append(total)
+            launches.append(launch)
             if split:
                 parts.append(part)
-        return Timing(times, parts)
+        return Timing(times, parts, launches)
 
     def _one(self, fn, split: bool):
         self.flush()
@@ -247,14 +254,17 @@ class Harness:
             self.dev.spin(self.lead_s)
         marks = []
         start = self.dev.event()
+        t0 = time.perf_counter()
         if split:
             fn(lambda: marks.append(self.dev.event()))
         else:
             fn()
         end = self.dev.event()
+        launch = time.perf_counter() - t0
         end.synchronize()
         edges = [start] + marks
-        return self.dev.elapsed_s(start, end), [self.dev.elapsed_s(a, b) for a, b in zip(edges, edges[1:])]
+        return (self.dev.elapsed_s(start, end), [self.dev.elapsed_s(a, b) for a, b in zip(edges, edges[1:])],
+                launch)
 
     def check_then_time(self, fn, check, **kw) -> dict:
         """``check(fn())`` (a dict with "ok"), then, only if it holds, ``time(fn, **kw)``."""
