@@ -278,6 +278,11 @@ L2_HINT_POINTS = TIE_POINTS + [(8, 8, 32768, 1), (1, 8, 32768, 1), (8, 1, 32768,
 L2_HINTS = (("none", {}), ("L2::128B", dict(l2_prefetch=128)), ("L2::256B", dict(l2_prefetch=256)),
             ("evict_first", dict(evict_first=1)), ("L2::256B, evict_first", dict(l2_prefetch=256, evict_first=1)))
 ROUNDS = 4                    # --l2-hints, --phased: interleaved rounds of one timing each
+# The GPU's spin before each timed call (harness.Harness's lead_s), in ms: our step's host issue
+# (CuPy, DLPack views of PyTorch's tensors, cuLaunchKernelEx through cuda.bindings) took 0.3-0.7
+# ms (median) and up to 1.5 ms in --chunks-rule's runs, past the harness's 0.5, which timed the
+# GPU idle behind it (decode_chunks_rule_first_h200.json's scatter; "launch_s" of each row)
+LEAD_MS = 3.0
 # --phased: v14 (K and V loaded apart, one buffer each, B_c 128: cuDNN's decode tile) with the
 # defaults' splits and with the wave rule's (both resident slots, where splits are chosen)
 PHASED = (("defaults", {}), ("phased", dict(phased=1)), ("phased, wave rule", dict(phased=1, split_rule="wave")))
@@ -1284,12 +1289,15 @@ def tiny_cases():
                             (32, 1, 128, [300, 9000], 1, 0, "fp16", 60, dict(tree_softmax=1, fused=1)),
                             # one warpgroup a 64-row chunk with v21's loads (Q_i first, the kv_lens
                             # by value; --chunks-q4, --chunks-rule): 128 rows ragged (TMA and its
-                            # cp.async last tile), one split, fused over many (some empty), 96 rows
+                            # cp.async last tile), one split, many (some empty; fused over one
+                            # sequence, and as v26's rule runs it), 96 rows
                             # (the second chunk half padding) bf16 d = 64, 160 rows (3 chunks),
                             # 64-key tiles at 4 stages, a group of 16 at q_len 8 head-major
                             (32, 1, 128, [37, 300], 4, 0, "fp16", 2, dict(CHUNKS)),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 1, dict(CHUNKS)),
                             (32, 1, 128, [300, 9000], 4, 0, "fp16", 60, dict(CHUNKS)),
+                            (32, 1, 128, [9000], 4, 0, "fp16", 60, dict(CHUNKS)),      # fused (v7)
+                            (32, 1, 64, [9000], 4, 0, "bf16", None, {}),  # v26's rule: 1 tile a split
                             (32, 1, 64, [70, 300, 256], 3, 0, "bf16", 3, dict(CHUNKS)),
                             (32, 1, 128, [70, 1300], 5, 0, "fp16", None, dict(CHUNKS)),
                             (32, 1, 128, [37, 300], 4, 0, "fp16", 3, dict(CHUNKS, block_cols=64, stages=4)),
@@ -1494,7 +1502,7 @@ MODES = {
 def main(argv=None) -> int:
     ap = parser(__doc__, deadline_s=200.0)
     ap.add_argument("--quick", action="store_true", help="the reference points only")
-    ap.add_argument("--lead-ms", type=float, default=0.5,
+    ap.add_argument("--lead-ms", type=float, default=LEAD_MS,
                     help="the GPU's spin before each timed call, while the host issues it (ms)")
     ap.add_argument("--sanitize", action="store_true", help="tiny launches of every variant, no timing")
     ap.add_argument("--profile-point", nargs="+",

@@ -219,7 +219,7 @@ def test_paged_cache_takes_the_wave_rule(B, kvh, n, wave, sm, P):
     assert (launch.splits, launch.split_rule) == (wave, "wave")
     assert decode.configure(B, 32, kvh, 128, kv_lens=[n] * B).splits == sm
     assert decode.configure(B, 32, kvh, 128, **paged, split_rule="sm").splits == sm
-    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v23"
+    assert decode.default_version(P) == "v12" and decode.default_version(0) == "v26"
 
 
 @pytest.mark.parametrize("q_len", [1, 4, 16])
@@ -393,7 +393,7 @@ def test_kv_lens_by_value_where_v18_takes_it():
     _refused(decode.configure, big, 32, 8, 128, kv_lens=[20] * big, kv_lens_arg=1, match="kv_lens_arg")
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], kv_lens_arg=2, match="kv_lens_arg")
     for name, kw in decode.VARIANTS.items():
-        want = 1 if name in ("v18", "v21", "v23") else 0
+        want = 1 if name in ("v18", "v21", "v23", "v26") else 0
         assert decode.configure(3, 32, 8, 128, kv_lens=lens, **kw).kv_lens_arg == want, name
 
 
@@ -422,7 +422,7 @@ def test_q_first_where_v21_takes_it():
                             num_pages=2, q_first=1).q_first == 1
     assert decode.configure(8, 32, 8, 128, kv_lens=[32768] * 8).q_first == 0           # mma.sync
     for name, kw in decode.VARIANTS.items():
-        want = 1 if name in ("v21", "v23") else 0
+        want = 1 if name in ("v21", "v23", "v26") else 0
         assert decode.configure(8, 32, 1, 128, kv_lens=[32768] * 8, q_len=4, **kw).q_first == want, name
     _refused(decode.configure, 1, 32, 8, 128, kv_lens=[20], q_first=1, match="q_first")      # mma.sync
     _refused(decode.configure, 1, 32, 1, 128, kv_lens=[20], q_first=2, match="q_first")
@@ -445,10 +445,11 @@ def test_turn_pv_where_v23_takes_it():
     warpgroups more than TURN_PV_MIN_TILES tiles a split (B 64 MQA at 32k: 128; B 8 at 36k: 18),
     not at 16 (B 8 at 32k), one warpgroup, pages or v7's merge (B 1: 128 splits), nor where
     stages or the ping-pong are given; asked for, it runs at 2 stages too, beside the producer's
-    ping-pong only (v24 with v20's overlap). Of VARIANTS only v23 takes it."""
+    ping-pong only (v24 with v20's overlap). Of VARIANTS only v23 and v26 take it (v26's one
+    warpgroup chunks pinned off here: their own test)."""
     mqa4 = dict(heads=32, kv_heads=1, head_dim=128, q_len=4)
     for B, n, want in ((64, 32768, 1), (8, 36864, 1), (8, 32768, 0), (1, 131072, 0), (8, 2048, 0)):
-        d = decode.configure(B, **mqa4, kv_lens=[n] * B)
+        d = decode.configure(B, **mqa4, kv_lens=[n] * B, short_chunks=0)
         tiles = cdiv(cdiv(n, d.block_cols), d.splits)
         assert (tiles > decode.TURN_PV_MIN_TILES and d.producer) == bool(want), (B, n)
         assert (d.turn_pv, d.pingpong, d.stages) == ((1, 1, 3) if want else (0, 0 if d.producer else 1, 2)), (B, n)
@@ -468,11 +469,44 @@ def test_turn_pv_where_v23_takes_it():
              match="overlap")                                     # v20 with v22's turns: not without v23's
     for name, kw in decode.VARIANTS.items():
         d = decode.configure(64, **mqa4, kv_lens=[32768] * 64, **kw)
-        assert d.turn_pv == (name == "v23"), name
+        assert d.turn_pv == (name in ("v23", "v26")), name
     _refused(decode.configure, 64, **mqa4, kv_lens=[32768] * 64, turn_pv=1, producer=0, match="turn_pv")
     _refused(decode.configure, 64, **mqa4, kv_lens=[32768] * 64, turn_pv=1, producer=1, pingpong=0,
              match="turn_pv")
     _refused(decode.configure, 64, **mqa4, kv_lens=[32768] * 64, turn_pv=2, match="turn_pv")
+
+
+def test_short_chunks_where_v26_takes_it():
+    """v26: where two warpgroups would run splits of at most CHUNKS_MAX_TILES tiles (MQA at
+    q_len 4: B 1 and 8 at 4k, B 1 at 32k), the defaults run one warpgroup on each 64-row chunk:
+    the very launch warps=4, wgmma=1 gives; not on longer splits, pages, at 64 rows or fewer,
+    nor where warps, wgmma, splits, stages or the two warpgroups' options are given. Asked for
+    where it cannot run, refused. Of VARIANTS only v26 takes it."""
+    mqa4 = dict(heads=32, kv_heads=1, head_dim=128, q_len=4)
+    for B, n, want in ((1, 4096, 1), (8, 4096, 1), (1, 32768, 1), (2, 16384, 1), (8, 32768, 0),
+                       (1, 131072, 0), (64, 4096, 0)):
+        two = decode.configure(B, **mqa4, kv_lens=[n] * B, short_chunks=0)
+        d = decode.configure(B, **mqa4, kv_lens=[n] * B)
+        assert (cdiv(cdiv(n, two.block_cols), two.splits) <= decode.CHUNKS_MAX_TILES) == bool(want), (B, n)
+        assert d.short_chunks == want, (B, n)
+        if want:
+            same = decode.configure(B, **mqa4, kv_lens=[n] * B, warps=4, wgmma=1)
+            assert (d.warps, d.wgmma, d.chunks, d.producer, d.pingpong) == (4, 1, 2, 0, 0)
+            assert (d.defines(), d.splits, d.launches()) == (same.defines(), same.splits, same.launches())
+            assert decode.configure(B, **mqa4, kv_lens=[n] * B, **d.options()).short_chunks == 1
+        else:
+            assert (d.warps, d.chunks) == (8, 1)
+    pages = dict(page_size=16, block_table=np.arange(256).reshape(1, 256), num_pages=256)
+    for kw in (pages, dict(warps=8), dict(wgmma=1), dict(splits=32), dict(stages=2), dict(pingpong=1),
+               dict(producer=1), dict(q_len=2)):
+        d = decode.configure(1, 32, 1, 128, kv_lens=[4096], **{"q_len": 4, **kw})
+        assert d.short_chunks == 0, kw
+    for name, kw in decode.VARIANTS.items():
+        assert decode.configure(1, **mqa4, kv_lens=[4096], **kw).short_chunks == (name == "v26"), name
+    assert decode.configure(1, **mqa4, kv_lens=[32768], short_chunks=1).warps == 4    # asked for
+    for bad in (dict(q_len=2), dict(warps=8), dict(wgmma=0), dict(short_chunks=2), dict(short_chunks=True)):
+        _refused(decode.configure, 1, 32, 1, 128, kv_lens=[4096], **{"q_len": 4, "short_chunks": 1, **bad},
+                 match="short_chunks")
 
 
 def test_tree_softmax_on_wgmma():
@@ -512,7 +546,8 @@ def test_producer_where_v17_takes_it():
     for kw, want in ((dict(q_len=4), 1), (dict(q_len=1), 0), (dict(q_len=4, kv_lens=[32768]), 0),
                      (dict(q_len=4, page_size=16, block_table=[[0, 1]], num_pages=2, kv_lens=[20]), 0),
                      (dict(q_len=4, pingpong=1), 0), (dict(q_len=4, overlap=1, stages=3), 0)):
-        d = decode.configure(len(kw.get("kv_lens", [20] * 8)), 32, 1, 128, **{"kv_lens": [20] * 8, **kw})
+        d = decode.configure(len(kw.get("kv_lens", [20] * 8)), 32, 1, 128,
+                             **{"kv_lens": [20] * 8, "short_chunks": 0, **kw})        # two warpgroups
         assert d.producer == want and d.pingpong == (kw["q_len"] == 4 and not want), kw
     assert decode.configure(1, 32, 1, 128, kv_lens=[32768], producer=1).fused == 0   # 128 splits
     assert decode.configure(1, 32, 1, 128, kv_lens=[32768]).fused == 1               # (v7's rule)
@@ -541,7 +576,7 @@ def test_tma_and_ping_pong_where_v9_takes_them():
         paged = dict(page_size=page, block_table=[[0, 1]], num_pages=2) if page else {}
         assert decode.configure(1, 32, kvh, 128, kv_lens=[20], q_len=ql, **paged).half_rows == want
     for name, kw in decode.VARIANTS.items():                  # the versions before v16 keep v9's rows
-        if name not in ("v16", "v17", "v18", "v21", "v23"):
+        if name not in ("v16", "v17", "v18", "v21", "v23", "v26"):
             assert decode.configure(1, 32, 1, 128, kv_lens=[20], **kw).half_rows == 0, name
     for old in ("v5", "v5_w4", "v6", "v7", "v8"):         # the earlier versions keep cp.async
         d = decode.configure(1, 32, 1, 128, kv_lens=[20], q_len=4, **decode.VARIANTS[old])

@@ -85,7 +85,7 @@ from .common import LOG2E, CupyLaunch, as_cupy, get_kernel, output
 CU_FILE = "decode.cu"
 HOT = ("decode_split", "decode_combine")
 HEAD_DIMS = (64, 128)
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)   # the .cu file's (v12 is a rule here)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)   # the .cu file's (v12, v26: rules here)
 NUM_THREADS = 128                   # v1: 4 warps = ROW_WARPS x KEY_WARPS (v2: warps= 8)
 WARPS = (4, 8)                      # NUM_WARPS of decode_split
 COMBINES = (1, 2, 3, 4)             # COMBINE: decode_combine's version
@@ -187,7 +187,7 @@ def default_split_rule(page_size) -> str:
 
 def default_version(page_size) -> str:
     """The version configure's defaults are, as the benchmark's rows name it."""
-    return "v12" if page_size else "v23"
+    return "v12" if page_size else "v26"
 
 
 def defines(d: int, dtype: str, page_size: int, rw: int, block_cols: int = BLOCK_C,
@@ -331,6 +331,22 @@ def default_turn_pv(producer: int, warps: int, overlap: int, tiles_per_split: in
     return int(bool(producer) and warps == 8 and not overlap and tiles_per_split > TURN_PV_MIN_TILES)
 
 
+CHUNKS_MAX_TILES = 2                # v26 by default up to this many tiles a split (--chunks-rule's calibration)
+
+
+def default_short_chunks(wgmma: int, warps: int, page_size, tiles_per_split: int) -> int:
+    """v26 where two warpgroups of wgmma would run a contiguous cache in splits of at most
+    CHUNKS_MAX_TILES tiles: one warpgroup on each 64-row chunk instead (v9_w4's layout with
+    v21's loads), on twice the blocks. Why: such a split has no loop to speak of, so a block's
+    time is its prologue and epilogue (Q_i, the first tiles, the partial's write), which a
+    64-row block does with half the rows; each chunk reads the K/V again, from the L2 at these
+    lengths. --chunks-rule timed it at the table's MQA points of q_len 4 (calibration,
+    decode_chunks_rule_h200.json): faster at 1 and 2 tiles a split, slower from 8 up, about
+    even at 16 with two splits (B 64 at 4k); its held-out points hold the rule (docs/decode.md's
+    lines give the ratios)."""
+    return int(bool(wgmma) and warps == 8 and not page_size and tiles_per_split <= CHUNKS_MAX_TILES)
+
+
 def default_pingpong(wgmma: int, warps: int) -> int:
     """v9: the two warpgroups of a 128-row block take turns issuing S (PINGPONG)."""
     return int(bool(wgmma) and warps == 8)
@@ -372,9 +388,12 @@ def default_variant(rows: int) -> str:
 # v21: v18 with Q_i's loads issued before the K/V tiles' (``default_q_first``; --q-first's runs);
 # v1-v18 take q_first=0. v23, the defaults over a contiguous cache: v21 with v23's turns at 3
 # stages where the producer feeds two warpgroups long splits (``default_turn_pv``; --turn-pv's
-# runs); v1-v21 take turn_pv=0. v1-v4 take wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and
-# pingpong=0.
-VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, "turn_pv": 0, **kw} for name, kw in {   # v1-v16: neither
+# runs); v1-v21 take turn_pv=0. v26, the defaults over a contiguous cache: v23 with one warpgroup
+# a 64-row chunk where two warpgroups would get splits of CHUNKS_MAX_TILES tiles or fewer
+# (``default_short_chunks``; --chunks-rule's runs); v1-v23 take short_chunks=0. v1-v4 take
+# wgmma=0, v1-v5 pdl=0, v1-v6 fused=0, v1-v8 tma=0 and pingpong=0.
+VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, "turn_pv": 0, "short_chunks": 0, **kw}
+            for name, kw in {   # v1-v16: neither
             "v1": dict(warps=4, combine=1, page_prefetch=0, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2": dict(combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
             "v2_w8": dict(warps=8, combine=2, split_rule="fa2", wgmma=0, pdl=0, fused=0),
@@ -411,7 +430,10 @@ VARIANTS = {name: {"producer": 0, "kv_lens_arg": 0, "q_first": 0, "turn_pv": 0, 
                         half_rows=None, producer=None, kv_lens_arg=None, q_first=None),
             "v23": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
                         half_rows=None, producer=None, kv_lens_arg=None, q_first=None, turn_pv=None,
-                        stages=None)}.items()}
+                        stages=None),
+            "v26": dict(combine=3, split_rule="sm", pdl=None, fused=None, tma=None, pingpong=None,
+                        half_rows=None, producer=None, kv_lens_arg=None, q_first=None, turn_pv=None,
+                        stages=None, short_chunks=None)}.items()}
 
 
 # What the benchmark's tuning step compares (B_c, STAGES) at d = 128; the default first.
@@ -455,6 +477,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
     q_first: int = 0                 # QFIRST: v21, Q_i's loads issued before any K/V tile's
     turn_pv: int = 0                 # TURN_PV: v23, a warpgroup's turn issues P_j V_j and S_{j+1}
     tree_softmax: int = 0            # TREE_SOFTMAX: v25, a row's max and sum in 4 partial chains
+    short_chunks: int = 0            # v26: one warpgroup a 64-row chunk (a rule of configure's)
     timeline: int = 0                # TIMELINE: a probe of where decode_split's time goes (``probe``)
 
     @property
@@ -567,7 +590,7 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                     evict_first=self.evict_first, phased=self.phased,
                     tmap_prefetch=self.tmap_prefetch, half_rows=self.half_rows, producer=self.producer,
                     kv_lens_arg=self.kv_lens_arg, stagger=self.stagger, q_first=self.q_first,
-                    turn_pv=self.turn_pv, tree_softmax=self.tree_softmax)
+                    turn_pv=self.turn_pv, tree_softmax=self.tree_softmax, short_chunks=self.short_chunks)
 
     def plan_record(self) -> dict:
         return dict(algorithm=self.algorithm, dtype=self.dtype, block_rows=self.block_rows,
@@ -911,7 +934,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
               split_rule=None, wgmma=None, pdl=None, fused=None, pingpong=None, tma=None,
               overlap=0, l2_prefetch=0, evict_first=0, phased=0, tmap_prefetch=0,
               half_rows=None, producer=None, kv_lens_arg=None, stagger=0, q_first=None,
-              turn_pv=None, tree_softmax=0) -> DecodeLaunch:
+              turn_pv=None, tree_softmax=0, short_chunks=None) -> DecodeLaunch:
     """The launch for one decode step of this batch layout, checked (KernelInputError) before
     anything touches a GPU. ``page_size`` None: a contiguous cache; else a paged one with
     ``block_table`` and ``num_pages``. ``splits`` None: ``split_rule``'s (SPLIT_RULES: "wave", "sm",
@@ -953,8 +976,13 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     ``overlap=1`` and 3 stages, the softmax of S_j beside P_{j-1} V_{j-1} as well, v24), 0 v22's
     turn of S_j alone, None: ``default_turn_pv`` where ``stages`` and ``pingpong`` are None (it
     then sets pingpong 1 and TURN_PV_STAGES); ``tree_softmax``: 1 folds a row's max and sum in
-    4 partial chains (v25: TREE_SOFTMAX; wgmma), 0 in one."""
+    4 partial chains (v25: TREE_SOFTMAX; wgmma), 0 in one; ``short_chunks``: 1 runs more than 64
+    rows a KV head on one warpgroup a 64-row chunk (warps 4 on wgmma, v26), 0 not, None:
+    ``default_short_chunks`` where warps, wgmma, splits, stages and the two warpgroups' options
+    are not given (the launch is then configured again with 1)."""
+    given = dict(locals())                 # v26's rule configures again with these
     from ..common import check_flag
+
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
     kv_heads, q_len = _int(kv_heads, "kv_heads"), _int(q_len, "q_len")
@@ -976,6 +1004,13 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                                f"of {GRID_Z_LIMIT}")
     lens, bt = check_layout(batch, kv_lens, q_len, causal, page_size or 0, block_table, num_pages)
     rows = q_len * (heads // kv_heads)
+    if isinstance(short_chunks, bool) or short_chunks not in (None, 0, 1) or (
+            short_chunks and (rows <= 64 or warps not in (None, 4) or wgmma not in (None, 1))):
+        raise KernelInputError(f"short_chunks = {short_chunks!r}: 0, or 1 for one warpgroup of wgmma "
+                               f"(warps 4) a 64-row chunk of more than 64 rows a KV head (this launch: "
+                               f"{rows} rows, warps {warps}, wgmma {wgmma})")
+    if short_chunks:
+        warps, wgmma = 4, 1
     if wgmma is None:                      # other warps than v5's given: mma.sync
         wgmma = default_wgmma(rows) if warps in (None, wgmma_warps(rows)) and not phased else 0
     if isinstance(wgmma, bool) or wgmma not in (0, 1):
@@ -1103,6 +1138,12 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     if fused and not one_wave:
         raise KernelInputError(f"fused = 1 needs every block resident at once: {splits} splits x "
                                f"{chunks * batch * kv_heads} blocks exceed one wave of {slots}")
+    if short_chunks is None:               # v26 where two warpgroups would get short splits
+        if (default_short_chunks(wgmma, warps, page_size, cdiv(n_tiles, splits)) and not overlap and
+                all(given[k] is None for k in ("warps", "wgmma", "splits", "stages", "pingpong",
+                                               "producer", "turn_pv"))):
+            return configure(**{**given, "short_chunks": 1})
+        short_chunks = 0
     if pdl is None:                        # v6: the combine launch overlaps the split's tail
         pdl = int(splits > 1 and not fused)
     name, algorithm = ("cupy_decode_paged", "paged") if page_size else ("cupy_decode", "flashdecoding")
@@ -1117,7 +1158,7 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
                         l2_prefetch=l2_prefetch, evict_first=evict_first, phased=phased,
                         tmap_prefetch=tmap_prefetch, half_rows=half_rows, producer=producer,
                         kv_lens_arg=kv_lens_arg, stagger=stagger, q_first=q_first, turn_pv=turn_pv,
-                        tree_softmax=tree_softmax)
+                        tree_softmax=tree_softmax, short_chunks=short_chunks)
 
 
 # Shapes (B, kv_heads, kv_len, q_len; 32 query heads) whose default launches CI compiles (v21):
