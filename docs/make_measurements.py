@@ -279,19 +279,64 @@ def decode_rounds(h: dict, name: str, field: str, what: str) -> list[str]:
             "table's flush: " + "; ".join(f"{label} {_ratios(xs)}" for label, xs in peer.items()) + "."]
 
 
-def decode_rounds_split(h: dict, name: str, grid: dict, what: str, parts: tuple[str, str]) -> list[str]:
-    """A ``rounds`` run whose points on the table's grid (``grid``: the table's "configs", its
-    batches, kv_lens, kv_heads and q_lens) are where a version was chosen and whose points off
-    it are held out: ``decode_rounds`` of each, apart (``parts``: how each is named)."""
-    def on_grid(r):
-        return (r["batch"] in grid["batches"] and r["kv_len"] in grid["kv_lens"]
-                and r["kv_heads"] in grid["kv_heads"] and r["q_len"] in grid["q_lens"])
+def _on_grid(r: dict, grid: dict) -> bool:
+    """Whether a row's point is on the table's grid (its "configs": batches, kv_lens, kv_heads
+    and q_lens)."""
+    return (r["batch"] in grid["batches"] and r["kv_len"] in grid["kv_lens"]
+            and r["kv_heads"] in grid["kv_heads"] and r["q_len"] in grid["q_lens"])
 
+
+def decode_rounds_split(h: dict, name: str, grid: dict, what: str, parts: tuple[str, str],
+                        sides=((None, ""),)) -> list[str]:
+    """A ``rounds`` run whose points on the table's grid (``grid``: the table's "configs") are
+    where a version was chosen and whose points off it are held out: ``decode_rounds`` of each,
+    apart (``parts``: how each is named); ``sides``: (predicate of a summary row, its name)
+    splitting each part again (None: all of it)."""
     out = []
     for part, calibration in zip(parts, (True, False)):
-        rows = [r for r in h.get("summary") or [] if on_grid(r) == calibration]
-        out += decode_rounds({**h, "summary": rows}, name, "config", f"{what} {part}")
+        for keep, side in sides:
+            rows = [r for r in h.get("summary") or []
+                    if _on_grid(r, grid) == calibration and (keep is None or keep(r))]
+            if rows:
+                out += decode_rounds({**h, "summary": rows}, name, "config", f"{what} {part}{side}")
     return out
+
+
+def decode_chunks_rule(h: dict, name: str, grid: dict, what: str) -> list[str]:
+    """--chunks-rule: v23 against one warpgroup a 64-row chunk at the table's MQA points of q_len
+    4 (where v26's rule was read off) and held out, each apart where v23's own splits (the
+    run's rows) have at most CHUNKS_MAX_TILES tiles, which the rule gives the chunks, and where
+    they have more, where it keeps v23."""
+    from gpu_kernels.cupy.decode import CHUNKS_MAX_TILES, WGMMA_TILES
+
+    point = lambda r: (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"])     # noqa: E731
+    splits = {point(r): r["splits"] for r in h.get("points") or [] if r.get("config") == "v23"}
+
+    def short(r):
+        tiles = -(-r["kv_len"] // WGMMA_TILES[0])
+        return point(r) in splits and -(-tiles // splits[point(r)]) <= CHUNKS_MAX_TILES
+    return decode_rounds_split(h, name, grid, what, (
+        "at the table's MQA points of q_len 4, where v26's rule was read off",
+        "held out: off the grid, more than 64 rows a KV head, chosen before the first run"), (
+        (short, f", where v23's splits have at most {CHUNKS_MAX_TILES} tiles (the rule takes the chunks)"),
+        (lambda r: not short(r), ", where they have more (the rule keeps v23)")))
+
+
+def decode_launch_times(d: dict, name: str = "decode_h200.json") -> list[str]:
+    """The host's time to issue each timed call (the rows' launch_s: the median over a timing's
+    repeats), ours and each peer's, beside the GPU's lead spin (the run's timing method)."""
+    by = {}
+    for r in d.get("points") or []:
+        if r.get("launch_s") is not None:
+            by.setdefault(r["impl"], []).append(r["launch_s"])
+    if not by:
+        return []
+    ms = lambda x: f"{x * 1e3:.2f}"                                            # noqa: E731
+    return [f"* The host's time to issue one timed call (`{name}`, {d['provenance'].get('date', '')[:10]}; "
+            "the median over each timing's repeats, then over the timings, ms; the GPU spins "
+            f"{ms(d['timing']['lead_s'])} ms before each, so that an issue shorter than that is not timed): "
+            + "; ".join(f"{impl} {ms(statistics.median(xs))} ({ms(min(xs))} to {ms(max(xs))}, "
+                        f"{len(xs)} timings)" for impl, xs in sorted(by.items())) + "."]
 
 
 def decode_half_rows(h: dict, name: str, grid: dict, note: str = "") -> list[str]:
@@ -1325,9 +1370,19 @@ def decode_md_text() -> str:
                                                             held.format("", "v25"))),
             ("decode_chunks_q4_h200.json", "One warpgroup on each 64-row chunk of a KV head's rows (v9_w4's "
              "layout with v21's loads; configure's warps=4, wgmma=1; not the defaults) at short MQA steps of "
-             "q_len 4", ("at the table's points", "held out: off the grid, chosen before any timing there"))):
+             "q_len 4", ("at the table's points", "held out: off the grid, chosen before any timing there")),
+            ("decode_chunks_rule_first_h200.json", "--chunks-rule's first run: v23 against one warpgroup a "
+             "64-row chunk (128- and 64-key tiles; not then the defaults), timed with the harness's 0.5 ms "
+             "lead, which our host's issue of a call outlasted (ours scattered between rounds)",
+             ("at the table's MQA points of q_len 4", "held out: off the grid, chosen before this run"))):
         r = _load(name)
         block += decode_rounds_split(r, name, d["configs"], what, parts) if r and d else []
+    for name, what in (("decode_chunks_rule_h200.json", "--chunks-rule again, the same 0.5 ms lead"),
+                       ("decode_chunks_rule_lead3_h200.json", "--chunks-rule with a 3 ms lead (the "
+                        "benchmark's since)")):
+        r = _load(name)
+        block += decode_chunks_rule(r, name, d["configs"], what) if r and d else []
+    block += decode_launch_times(d) if d else []
     block += decode_sanitizer()
     tl = _load("decode_timeline_h200.json")
     block += decode_timeline(tl) if tl else []

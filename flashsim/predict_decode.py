@@ -280,5 +280,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_cli_args(p, gqa_schedule=False)
     p.add_argument("--variant", help="a decode kernel's version as benchmarks/decode_h200.py times "
-                                     "it (gpu_kernels.cupy.decode.VARIANTS: v1 ... v23; default: "
+                                     "it (gpu_kernels.cupy.decode.VARIANTS: v1, v2, ...; default: "
                                      "the defaults)")

@@ -57,9 +57,10 @@ timed beside the defaults by the benchmark's --l2-hints, not taken by them; v14
 (``tmap_prefetch=1``): the tensor maps prefetched, timed by --timeline, not taken; v16, the
 defaults over a contiguous cache since 2026-12-03: v9 whose one warpgroup puts a KV head's 32
 rows (MQA at q_len 1) in the first 8 rows of each warp's 16 (``half_rows=1``,
-``default_half_rows``); v17-v24: the comment above ``VARIANTS`` and the .cu file's header (v21
+``default_half_rows``); v17-v26: the comment above ``VARIANTS`` and the .cu file's header (v21
 and, on long splits of two warpgroups, v23 the defaults over a contiguous cache since
-2026-12-04).
+2026-12-04; v26, a rule here: where two warpgroups would get splits of at most two tiles, one
+warpgroup on each 64-row chunk, ``default_short_chunks``).
 Where v4 runs with 32 rows or more (``wgmma=0``),
 8 warps (``default_warps``: until 2026-12-02 only above 64, where 4 warps would make row
 chunks that read K/V once each). ``VARIANTS`` lists what the benchmark times side
