@@ -187,6 +187,18 @@ def decode_done_when(d: dict) -> list[str]:
     return out
 
 
+def decode_done_when_rerun(name: str = "decode_h200_rerun.json") -> list[str]:
+    """The same targets for ours in another run of the whole table (the same tree, another
+    process): how much a one-timing table moves between runs at the targets' edges."""
+    r = _load(name)
+    if not r:
+        return []
+    return ([f"* The same targets in a second run of the whole table (`{name}`, "
+             f"{r['provenance'].get('date', '')[:16].replace('T', ' ')} UTC, the same tree; "
+             f"{r.get('failed_checks', 0)} failed checks):"]
+            + ["  " + line for line in decode_done_when(r) if line.startswith("* ours")])
+
+
 def _ratios(xs, at_least: float = 1.0) -> str:
     """Ratios over points: their median, range, and how many reach ``at_least``."""
     xs = sorted(xs)
@@ -1222,8 +1234,8 @@ def decode(lines):
               "`cupy_decode_paged` (pages of 1, 16, 64, \"NHD\" and \"HND\"), PyTorch SDPA's flash, cuDNN and math "
               "backends and flex_attention where they ran; every implementation checked against "
               f"a float64 reference first ({d.get('failed_checks', 0)} failed checks).", ""]
-    lines += decode_done_when(d) + decode_ties_runs() + decode_vs_flashinfer(d) + decode_layouts(d) \
-        + [""]
+    lines += decode_done_when(d) + decode_done_when_rerun() + decode_ties_runs() + decode_vs_flashinfer(d) \
+        + decode_layouts(d) + [""]
     lines += decode_table(d)
     lines.append("")
     o = _load("decode_overheads_h200.json")
@@ -1267,7 +1279,7 @@ def decode_md_text() -> str:
     d = _load("decode_h200.json")
     block = ["The kernel against the issue's targets, from `flashsim/measured/data/decode_h200.json`"
              " (the whole table: [measurements](measurements.md#decode-step-h200)):", ""]
-    block += (decode_done_when(d) + decode_ties_runs() + decode_vs_flashinfer(d)
+    block += (decode_done_when(d) + decode_done_when_rerun() + decode_ties_runs() + decode_vs_flashinfer(d)
               + decode_layouts(d) + decode_v5_w4(d) + decode_v6(d)
               + decode_v7(d) + decode_v8(d) + decode_v9(d) + decode_v9_w4(d) + decode_v10(d)
               + decode_v11(d) + decode_v14(d)) if d \
