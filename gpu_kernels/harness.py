@@ -19,7 +19,9 @@ beside their numbers):
   write leaves up to an L2 of dirty lines, and the timed call's first misses write them
   back to DRAM beside its own traffic (``benchmarks.decode_h200 --overheads`` times both);
 * between the flush and the start event the GPU spins ``lead_s`` (0.5 ms), so the host's
-  time to launch the call happens while the GPU is busy and is not timed as a gap;
+  time to launch the call happens while the GPU is busy and is not timed as a gap; that
+  issue time is recorded per call (``Timing.launch_s``), so a call that outlasts the lead
+  shows it;
 * the median of the repeats; with ``repeats=None`` as many as fill ``target_s`` (0.2 s),
   at least ``min_repeats`` (5) and at most ``max_repeats`` (30).
 

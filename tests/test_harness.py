@@ -107,6 +107,19 @@ def test_split_times_each_kernel():
     assert len(d["parts_s"]) == 3 and math.isclose(sum(d["parts_s"]), d["time_s"] - h.dev.step)
 
 
+def test_each_timed_call_records_the_hosts_issue_time():
+    """launch_s: the host's seconds from the start event to the end event's record, per timed
+    call (not the warm-ups), so a call whose issue outlasts the lead spin can be seen."""
+    import time
+
+    h = _harness()
+    waits = iter([0.0, 0.0, 0.004, 0.001, 0.002])     # two warm-ups, then three timed calls
+    t = h.time(lambda: time.sleep(next(waits)), repeats=3)
+    assert len(t.launch_s) == 3 and t.launch_s[0] >= 0.004 and t.launch_s[1] >= 0.001
+    d = t.as_dict()
+    assert d["launch_max_s"] == max(t.launch_s) >= d["launch_s"] >= 0.002
+
+
 def test_a_failed_check_is_not_timed():
     h = _harness()
     calls = []

@@ -342,9 +342,9 @@ def default_short_chunks(wgmma: int, warps: int, page_size, tiles_per_split: int
     time is its prologue and epilogue (Q_i, the first tiles, the partial's write), which a
     64-row block does with half the rows; each chunk reads the K/V again, from the L2 at these
     lengths. --chunks-rule timed it at the table's MQA points of q_len 4 (calibration,
-    decode_chunks_rule_h200.json): faster at 1 and 2 tiles a split, slower from 8 up, about
-    even at 16 with two splits (B 64 at 4k); its held-out points hold the rule (docs/decode.md's
-    lines give the ratios)."""
+    decode_chunks_rule_h200.json and, with the 3 ms lead, decode_chunks_rule_lead3_h200.json):
+    faster at 1 and 2 tiles a split, slower from 8 up, about even at 16 with two splits (B 64
+    at 4k); its held-out points hold the rule (docs/decode.md's lines give the ratios)."""
     return int(bool(wgmma) and warps == 8 and not page_size and tiles_per_split <= CHUNKS_MAX_TILES)
 
 
@@ -983,7 +983,6 @@ def configure(batch: int, heads: int, kv_heads: int, head_dim: int, *, kv_lens, 
     are not given (the launch is then configured again with 1)."""
     given = dict(locals())                 # v26's rule configures again with these
     from ..common import check_flag
-
 
     batch, heads = _int(batch, "batch"), _int(heads, "heads")
     kv_heads, q_len = _int(kv_heads, "kv_heads"), _int(q_len, "q_len")
