@@ -599,7 +599,14 @@ class Bench(Recorder):
             self.fi = None
             self.results["notes"]["flashinfer"] = f"not installed here ({exc}): no FlashInfer points"
 
+    def clean_harness(self):
+        """The table's harness (its repeats and lead) with a clean flush: a write, then a read
+        of as many other bytes (--overheads, --timeline, the interleaved rounds)."""
+        return harness.Harness("cupy", target_s=self.harness.target_s, max_repeats=self.harness.max_repeats,
+                               clean=True, lead_s=self.harness.lead_s)
+
     # ------------------------------------------------------------------ recording
+
     def record(self, what: dict, fn, check, repeats=None, into: str = "points") -> dict | None:
         """Check fn's output, then time fn (even if the check failed: check_ok false); the
         row goes to results[into] and is returned (None: it raised, recorded as skipped)."""
@@ -1596,9 +1603,7 @@ def overheads(bench) -> int:
     cupy, torch = bench.cupy, bench.torch
     empty = cupy.RawKernel(EMPTY, "empty_launch")
     flag = cupy.zeros(2, cupy.int32)
-    hs = {"dirty": bench.harness,
-          "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True,
-                                   lead_s=bench.harness.lead_s)}
+    hs = {"dirty": bench.harness, "clean": bench.clean_harness()}
     bench.results["timing_clean"] = hs["clean"].method()
 
     def run():
@@ -1682,7 +1687,7 @@ def timeline(bench) -> int:
     plain_tl = cupy.zeros((grid[0], 4), cupy.uint64)         # the largest grid's stamps
     bench.results["timeline"] = []
 
-    clean = harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True)
+    clean = bench.clean_harness()
     bench.results["timing_clean"] = clean.method()
     flushes = {"dirty": bench.harness, "clean": clean}
 
@@ -2107,9 +2112,7 @@ def rounds(bench, points, candidates, field: str, n_rounds: int = ROUNDS) -> int
     and "round"; "summary" per point and flush (``rounds_summary``). --l2-hints, --phased and
     --phased-heldout."""
     torch = bench.torch
-    hs = {"dirty": bench.harness,
-          "clean": harness.Harness("cupy", target_s=0.06, max_repeats=12, clean=True,
-                                   lead_s=bench.harness.lead_s)}
+    hs = {"dirty": bench.harness, "clean": bench.clean_harness()}
     bench.results["timing_clean"] = hs["clean"].method()
     bench.results["configs"] = {"points": [list(p) for p in points],
                                 field + "s": {name: kw for name, kw in candidates}, "rounds": n_rounds}

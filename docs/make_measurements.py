@@ -319,14 +319,15 @@ def decode_chunks_rule(h: dict, name: str, grid: dict, what: str) -> list[str]:
     4 (where v26's rule was read off) and held out, each apart where v23's own splits (the
     run's rows) have at most CHUNKS_MAX_TILES tiles, which the rule gives the chunks, and where
     they have more, where it keeps v23."""
+    from flashsim.units import cdiv
     from gpu_kernels.cupy.decode import CHUNKS_MAX_TILES, WGMMA_TILES
 
     point = lambda r: (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"])     # noqa: E731
     splits = {point(r): r["splits"] for r in h.get("points") or [] if r.get("config") == "v23"}
 
     def short(r):
-        tiles = -(-r["kv_len"] // WGMMA_TILES[0])
-        return point(r) in splits and -(-tiles // splits[point(r)]) <= CHUNKS_MAX_TILES
+        return (point(r) in splits and
+                cdiv(cdiv(r["kv_len"], WGMMA_TILES[0]), splits[point(r)]) <= CHUNKS_MAX_TILES)
     return decode_rounds_split(h, name, grid, what, (
         "at the table's MQA points of q_len 4, where v26's rule was read off",
         "held out: off the grid, more than 64 rows a KV head, chosen before the first run"), (
