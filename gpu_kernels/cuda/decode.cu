@@ -933,6 +933,19 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         if (lane == 0) mbar_arrive(smem_addr(&kv_empty[(j - t_begin) % STAGES]));
     };
 #endif
+#if PINGPONG && PRODUCER   // v22, v23: warpgroup w waits for its turn at BAR_TURN + w and hands it
+    // over at the other's; warpgroup 1 hands over first (at the start) and not after its last,
+    // so every phase has one arrive and one sync. (Constant ids: ptxas reserves all 16 barriers
+    // for a computed one.)
+    auto turn = [&]() {
+        if (w == 0) named_sync(BAR_TURN, 2 * 128);
+        else named_sync(BAR_TURN + 1, 2 * 128);
+    };
+    auto hand_over = [&](bool last) {
+        if (w == 0) named_arrive(BAR_TURN + 1, 2 * 128);
+        else if (!last) named_arrive(BAR_TURN, 2 * 128);
+    };
+#endif
 #if PRODUCER && OVERLAP && !TURN_PV   // v20: flash3.cu's v4 order. Tile t_begin's S alone; then S_j and
     // P_{j-1} V_{j-1} issued together, S_j's softmax while P V runs. (One loop with a guarded
     // P V would have ptxas serialize every wgmma: warning C7514.)
@@ -961,18 +974,8 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
         convert_p(s, p);
     }
 #elif PRODUCER && TURN_PV   // v23: a turn issues P_j V_j and S_{j+1} together (FlashAttention-3's)
-    // Warpgroup w waits for its turn at BAR_TURN + w and hands it over at the other's: each has
-    // T + 1 turns for the split's T tiles (the first S, then P_{j-1} V_{j-1} with S_j, then the
-    // last P V); warpgroup 1 hands over first (at the start) and not after its last, so every
-    // phase has one arrive and one sync.
-    auto turn = [&]() {
-        if (w == 0) named_sync(BAR_TURN, 2 * 128);
-        else named_sync(BAR_TURN + 1, 2 * 128);
-    };
-    auto hand_over = [&](bool last) {
-        if (w == 0) named_arrive(BAR_TURN + 1, 2 * 128);
-        else if (!last) named_arrive(BAR_TURN, 2 * 128);
-    };
+    // Each warpgroup has T + 1 turns for the split's T tiles (the first S, then P_{j-1} V_{j-1}
+    // with S_j, then the last P V).
     // After a turn's GEMMs: both waited for (S_j, and P_{j-1} V_{j-1}: O_i, P free), tile j - 1's
     // stage freed, the softmax of S_j. Each S is waited for in the iteration that issues it, and
     // the first tile's turn (S alone) and the last's (P V alone) are peeled off the loop: an S
@@ -1064,16 +1067,14 @@ decode_split(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __
 #endif
         if (j == t_begin) tl.mark(TL_FIRST);
         const int st = (j - t_begin) % STAGES;
-#if PINGPONG && PRODUCER   // v22: this warpgroup's turn, then the other's (none after 1's last S);
-        if (w == 0) named_sync(BAR_TURN, 2 * 128);          // constant ids: ptxas reserves all 16
-        else named_sync(BAR_TURN + 1, 2 * 128);              // barriers for a computed one
+#if PINGPONG && PRODUCER   // v22: this warpgroup's turn, then the other's (none after 1's last S)
+        turn();
 #elif PINGPONG    // v9: warpgroup 1 issues S after warpgroup 0 has, so its GEMMs run during 0's softmax
         if (w == 1) named_sync(BAR_PINGPONG, 2 * 128);
 #endif
         gemm_qk(s, q_tile, w, k_tile(st));            // S = Q_w K_j^T
 #if PINGPONG && PRODUCER
-        if (w == 0) named_arrive(BAR_TURN + 1, 2 * 128);
-        else if (j + 1 < t_end) named_arrive(BAR_TURN, 2 * 128);
+        hand_over(j + 1 == t_end);
 #elif PINGPONG
         if (w == 0) named_arrive(BAR_PINGPONG, 2 * 128);
 #endif
