@@ -1362,8 +1362,10 @@ def decode_md_text() -> str:
             ("decode_pingpong_producer_h200_first.json", "v22 (v21 with strict ping-pong turns of the two "
              "consumer warpgroups; an option, not the defaults; the first run, its turns' barrier id computed)",
              ("at the table's MQA points of q_len 4, where it was tried", held.format("two warpgroups, ", "v22"))),
-            ("decode_pingpong_producer_h200.json", "v22 again, its barrier ids constants (the kernel since)",
+            ("decode_pingpong_producer_h200.json", "v22 again, its barrier ids constants",
              ("at the table's MQA points of q_len 4", "at the same held-out points")),
+            ("decode_pingpong_producer_h200_lambdas.json", "v22 once more, its turns v23's lambdas (the "
+             "kernel since; a 3 ms lead)", ("at the table's MQA points of q_len 4", "at the same held-out points")),
             ("decode_turn_pv_h200.json", "v23 (v22 whose turn issues P_{j-1} V_{j-1} with S_j, "
              "FlashAttention-3's grouping; at 2 and 3 stages)", ("at the table's MQA points of q_len 4, "
                                                                  "where its rule was read off",
