@@ -18,6 +18,7 @@ rule of the float64 reference (2 x a plain same-dtype implementation's error), L
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -1204,6 +1205,53 @@ def test_decode_attention_with_torch_tensors():
     mask = torch.ones(4, 57, dtype=torch.bool, device="cuda").tril(57 - 4)
     ref = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, enable_gqa=True)
     assert (O[1:].float().transpose(1, 2) - ref).abs().max().item() < 3e-2
+
+
+@pytest.mark.gpu
+def test_torch_tensors_are_viewed_in_place_on_cupys_stream():
+    """as_cupy on a torch tensor on the stream CuPy launches on: a view over the tensor's own
+    pointer and strides (a transposed view, an offset slice, bf16's bits as int16) that
+    reads the tensor's values; on another stream it goes through DLPack, with the same view."""
+    cupy = _cupy_or_skip()
+    torch = pytest.importorskip("torch")
+    from gpu_kernels.cupy.common import as_cupy
+
+    base = torch.randn(3, 40, 4, 64, device="cuda", dtype=torch.float16)
+    side = torch.cuda.Stream()
+    for x in (base, base.transpose(1, 2), base[1:, 5:30], base.to(torch.bfloat16)[:, ::2]):
+        bits = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+        for stream in (None, side):
+            with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+                a, dt = as_cupy(x, "x")
+            assert a.data.ptr == x.data_ptr() and dt == str(x.dtype).removeprefix("torch.")
+            assert a.shape == x.shape and a.strides == tuple(st * x.element_size() for st in x.stride())
+            assert np.array_equal(cupy.asnumpy(a), bits.cpu().numpy())
+
+
+@pytest.mark.gpu
+def test_a_step_on_torch_tensors_on_any_stream_gives_the_same_bits():
+    """One launch (split kernel and combine by programmatic dependent launch, and v7's
+    cooperative merge) run on torch tensors: on the default stream, on a side stream
+    shared with CuPy (its own launch configurations), and on a side stream of PyTorch's
+    alone (DLPack orders the two); every run writes the bits of the run on CuPy arrays."""
+    cupy = _cupy_or_skip()
+    torch = pytest.importorskip("torch")
+    case = decode.random_case(np.random.default_rng(9), 2, 32, 8, 128, [3000, 900], 1, 0, "fp16")
+    for variant in ("v6", "v7"):
+        launch = decode.configure(2, 32, 8, 128, **case["configure"], splits=6, **decode.VARIANTS[variant])
+        q, k, v = decode.device_case(case)
+        want = launch.run(q, k, v)
+        want = want.O.get(), want.L.get()
+        tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+        side = torch.cuda.Stream()
+        for stream, shared in ((None, False), (side, True), (side, False)):
+            O, L = torch.full_like(tq, 7), torch.zeros((2, 32, 1), device="cuda")
+            with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+                with cupy.cuda.ExternalStream(side.cuda_stream) if shared else contextlib.nullcontext():
+                    launch.run(tq, tk, tv, out=O, lse=L)
+            torch.cuda.synchronize()
+            assert np.array_equal(O.cpu().numpy(), want[0]), (variant, stream, shared)
+            assert np.array_equal(L.cpu().numpy(), want[1]), (variant, stream, shared)
 
 
 # ------------------------------------------------------------------ the benchmark's plan (no GPU)

@@ -110,11 +110,21 @@ def kernel_resources(kernel) -> dict[str, int]:
             "static_smem": int(kernel.shared_size_bytes)}
 
 
+# The CuPy dtype a torch tensor of each dtype is viewed as (bfloat16's bits as int16)
+_TORCH_VIEW_DTYPES = {"float16": "float16", "bfloat16": "int16", "float32": "float32",
+                      "int32": "int32", "int64": "int64", "int16": "int16", "uint8": "uint8"}
+
+
 def as_cupy(x, name: str):
     """(CuPy view of ``x``, dtype name): ``x`` is a CuPy array, a CUDA tensor from PyTorch
-    taken through DLPack without a copy, or another CUDA array (its CUDA Array Interface).
-    bfloat16 tensors travel as int16 (CuPy need not know bfloat16: the kernels only see the
-    bits), so the dtype name is returned beside the view. Host arrays are refused."""
+    (no copy), or another CUDA array (its CUDA Array Interface). bfloat16 tensors travel as
+    int16 (CuPy need not know bfloat16: the kernels only see the bits), so the dtype name is
+    returned beside the view. Host arrays are refused.
+
+    A tensor on the stream CuPy launches on (both on the default stream, say) is viewed over
+    its own pointer, shape and strides (``_torch_view``); otherwise through DLPack, which
+    makes CuPy's stream wait for PyTorch's. DLPack's stream checks cost about 20 us a tensor
+    in PyTorch's Python, and a decode step takes five tensors."""
     import cupy
 
     if isinstance(x, cupy.ndarray):
@@ -123,6 +133,9 @@ def as_cupy(x, name: str):
     if info.kind == "torch":
         import torch
 
+        view = _TORCH_VIEW_DTYPES.get(info.dtype)
+        if view is not None and _torch_stream(torch, info.device) == cupy.cuda.get_current_stream().ptr:
+            return _torch_view(cupy, x, info, view), info.dtype
         x = x.detach()
         if x.dtype == torch.bfloat16:
             x = x.view(torch.int16)
@@ -131,6 +144,23 @@ def as_cupy(x, name: str):
         return cupy.asarray(x), info.dtype
     raise KernelInputError(f"{name} must be a cupy.ndarray or a torch.Tensor on the GPU, "
                            f"got {type(x).__name__}")
+
+
+def _torch_stream(torch, device: int) -> int:
+    """PyTorch's current stream on ``device``, as a CUDA stream handle."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # what Triton calls: no Python objects
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def _torch_view(cupy, x, info, dtype: str):
+    """A CuPy array over torch tensor ``x``'s memory (its pointer, shape and strides; ``x``
+    kept alive by the view), of CuPy dtype ``dtype`` (``x``'s item size)."""
+    item = x.element_size()
+    shape, strides = tuple(x.shape), tuple(st * item for st in x.stride())
+    # the bytes the view spans from its first element (strides are not negative in torch)
+    size = 0 if 0 in shape else item + sum((n - 1) * st for n, st in zip(shape, strides))
+    mem = cupy.cuda.UnownedMemory(x.data_ptr(), size, x, info.device)
+    return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), strides)
 
 
 def output(x, name: str, shape: tuple, dtype: str, like=None):

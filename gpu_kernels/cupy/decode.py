@@ -71,6 +71,8 @@ flash-attention's 2x bound.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -510,10 +512,14 @@ class DecodeLaunch(CupyLaunch, GroupShape):
 
     def launch_kernel(self, kl: KernelLaunch, args: tuple) -> None:
         """As CupyLaunch's; v5 is refused on GPUs other than Hopper and v6 on GPUs before it,
-        before launching; v6's combine and v7's split kernel go through ``launch_ex``."""
-        if self.wgmma or self.pdl:
-            import cupy
+        before launching; v6's combine and v7's split kernel go through ``launch_ex``. The
+        kernel is looked up once per device (the workspace keeps it): a step is issued from
+        Python, and each lookup costs microseconds."""
+        import cupy
 
+        key = ("kernel", kl.kernel, cupy.cuda.runtime.getDevice())
+        kernel = self.workspace.get(key)
+        if kernel is None:
             cc = cupy.cuda.Device().compute_capability
             if self.wgmma and cc != "90":
                 raise KernelInputError(f"v5 (wgmma) runs on compute capability 9.0 (Hopper), this "
@@ -522,11 +528,12 @@ class DecodeLaunch(CupyLaunch, GroupShape):
                 raise KernelInputError(f"v6 (programmatic dependent launch) needs compute capability "
                                        f"9.0 or newer, this GPU has {cc[:-1]}.{cc[-1]}: configure "
                                        "with pdl=0")
+            kernel = self.workspace[key] = get_kernel(self.CU_FILE, kl.kernel, self.defines(),
+                                                      kl.dynamic_smem, self.arch())
         if (self.pdl and kl.kernel == "decode_combine") or self.fused:
-            kernel = get_kernel(self.CU_FILE, kl.kernel, self.defines(), kl.dynamic_smem, self.arch())
             launch_ex(kernel, kl, args, "cooperative" if self.fused else "programmatic")
-            return
-        super().launch_kernel(kl, args)
+        else:
+            kernel(kl.grid, (kl.threads,), args, shared_mem=kl.dynamic_smem)
 
     def launches(self) -> list[KernelLaunch]:
         out = [KernelLaunch("decode_split", (self.chunks, self.splits, self.batch * self.kv_heads),
@@ -808,20 +815,34 @@ def launch_ex(kernel, kl: KernelLaunch, args: tuple, how: str) -> None:
     with one attribute. ``how`` "programmatic": programmatic stream serialization, so it may
     start before the grid ahead of it in the stream ends, and waits for it in
     ``griddepcontrol.wait`` (v6, PDL in decode.cu); "cooperative": every block resident at
-    once, or the driver refuses the launch (v7, whose blocks wait for each other)."""
-    import ctypes
-
+    once, or the driver refuses the launch (v7, whose blocks wait for each other). The launch
+    configuration is made once per kernel, grid and attribute (``_launch_config``)."""
     import cupy
     from cuda.bindings import driver as cu
 
-    types = {np.int32: ctypes.c_int, np.int64: ctypes.c_longlong, np.float32: ctypes.c_float}
+    cfg, function = _launch_config(kernel.kernel.ptr, kl, how, cupy.cuda.get_current_stream().ptr)
     # each argument's bytes in a ctypes object, and the array of their addresses (the void**
     # kernelParams): arrays as pointers, scalars as their C type, a NumPy array (v9's tensor
     # maps) by value, as CuPy passes it
     held = [ctypes.c_void_p(a.data.ptr) if isinstance(a, cupy.ndarray) else
             (ctypes.c_uint8 * a.nbytes).from_buffer_copy(a.tobytes()) if isinstance(a, np.ndarray) else
-            types[type(a)](a.item()) for a in args]
-    params = (ctypes.c_void_p * len(held))(*(ctypes.addressof(h) for h in held))
+            _C_TYPES[type(a)](a.item()) for a in args]
+    params = (ctypes.c_void_p * len(held))(*map(ctypes.addressof, held))
+    err, = cu.cuLaunchKernelEx(cfg, function, ctypes.addressof(params), 0)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx({kl.kernel}, {how}): {err}")
+
+
+_C_TYPES = {np.int32: ctypes.c_int, np.int64: ctypes.c_longlong, np.float32: ctypes.c_float}
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_config(function: int, kl: KernelLaunch, how: str, stream: int):
+    """(CUlaunchConfig of ``kl``'s grid, block and dynamic shared memory on ``stream`` with
+    ``how``'s attribute, CUfunction) for ``launch_ex``: building them through cuda.bindings
+    costs more than the launch."""
+    from cuda.bindings import driver as cu
+
     attr = cu.CUlaunchAttribute()
     if how == "cooperative":
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
@@ -833,11 +854,9 @@ def launch_ex(kernel, kl: KernelLaunch, args: tuple, how: str) -> None:
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(kl.grid) + (1, 1))[:3]
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = kl.threads, 1, 1
     cfg.sharedMemBytes = kl.dynamic_smem
-    cfg.hStream = cu.CUstream(cupy.cuda.get_current_stream().ptr)
+    cfg.hStream = cu.CUstream(stream)
     cfg.attrs, cfg.numAttrs = [attr], 1
-    err, = cu.cuLaunchKernelEx(cfg, cu.CUfunction(kernel.kernel.ptr), ctypes.addressof(params), 0)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernelEx({kl.kernel}, {how}): {err}")
+    return cfg, cu.CUfunction(function)
 
 
 def cache_strides(a, name: str) -> tuple[int, int, int]:
