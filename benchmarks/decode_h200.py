@@ -58,6 +58,13 @@ skipped). Implementations per point, all on the same K/V values:
   plain_read         a kernel that reads every byte of the same K and V once: the limit
 Bandwidth = the K and V bytes a step must read (2 B kv_len kv_heads d 2) / time.
 
+--host-issue (DIR/decode_host_issue_h200.json, ~1 min): the host's time to issue one call
+(``Timing.launch_s``) at HOST_POINTS: ours on PyTorch's tensors, as the table calls it, and on
+CuPy arrays over the same memory, beside PyTorch's cuDNN and flash backends and the plain read,
+each checked first; the GPU spins the benchmark's lead before each call, so the time of the
+calls is the GPU's as in the table. Then each is issued 200 times back to back (``issue_loop``):
+its host time as a loop of layers sees it.
+
 --overheads (DIR/decode_overheads_h200.json, ~1 min): where a small step's time goes, at
 OVERHEAD_POINTS: the step (the default launch), each of its kernels launched alone
 (``DecodeLaunch.run(only=...)``), an empty kernel on the split kernel's grid (launch and event
@@ -236,6 +243,9 @@ TORCH_BACKENDS = (("torch_flash", "FLASH_ATTENTION"), ("torch_cudnn", "CUDNN_ATT
                   ("torch_efficient", "EFFICIENT_ATTENTION"), ("torch_math", "MATH"))
 FAST_BACKENDS = (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTENTION"))
 # --overheads: the points that miss the issue's targets (small steps, MQA) and large ones beside
+# --host-issue: a step of one launch (mma.sync), the combine by programmatic dependent launch
+# (wgmma, TMA, the producer) and v7's cooperative merge
+HOST_POINTS = [(8, 32, 4096, 1), (8, 1, 32768, 4), (1, 8, 32768, 1), (1, 1, 32768, 1)]
 OVERHEAD_POINTS = [(1, 1, 4096, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 1, 32768, 1),
                    (8, 1, 32768, 1), (1, 8, 32768, 1), (8, 8, 32768, 1), (8, 1, 131072, 1),
                    (1, 1, 32768, 4), (8, 1, 32768, 4), (64, 8, 4096, 1), (8, 32, 32768, 1)]
@@ -1485,6 +1495,9 @@ def _rounds(mode: str):
 MODES = {
     "splits-sweep": ("decode_splits_h200.json", "ours at split counts around both rules'",
                      lambda bench, args: sweep(bench, args)),
+    "host-issue": ("decode_host_issue_h200.json", "the host's time to issue one call: ours on "
+                   "PyTorch's tensors and on CuPy arrays, PyTorch's cuDNN and flash backends, the "
+                   "plain read", lambda bench, args: host_issue(bench)),
     "overheads": ("decode_overheads_h200.json", "a step, its kernels alone, an empty launch, after "
                   "a dirty and a clean flush", lambda bench, args: overheads(bench)),
     "configs": ("decode_configs_h200.json", "ours at other tiles, splits and merges where it fell "
@@ -1593,6 +1606,60 @@ def plain_read_call(kernel, k, v, flag, grid=(132 * 16, 256), extra=()):
     nvec = k.numel() * k.element_size() // 16
     kc, vc = (cupy.from_dlpack(x.view(torch.int16)) for x in (k, v))
     return lambda: kernel((grid[0],), (grid[1],), (kc, vc, cupy.uint64(nvec), flag, *extra))
+
+
+def host_issue(bench) -> int:
+    """--host-issue: at each of HOST_POINTS, the defaults on PyTorch's tensors (as the table
+    calls them: "inputs" torch) and on CuPy arrays over the same memory ("inputs" cupy), then
+    PyTorch's cuDNN and flash backends and the plain read; rows as the table's, whose
+    ``launch_s`` is the host's time to issue a timed call (each after a synchronize), with
+    ``issue_loop``: the same calls issued back to back (``issue_loop``)."""
+    cupy, torch = bench.cupy, bench.torch
+
+    def record(what, fn, check):
+        row = bench.record(what, fn, check)
+        if row is not None:
+            row["issue_loop"] = issue_loop(torch, fn)
+
+    def run():
+        for B, kvh, n, ql, base in bench.due_points(HOST_POINTS):
+            q, k, v, _, refs, check, run_ours = bench.inputs(B, kvh, n, ql)
+            launch = decode.configure(B, H, kvh, D, kv_lens=[n] * B, q_len=ql)      # the defaults
+            cfg = {"splits": launch.splits, "fused": launch.fused, "pdl": launch.pdl,
+                   "wgmma": launch.wgmma, "kernels": [kl.kernel for kl in launch.launches()]}
+            record({"impl": "cupy_decode", **base, **cfg, "inputs": "torch"}, run_ours(launch, k, v), check)
+            views = [cupy.from_dlpack(x) for x in (q, k, v)]
+            views += [cupy.empty_like(views[0]), cupy.empty((B, H, ql), cupy.float32)]
+            record({"impl": "cupy_decode", **base, **cfg, "inputs": "cupy"},
+                   lambda: launch.run(*views[:3], out=views[3], lse=views[4]),
+                   lambda res: check(Result(torch.from_dlpack(res.O), torch.from_dlpack(res.L))))
+            views.clear()
+            qt, kt, vt, _, _ = bench.torch_layout(q, k, v)
+            for impl, fields, fn, chk in bench.sdpa_calls(base, qt, kt, vt, launch, refs, FAST_BACKENDS):
+                record({"impl": impl, **base, **fields}, fn, chk)
+            record({"impl": "plain_read", **base, "page_size": 0},
+                   plain_read_call(bench._plain, k, v, bench._flag), None)
+            del q, k, v, qt, kt, vt
+            torch.cuda.empty_cache()
+            bench.save()
+
+    return bench.conclude(run)
+
+
+def issue_loop(torch, fn, calls: int = 200, every: int = 10) -> dict:
+    """The host's seconds to issue each of ``calls`` calls of ``fn`` back to back, as a decode
+    loop issues its layers (a synchronize after every ``every`` keeps the launch queue short;
+    it is not timed): the 10th, 50th and 90th percentiles."""
+    torch.cuda.synchronize()
+    times = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if i % every == every - 1:
+            torch.cuda.synchronize()
+    p10, p50, p90 = np.percentile(times, [10, 50, 90])
+    return {"calls": calls, "every": every, "p10_s": float(p10), "median_s": float(p50), "p90_s": float(p90)}
 
 
 def overheads(bench) -> int:
