@@ -352,6 +352,54 @@ def decode_launch_times(d: dict, name: str = "decode_h200.json") -> list[str]:
                         f"{len(xs)} timings)" for impl, xs in sorted(by.items())) + "."]
 
 
+def decode_host_issue(h: dict, name: str = "decode_host_issue_h200.json") -> list[str]:
+    """--host-issue: the host's time to issue a call of ours (on PyTorch's tensors and on CuPy
+    arrays) and of each peer, each call after a synchronize (the harness's launch_s) and in a
+    loop of calls back to back (issue_loop), at each point."""
+    by = {}
+    for r in h["points"]:
+        who = r["impl"] + (f" on {'PyTorch tensors' if r['inputs'] == 'torch' else 'CuPy arrays'}"
+                           if r.get("inputs") else "")
+        by.setdefault(who, []).append(r)
+    us = lambda x: f"{x * 1e6:.0f}"                                              # noqa: E731
+    loop = h["points"][0]["issue_loop"]
+    parts = []
+    for who, rows in by.items():
+        one = sorted(r["launch_s"] for r in rows)
+        back = sorted(r["issue_loop"]["median_s"] for r in rows)
+        parts.append(f"{who}: {us(one[0])} to {us(one[-1])} after a synchronize, {us(back[0])} to "
+                     f"{us(back[-1])} back to back")
+    points = ", ".join(f"({B}, {kvh}, {n // 1024}k, {ql})" for B, kvh, n, ql in
+                       dict.fromkeys((r["batch"], r["kv_heads"], r["kv_len"], r["q_len"]) for r in h["points"]))
+    return [f"* The host's time to issue one call (`{name}`, {h['provenance'].get('date', '')[:10]}; the "
+            f"defaults at (B, kv_heads, kv_len, q_len) = {points}; us, the median over a timing's repeats, each after a synchronize "
+            f"(the harness's), and over {loop['calls']} calls back to back, a synchronize after every "
+            f"{loop['every']} (not timed), as a loop of layers issues them; the range over the points): "
+            + "; ".join(parts) + "."]
+
+
+def decode_host_issue_ab(ab: dict, name: str = "decode_host_issue_ab_h200.json") -> list[str]:
+    """The A/B of two trees' host paths in one process: each point's median time per call of
+    the old over the new, by inputs (the median over the rounds)."""
+    rows = [r for r in ab["points"] if "median_s" in r]
+    trees = list(dict.fromkeys(r["host_path"] for r in rows))
+    ratios = {}
+    for key in dict.fromkeys((r["batch"], r["kv_heads"], r["kv_len"], r["q_len"], r["inputs"]) for r in rows):
+        t = {tree: statistics.median(r["median_s"] for r in rows if r["host_path"] == tree and
+                                     (r["batch"], r["kv_heads"], r["kv_len"], r["q_len"], r["inputs"]) == key)
+             for tree in trees}
+        ratios.setdefault(key[-1], []).append((t[trees[0]] / t[trees[1]], t[trees[1]]))
+    same = [r["same_output_bits"] for r in ab["points"] if "same_output_bits" in r]
+    parts = [f"on {'PyTorch tensors' if inputs == 'torch' else 'CuPy arrays'} {min(x for x, _ in v):.1f} to "
+             f"{max(x for x, _ in v):.1f} times as fast ({min(t for _, t in v) * 1e6:.0f} to "
+             f"{max(t for _, t in v) * 1e6:.0f} us a call)" for inputs, v in ratios.items()]
+    return [f"* The host path of tree {trees[0]} against {trees[1]} (`{name}`, "
+            f"{ab['provenance'].get('date', '')[:10]}; in one process, {len(same)} points, "
+            f"{max(r['round'] for r in rows) + 1} rounds of {rows[0]['calls']} calls back to back on the same "
+            f"buffers): {trees[1]} is " + "; ".join(parts)
+            + f"; the same output bits from both at {sum(same)} of {len(same)} points."]
+
+
 def decode_half_rows(h: dict, name: str, grid: dict, note: str = "") -> list[str]:
     """--half-rows: v16 against v9 at the table's MQA points, where the rule was chosen, and at
     the held-out points off that grid."""
@@ -1398,6 +1446,10 @@ def decode_md_text() -> str:
         r = _load(name)
         block += decode_chunks_rule(r, name, d["configs"], what) if r and d else []
     block += decode_launch_times(d) if d else []
+    hi = _load("decode_host_issue_h200.json")
+    block += decode_host_issue(hi) if hi else []
+    ab = _load("decode_host_issue_ab_h200.json")
+    block += decode_host_issue_ab(ab) if ab else []
     block += decode_sanitizer()
     tl = _load("decode_timeline_h200.json")
     block += decode_timeline(tl) if tl else []
