@@ -393,10 +393,11 @@ def decode_host_issue_ab(ab: dict, name: str = "decode_host_issue_ab_h200.json")
     parts = [f"on {'PyTorch tensors' if inputs == 'torch' else 'CuPy arrays'} {min(x for x, _ in v):.1f} to "
              f"{max(x for x, _ in v):.1f} times as fast ({min(t for _, t in v) * 1e6:.0f} to "
              f"{max(t for _, t in v) * 1e6:.0f} us a call)" for inputs, v in ratios.items()]
-    return [f"* The host path of tree {trees[0]} against {trees[1]} (`{name}`, "
+    new = "the one since (commit 02531b0)" if trees[1] == "the change" else f"tree {trees[1]}"
+    return [f"* The host path of tree {trees[0]} against {new} (`{name}`, "
             f"{ab['provenance'].get('date', '')[:10]}; in one process, {len(same)} points, "
             f"{max(r['round'] for r in rows) + 1} rounds of {rows[0]['calls']} calls back to back on the same "
-            f"buffers): {trees[1]} is " + "; ".join(parts)
+            f"buffers): the second is " + "; ".join(parts)
             + f"; the same output bits from both at {sum(same)} of {len(same)} points."]
 
 
