@@ -8,7 +8,7 @@ backward kernel exists, and an attention function for Hugging Face models.
     o.sum().backward()                           # fp32: numba_flash2_bwd
 
 Forward: ``gpu_kernels.attention`` on the tensors themselves, without copies: CuPy views
-them through DLPack (``cupy.from_dlpack``), numba through the CUDA Array Interface
+them over their own memory (``cupy.common.as_cupy``), numba through the CUDA Array Interface
 (``numba.cuda.as_cuda_array``), and O comes back as a tensor over the kernel's own buffer
 (``torch.from_dlpack`` / the CUDA Array Interface). A tensor that is not C-contiguous (a
 transposed view, as Hugging Face models pass) is made contiguous first: one copy. fp16 and

@@ -6,9 +6,9 @@ taking CuPy arrays or PyTorch CUDA tensors without copies, and launching.
   sees a changed header; NVRTC needs no include path for our own headers).
 * ``get_kernel(file, name, defines, dynamic_smem)``: compile (once per process and per set
   of compile-time constants; CuPy also keeps a disk cache) and return a ``cupy.RawKernel``.
-* ``as_cupy(x)``: a CuPy view of a CuPy array, a PyTorch CUDA tensor (DLPack, no copy) or
-  another CUDA array (CUDA Array Interface, no copy); ``output`` / ``wrap_like``: result
-  buffers and results handed back in the caller's framework.
+* ``as_cupy(x)``: a CuPy view of a CuPy array, a PyTorch CUDA tensor (no copy; DLPack across
+  streams) or another CUDA array (CUDA Array Interface, no copy); ``output`` / ``wrap_like``:
+  result buffers and results handed back in the caller's framework.
 * ``CupyLaunch``: a ``Launch`` whose ``run`` takes those arrays, checks them against the
   launch before anything runs, and launches through ``launch_kernel``.
 * ``tensor_map(...)``: a CUtensorMap for the TMA unit (tma.cuh), passed to a kernel by value.
