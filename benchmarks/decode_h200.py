@@ -242,10 +242,10 @@ MATH_MAX_BYTES = 4e9          # the math backend repeats K/V per query head: sma
 TORCH_BACKENDS = (("torch_flash", "FLASH_ATTENTION"), ("torch_cudnn", "CUDNN_ATTENTION"),
                   ("torch_efficient", "EFFICIENT_ATTENTION"), ("torch_math", "MATH"))
 FAST_BACKENDS = (("torch_cudnn", "CUDNN_ATTENTION"), ("torch_flash", "FLASH_ATTENTION"))
-# --overheads: the points that miss the issue's targets (small steps, MQA) and large ones beside
 # --host-issue: a step of one launch (mma.sync), the combine by programmatic dependent launch
 # (wgmma, TMA, the producer) and v7's cooperative merge
 HOST_POINTS = [(8, 32, 4096, 1), (8, 1, 32768, 4), (1, 8, 32768, 1), (1, 1, 32768, 1)]
+# --overheads: the points that miss the issue's targets (small steps, MQA) and large ones beside
 OVERHEAD_POINTS = [(1, 1, 4096, 1), (8, 1, 4096, 1), (1, 8, 4096, 1), (1, 1, 32768, 1),
                    (8, 1, 32768, 1), (1, 8, 32768, 1), (8, 8, 32768, 1), (8, 1, 131072, 1),
                    (1, 1, 32768, 4), (8, 1, 32768, 4), (64, 8, 4096, 1), (8, 32, 32768, 1)]
@@ -1612,8 +1612,8 @@ def host_issue(bench) -> int:
     """--host-issue: at each of HOST_POINTS, the defaults on PyTorch's tensors (as the table
     calls them: "inputs" torch) and on CuPy arrays over the same memory ("inputs" cupy), then
     PyTorch's cuDNN and flash backends and the plain read; rows as the table's, whose
-    ``launch_s`` is the host's time to issue a timed call (each after a synchronize), with
-    ``issue_loop``: the same calls issued back to back (``issue_loop``)."""
+    ``launch_s`` is the host's time to issue a timed call (each after a synchronize), and
+    whose "issue_loop" is ``issue_loop``'s: the same calls issued back to back."""
     cupy, torch = bench.cupy, bench.torch
 
     def record(what, fn, check):
