@@ -23,19 +23,18 @@ with pages, K and V are page pools (num_pages, kv_heads, P, d) (FlashInfer's HND
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
 from . import nest as _nest, reference, validate
-from .algorithms import flashdecoding, kvcache, mla, paged
-from .algorithms._common import ACC_BYTES
+from .algorithms import flashdecoding, kvcache, mla
 from .errors import FlashsimError, SramOverflowError
 from .hardware import timing
 from .hardware.presets import DEFAULT_GPU, GPU, gpu as _gpu
 from .report import Report, format_report
-from .units import DTYPE_BYTES, STAT_BYTES, dtype_bytes
+from .units import DTYPE_BYTES, dtype_bytes
 
 ALGORITHMS = ("flash2", "flashdecoding", "paged", "mla")
 DEFAULT_PAGE = 16                 # vLLM's default block size

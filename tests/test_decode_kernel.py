@@ -1106,7 +1106,7 @@ def test_head_major_cache_gives_the_token_major_output(variant):
     """PyTorch's (B, kv_heads, n, d) cache and FlashInfer's "HND" pages, passed as transposed
     views: the same bits out as the token-major cache (the kernel only reads at other
     offsets), and the reference's answer."""
-    cupy = _cupy_or_skip()
+    _cupy_or_skip()
     H, kvh = (32, 4) if variant == "v4" else (64, 2)
     for lens, q_len, page in (([37, 3000], 1, 0), ([1000, 64], 4, 16), ([129, 700], 1, 1)):
         outs = []

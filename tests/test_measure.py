@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import types
-import unittest.mock as mock
 
 import pytest
 from _checks import measured_in_a_process

@@ -2,7 +2,6 @@
 FlashAttention-3 paper's error table, and FlashAttention-4's softmax tricks."""
 
 import json
-import math
 
 import numpy as np
 import pytest

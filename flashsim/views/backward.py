@@ -21,7 +21,7 @@ import pathlib
 
 import numpy as np
 
-from .. import measured, nest as _nest
+from .. import measured
 from ..measured import papers
 from ..plan import plan
 from ..hardware.presets import DEFAULT_GPU, GPUS, gpu as _gpu, roofline_time

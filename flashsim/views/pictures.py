@@ -611,7 +611,7 @@ class SramPicture:
         lines += ["", f"floor     {bytes_label(v['floor'])}",
                   f"Theorem 2 c = {v['c']:.3g} (fitted)", ""]
         if dram is None:
-            lines += [f"DRAM (L2 model): drawn", f"for N <= {v['dram_max_n']}"]
+            lines += ["DRAM (L2 model): drawn", f"for N <= {v['dram_max_n']}"]
         else:
             lines += [f"DRAM: {bytes_label(v['l2_bytes'])} L2,", "H200 preset's SMs"]
         self.note.set_text("\n".join(lines))

@@ -52,8 +52,6 @@ import functools
 import math
 from dataclasses import dataclass
 
-import numpy
-
 from ..common import (KernelInputError, KernelLaunch, check_flag, check_shape, describe,
                       largest_rule)
 from .common import NEG_INF, SHARED_LIMIT, NumbaLaunch, cdiv, cuda, float32, split, tree
